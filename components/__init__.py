@@ -1,0 +1,1 @@
+"""inference-plane's components: one ComponentResource per module."""

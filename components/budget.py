@@ -1,0 +1,45 @@
+"""Start-up budgets: how long a cold start may take, derived from the model's size.
+
+A model server on an empty cache downloads its weights, then loads them; /health answers 503
+(or nothing) until both are done. The startup probe, Kubernetes' progress deadline and Pulumi's
+wait all have to outlast that, or a first start is killed or reported failed half-way through.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .config import Startup
+from .quantity import MIB, parse_quantity
+
+
+@dataclass(frozen=True)
+class StartupBudget:
+    download_seconds: int
+    load_seconds: int
+    # What the startup probe allows: periods x failures.
+    probe_period_seconds: int
+    probe_failure_threshold: int
+    # What Pulumi waits for the workload to become ready, image pull included.
+    wait_seconds: int
+
+    @property
+    def startup_seconds(self) -> int:
+        return self.probe_period_seconds * self.probe_failure_threshold
+
+
+def startup_budget(weights: str, startup: Startup) -> StartupBudget:
+    size_mib = float(parse_quantity(weights)) / MIB
+    download = math.ceil(size_mib / startup.download_mib_per_s)
+    load = math.ceil(size_mib / startup.load_mib_per_s)
+    seconds = max(startup.min_seconds, download + load)
+    period = startup.probe_period_seconds
+    threshold = math.ceil(seconds / period)
+    return StartupBudget(
+        download_seconds=download,
+        load_seconds=load,
+        probe_period_seconds=period,
+        probe_failure_threshold=threshold,
+        wait_seconds=startup.image_pull_seconds + threshold * period + period,
+    )

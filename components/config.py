@@ -1,0 +1,403 @@
+"""The stack's configuration: the one place where user input is checked.
+
+Every top-level field of ``StackConfig`` is one Pulumi config key in the project's namespace
+(``inference-plane:models``, ``inference-plane:cluster`` ...), so
+``pulumi config set --path 'models.chat.ctx_size' 16384`` reaches any field. Unknown keys are
+errors at every level, and every error names the config path it is about.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal, Mapping, Optional
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from .quantity import parse_quantity
+
+PROJECT = "inference-plane"
+
+
+class ConfigError(Exception):
+    """Invalid stack config. ``str()`` is one line that names the config path and the fix."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        first = "; ".join(f"{path}: {message}" for path, message in problems[:3])
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        super().__init__(f"invalid stack config: {first}{more}")
+
+
+# --- value types -------------------------------------------------------------------------------
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
+_FQDN_PATTERN = re.compile(r"^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_HF_REPO = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*:[A-Za-z0-9_]+$")
+# A build tag such as server-vulkan-b10731, or a digest. Never `latest` or a bare name: the
+# llama.cpp CLI changes between builds and removed flags are rejected at start-up.
+_PINNED_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(@sha256:[a-f0-9]{64}|:[A-Za-z0-9._-]*b[0-9]+[A-Za-z0-9._-]*)$")
+_CONFIG_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def _matches(pattern: re.Pattern[str], what: str):
+    def check(value: str) -> str:
+        if not pattern.match(value):
+            raise ValueError(f"{value!r} is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _memory(value: str) -> str:
+    parse_quantity(value)
+    if not re.match(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti)$", value):
+        raise ValueError(f"{value!r}: write memory with a binary suffix, e.g. 24Gi or 512Mi")
+    return value
+
+
+def _cpu(value: str) -> str:
+    if not re.match(r"^([0-9]+m|[0-9]+(\.[0-9]+)?)$", value):
+        raise ValueError(f"{value!r} is not a CPU quantity (examples: 500m, 2)")
+    return value
+
+
+def _labels(value: dict[str, str]) -> dict[str, str]:
+    for key, label in value.items():
+        if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(label):
+            raise ValueError(f"{key}={label!r} is not a valid Kubernetes label")
+    return value
+
+
+DnsLabel = Annotated[str, _matches(_DNS_LABEL, "a DNS label (lower-case letters, digits, '-', at most 63)")]
+DnsName = Annotated[str, _matches(_DNS_NAME, "a DNS subdomain name (lower-case letters, digits, '-', '.')")]
+Hostname = Annotated[str, _matches(_HOSTNAME, "a fully qualified host name such as llm.example.org")]
+FqdnPattern = Annotated[str, _matches(_FQDN_PATTERN, "a host name or a '*.' wildcard host name")]
+HfRepo = Annotated[str, _matches(_HF_REPO, "a Hugging Face repo with a quant, such as org/Model-GGUF:Q4_K_M")]
+PinnedImage = Annotated[
+    str, _matches(_PINNED_IMAGE, "a pinned image: registry/name:<tag with a build number bNNNN> or @sha256:<digest>")
+]
+Memory = Annotated[str, AfterValidator(_memory)]
+Cpu = Annotated[str, AfterValidator(_cpu)]
+Labels = Annotated[dict[str, str], AfterValidator(_labels)]
+ConfigKey = Annotated[str, _matches(_CONFIG_KEY, "a config key name (lower-case, digits, '_')")]
+Positive = Annotated[int, Field(gt=0)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# --- cluster -------------------------------------------------------------------------------------
+
+
+class PodPeer(Strict):
+    """A set of pods in another namespace that the inference namespace talks to."""
+
+    namespace: DnsLabel
+    pod_labels: Labels = {}
+
+
+class IngressController(Strict):
+    class_name: DnsName = "traefik"
+    namespace: DnsLabel = "ingress"
+    pod_labels: Labels = {"app.kubernetes.io/name": "traefik"}
+
+
+class ClusterConfig(Strict):
+    # Checks every rendered manifest against this Kubernetes version's schemas.
+    kubernetes_version: Annotated[str, Field(pattern=r"^1\.[0-9]{2}$")] = "1.33"
+    # cilium: CiliumNetworkPolicy (ICMP and host entities expressible); networkpolicy: plain NetworkPolicy.
+    cni: Literal["cilium", "networkpolicy"] = "cilium"
+    ingress: IngressController = IngressController()
+    cert_manager_issuer: DnsName = "letsencrypt-cluster"
+    # Scrapes /metrics; None when the cluster runs no monitoring.
+    monitoring: Optional[PodPeer] = PodPeer(namespace="monitoring")
+    # Where the model cache's storage lives (CephFS: the rook-ceph namespace); None for node-local storage.
+    storage: Optional[PodPeer] = PodPeer(namespace="rook-ceph")
+    dns: PodPeer = PodPeer(namespace="kube-system", pod_labels={"k8s-app": "kube-dns"})
+    # A label that makes external-dns publish a record on the internet. The program never sets it,
+    # and refuses any exposure that asks for it: the llama.cpp API must stay LAN-only.
+    public_dns_label: Optional[str] = None
+
+
+class ModelHubEgress(Strict):
+    # fqdn: only the model hub's hosts (Cilium toFQDNs). world: any address, as the seed had it.
+    # Image pulls are the kubelet's, not the pod's, so pods need nothing else from the internet.
+    mode: Literal["fqdn", "world"] = "fqdn"
+    # Hugging Face serves repo metadata from huggingface.co and the files from its CDN and Xet
+    # storage hosts (cdn-lfs*.hf.co, cas-bridge.xethub.hf.co), so all of them are needed.
+    hosts: list[FqdnPattern] = Field(
+        default=["huggingface.co", "*.huggingface.co", "hf.co", "*.hf.co", "*.xethub.hf.co"], min_length=1
+    )
+
+
+class NamespaceConfig(Strict):
+    name: DnsLabel = "ai"
+    # The pods need no privilege: the GPU comes in through the device-plugin API.
+    pod_security: Literal["restricted", "baseline", "privileged"] = "restricted"
+    model_hub_egress: ModelHubEgress = ModelHubEgress()
+
+
+# --- nodes, storage, start-up --------------------------------------------------------------------
+
+
+class NodePool(Strict):
+    """Identical nodes that model servers are placed on."""
+
+    # node.kubernetes.io/instance-type; None when the GPU resource alone places the pods.
+    instance_type: Optional[DnsName] = None
+    # Extended resource the GPU device plugin advertises, e.g. gpu.intel.com/i915, amd.com/gpu.
+    gpu_resource: Optional[Annotated[str, _matches(_LABEL_KEY, "a resource name such as gpu.intel.com/i915")]] = None
+    # Containers that may share one GPU: the device plugin's -shared-dev-num (Intel default 1).
+    gpu_shares: Positive = 1
+    nodes: Positive = 1
+    memory: Memory
+    # Numeric GIDs of the host's render/video groups, for non-root access to /dev/dri and /dev/kfd.
+    supplemental_groups: list[Annotated[int, Field(ge=0)]] = []
+
+
+class ModelCache(Strict):
+    claim_name: DnsName = "llama-server-models"
+    storage_class: DnsName
+    # ReadWriteMany so both servers, a second replica or a benchmark Job mount the same weights.
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] = "ReadWriteMany"
+    size: Memory = "40Gi"
+    mount_path: Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]*$")] = "/models"
+    # Refuse `pulumi destroy` outright. The claim is always retained on delete either way.
+    protect: bool = False
+
+
+class Startup(Strict):
+    """How long a cold start may take, from which probes and Pulumi's wait are derived."""
+
+    # The seed's budget of 40 min for ~19 GiB of weights assumes about this sustained rate.
+    download_mib_per_s: Annotated[float, Field(gt=0)] = 8.5
+    # Reading the weights back off the cache volume and onto the GPU.
+    load_mib_per_s: Annotated[float, Field(gt=0)] = 200.0
+    # Never less: image pull on a cold node and Vulkan start-up alone can take minutes.
+    min_seconds: Positive = 600
+    probe_period_seconds: Positive = 10
+    # Pulling the server image (~1-2 GiB) before the container, and its startup clock, starts.
+    image_pull_seconds: Positive = 600
+
+
+# --- model servers -------------------------------------------------------------------------------
+
+
+class Resources(Strict):
+    cpu_request: Cpu
+    cpu_limit: Cpu
+    memory_request: Memory
+    memory_limit: Memory
+
+
+class Exposure(Strict):
+    """An Ingress for the chat endpoint: LAN-only, TLS from cert-manager."""
+
+    host: Hostname
+    tls_secret: DnsName
+
+
+class ApiKey(Strict):
+    """llama.cpp's --api-key-file, read from a Kubernetes Secret."""
+
+    secret_name: DnsName
+    secret_key: Annotated[str, Field(pattern=r"^[-._a-zA-Z0-9]+$")] = "api-keys"
+    # A Pulumi secret config key whose value (one key per line) becomes that Secret.
+    # None: the Secret is created outside this program.
+    from_config: Optional[ConfigKey] = None
+
+
+class ModelServer(Strict):
+    """One llama.cpp server in single-model mode, serving one model."""
+
+    role: Literal["chat", "embedding"]
+    # Name of the Deployment, its Service and its pods' app.kubernetes.io/name.
+    name: DnsLabel
+    hf_repo: HfRepo
+    image: PinnedImage
+    node_pool: DnsLabel
+    # Size of the GGUF download, for the start-up budget.
+    weights: Memory
+    gpu_layers: Annotated[int, Field(ge=0, le=999)] = 99
+    threads: Positive = 4
+    ctx_size: Positive = 4096
+    ubatch_size: Optional[Positive] = None
+    # The server otherwise allows every origin: any page a LAN browser visits could call the API.
+    cors_origins: Optional[str] = "localhost"
+    webui: bool = True
+    metrics: bool = True
+    port: Annotated[int, Field(ge=1024, le=65535)] = 8080
+    resources: Resources
+    exposure: Optional[Exposure] = None
+    api_key: Optional[ApiKey] = None
+    extra_args: list[str] = []
+
+
+# --- the stack -----------------------------------------------------------------------------------
+
+
+class StackConfig(Strict):
+    cluster: ClusterConfig = ClusterConfig()
+    namespace: NamespaceConfig = NamespaceConfig()
+    node_pools: Annotated[dict[DnsLabel, NodePool], Field(min_length=1)]
+    model_cache: ModelCache
+    startup: Startup = Startup()
+    models: Annotated[dict[DnsLabel, ModelServer], Field(min_length=1)]
+
+    def secret_config_keys(self) -> set[str]:
+        return {m.api_key.from_config for m in self.models.values() if m.api_key and m.api_key.from_config}
+
+
+TOP_LEVEL_KEYS = tuple(StackConfig.model_fields)
+_GENERATED_FLAGS = {
+    "--hf-repo", "-hf", "-hfr", "--model", "-m", "--n-gpu-layers", "-ngl", "--gpu-layers", "--threads", "-t",
+    "--ctx-size", "-c", "--ubatch-size", "-ub", "--cors-origins", "--host", "--port", "--api-key",
+    "--api-key-file", "--metrics", "--embeddings", "--embedding", "--no-webui", "--webui",
+}
+
+
+def _relations(stack: StackConfig) -> list[tuple[str, str]]:
+    """Checks between fields that no single field's type can express."""
+    problems: list[tuple[str, str]] = []
+    names: dict[str, str] = {}
+    hosts: dict[str, str] = {}
+    gpu_users: dict[str, list[str]] = {}
+    for key, model in stack.models.items():
+        path = f"models.{key}"
+        if model.name in names:
+            problems.append((f"{path}.name", f"{model.name!r} is already the name of models.{names[model.name]}"))
+        names[model.name] = key
+        pool = stack.node_pools.get(model.node_pool)
+        if pool is None:
+            problems.append(
+                (f"{path}.node_pool", f"no node pool {model.node_pool!r}; defined: {', '.join(stack.node_pools)}")
+            )
+        elif model.gpu_layers > 0:
+            if pool.gpu_resource is None:
+                problems.append(
+                    (
+                        f"node_pools.{model.node_pool}.gpu_resource",
+                        f"models.{key} offloads {model.gpu_layers} layers to a GPU, so its node pool must name the "
+                        "GPU resource (e.g. gpu.intel.com/i915), or set gpu_layers: 0",
+                    )
+                )
+            else:
+                gpu_users.setdefault(model.node_pool, []).append(key)
+        if model.role == "embedding":
+            if model.exposure is not None:
+                problems.append(
+                    (
+                        f"{path}.exposure",
+                        "an embedding model must not be exposed: asked to chat it answers fluent nonsense "
+                        "('capital capital ...') instead of an error; remove exposure and call it in-cluster",
+                    )
+                )
+            if model.webui:
+                problems.append((f"{path}.webui", "an embedding server has no use for the WebUI; set webui: false"))
+        if model.exposure is not None:
+            if model.exposure.host in hosts:
+                problems.append(
+                    (f"{path}.exposure.host", f"{model.exposure.host} is already exposed by models.{hosts[model.exposure.host]}")
+                )
+            hosts[model.exposure.host] = key
+        if model.ubatch_size is not None and model.ubatch_size > model.ctx_size:
+            problems.append((f"{path}.ubatch_size", f"{model.ubatch_size} exceeds ctx_size {model.ctx_size}"))
+        for index, arg in enumerate(model.extra_args):
+            if arg.split("=", 1)[0] in _GENERATED_FLAGS:
+                problems.append(
+                    (f"{path}.extra_args[{index}]", f"{arg} is generated from a typed field; set that field instead")
+                )
+        request, limit = parse_quantity(model.resources.memory_request), parse_quantity(model.resources.memory_limit)
+        if request > limit:
+            problems.append((f"{path}.resources.memory_request", "is larger than memory_limit"))
+        if parse_quantity(model.resources.cpu_request) > parse_quantity(model.resources.cpu_limit):
+            problems.append((f"{path}.resources.cpu_request", "is larger than cpu_limit"))
+    for pool_key, users in gpu_users.items():
+        pool = stack.node_pools[pool_key]
+        if len(users) > pool.gpu_shares * pool.nodes:
+            problems.append(
+                (
+                    f"node_pools.{pool_key}.gpu_shares",
+                    f"{len(users)} model servers ({', '.join(users)}) each request {pool.gpu_resource}, but the pool "
+                    f"offers {pool.gpu_shares * pool.nodes}; raise the device plugin's -shared-dev-num and gpu_shares",
+                )
+            )
+    return problems
+
+
+def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
+    path = ".".join(str(part) for part in error["loc"]) or "(stack)"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return path, "unknown key; remove it or check its spelling"
+    if kind == "missing":
+        return path, "required; set it"
+    message = error["msg"].removeprefix("Value error, ")
+    value = error.get("input")
+    if kind not in ("model_type", "dict_type") and isinstance(value, (str, int, float, bool)):
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        message = f"{message} (got {shown})"
+    return path, message
+
+
+def parse_stack(raw: Mapping[str, Any]) -> StackConfig:
+    """Validate a stack's config values (top-level key -> decoded value); raise ConfigError."""
+    try:
+        stack = StackConfig.model_validate(dict(raw))
+    except ValidationError as exc:
+        raise ConfigError([_describe(e) for e in exc.errors()]) from None
+    problems = _relations(stack)
+    if problems:
+        raise ConfigError(problems)
+    return stack
+
+
+def read_pulumi_config() -> tuple[dict[str, Any], set[str]]:
+    """Every config value in this project's namespace, decoded, and the keys that are secret."""
+    from pulumi.runtime import config as runtime_config
+
+    values: dict[str, Any] = {}
+    merged = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    prefix = f"{PROJECT}:"
+    for full_key, text in merged.items():
+        if not full_key.startswith(prefix):
+            continue
+        key = full_key[len(prefix):]
+        try:
+            values[key] = json.loads(text) if isinstance(text, str) and text[:1] in "[{" else text
+        except json.JSONDecodeError:
+            raise ConfigError([(key, "is not valid JSON structured config")]) from None
+    secret = {
+        k[len(prefix):]
+        for k in (*runtime_config.get_config_secret_keys_env(), *runtime_config._SECRET_KEYS.get())
+        if k.startswith(prefix)
+    }
+    return values, secret
+
+
+def load_stack() -> StackConfig:
+    """Read and validate the running stack's config (the program's boundary)."""
+    values, secret_keys = read_pulumi_config()
+    structured = {k: v for k, v in values.items() if k in TOP_LEVEL_KEYS}
+    stack = parse_stack(structured)
+    allowed_secrets = stack.secret_config_keys()
+    problems: list[tuple[str, str]] = []
+    for key in sorted(set(values) - set(TOP_LEVEL_KEYS)):
+        if key not in allowed_secrets:
+            problems.append((key, f"unknown config key; known keys: {', '.join(TOP_LEVEL_KEYS)}"))
+    for key in sorted(allowed_secrets):
+        if key not in values:
+            problems.append((key, f"not set; run: pulumi config set --secret {key} <value>"))
+        elif key not in secret_keys:
+            problems.append((key, f"holds a credential in plain text; run: pulumi config set --secret {key} <value>"))
+    for key in sorted(set(structured) & secret_keys):
+        problems.append((key, "structured config must not be secret; keep credentials in their own keys"))
+    if problems:
+        raise ConfigError(problems)
+    return stack

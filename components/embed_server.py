@@ -1,0 +1,29 @@
+"""EmbedServer: the embedding endpoint, for RAG and semantic search, reachable in-cluster only.
+
+Deliberately separate from the chat server and never behind an Ingress or a chat route: an
+embedding model has no generative training, and `--embeddings` does not make llama.cpp refuse
+chat completions, so a chat request answers fluent nonsense ("capital capital capital ...")
+instead of an error. llama.cpp cannot hide a model from the WebUI picker, so the only way to keep
+it out is to keep it off every chat-facing endpoint.
+"""
+
+from __future__ import annotations
+
+from .config import ModelServer
+from .model_server import ModelServerArgs, ModelServerBase
+
+__all__ = ["EmbedServer", "ModelServerArgs"]
+
+
+class EmbedServer(ModelServerBase):
+    """llama.cpp with --embeddings and --no-webui behind a ClusterIP-only Service."""
+
+    type_name = "EmbedServer"
+    role = "embedding"
+
+    def _check(self, model: ModelServer) -> None:
+        super()._check(model)
+        if model.exposure is not None:
+            raise ValueError(f"{model.name}: an embedding server cannot be exposed through an Ingress")
+        if model.webui:
+            raise ValueError(f"{model.name}: an embedding server runs with --no-webui")

@@ -1,0 +1,33 @@
+"""Names, labels and type tokens shared by every component."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+TOKEN_PREFIX = "inference-plane:index"
+NAME_LABEL = "app.kubernetes.io/name"
+PART_OF = {"app.kubernetes.io/part-of": "inference-plane", "app.kubernetes.io/managed-by": "pulumi"}
+
+
+def token(type_name: str) -> str:
+    return f"{TOKEN_PREFIX}:{type_name}"
+
+
+def selector(app: str) -> dict[str, str]:
+    """The only labels a selector uses: selectors are immutable, so they stay this small."""
+    return {NAME_LABEL: app}
+
+
+def labels(app: str, component: Optional[str] = None) -> dict[str, str]:
+    result = {**selector(app), **PART_OF}
+    if component:
+        result["app.kubernetes.io/component"] = component
+    return result
+
+
+def metadata(name: str, namespace: str, app: Optional[str] = None, component: Optional[str] = None,
+             annotations: Optional[dict[str, str]] = None) -> dict:
+    meta: dict = {"name": name, "namespace": namespace, "labels": labels(app or name, component)}
+    if annotations:
+        meta["annotations"] = annotations
+    return meta

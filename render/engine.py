@@ -1,0 +1,177 @@
+"""Run the Pulumi program under Pulumi's own mock engine and record what it would register.
+
+This is the program's offline mode: no CLI, no provider plugin, no cluster, no network. The
+same ``__main__.py`` that ``pulumi up`` runs is executed here; every resource registration it
+makes is captured with its inputs and the resource options the engine would act on.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+PROGRAM = PROJECT_DIR / "__main__.py"
+PROJECT = "inference-plane"
+# What stands in for a `secure:` config value, which only the Pulumi CLI can decrypt.
+SECRET_PLACEHOLDER = "offline-render-placeholder"
+
+
+@dataclass
+class Registered:
+    """One resource registration, as the engine would receive it."""
+
+    type: str
+    name: str
+    urn: str
+    parent: str
+    custom: bool
+    inputs: dict[str, Any]
+    dependencies: list[str] = field(default_factory=list)
+    custom_timeouts: dict[str, str] = field(default_factory=dict)
+    retain_on_delete: bool = False
+    protect: bool = False
+
+    @property
+    def is_kubernetes(self) -> bool:
+        return self.custom and self.type.startswith("kubernetes:") and not self.type.startswith("pulumi:providers")
+
+
+@dataclass
+class ProgramRun:
+    stack: str
+    resources: list[Registered]
+    outputs: dict[str, Any]
+    secret_outputs: set[str]
+    # The validated stack config the program built from (its module-level ``stack``).
+    config: Any = None
+
+    def by_urn(self) -> dict[str, Registered]:
+        return {r.urn: r for r in self.resources}
+
+    def kubernetes(self) -> list[Registered]:
+        return [r for r in self.resources if r.is_kubernetes]
+
+    def find(self, kind: str, name: Optional[str] = None) -> list[Registered]:
+        """Kubernetes resources of a kind (``Deployment``), optionally by metadata.name."""
+        return [
+            r
+            for r in self.kubernetes()
+            if r.type.rsplit(":", 1)[1] == kind and (name is None or r.inputs.get("metadata", {}).get("name") == name)
+        ]
+
+    def one(self, kind: str, name: str) -> Registered:
+        found = self.find(kind, name)
+        if len(found) != 1:
+            raise LookupError(f"expected one {kind} {name!r}, found {len(found)}")
+        return found[0]
+
+
+def stack_config(stack: str, project_dir: Path = PROJECT_DIR) -> tuple[dict[str, str], list[str]]:
+    """A stack file's config as the engine passes it to the program: key -> string, secret keys."""
+    path = project_dir / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in project_dir.glob("Pulumi.*.yaml"))
+        raise FileNotFoundError(f"no stack {stack!r}: {path.name} does not exist (stacks: {', '.join(known)})")
+    document = yaml.safe_load(path.read_text()) or {}
+    return config_from_mapping(document.get("config") or {})
+
+
+def config_from_mapping(config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    values: dict[str, str] = {}
+    secret_keys: list[str] = []
+    for key, value in config.items():
+        full_key = key if ":" in key else f"{PROJECT}:{key}"
+        if isinstance(value, dict) and set(value) == {"secure"}:
+            values[full_key] = SECRET_PLACEHOLDER
+            secret_keys.append(full_key)
+        elif isinstance(value, str):
+            values[full_key] = value
+        else:
+            values[full_key] = json.dumps(value)
+    return values, secret_keys
+
+
+def _run(config: dict[str, str], secret_keys: list[str], stack: str, program: Path) -> ProgramRun:
+    import pulumi
+    from pulumi.runtime import config as runtime_config
+    from pulumi.runtime import mocks, settings
+    from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
+
+    registered: list[Registered] = []
+
+    class Recorder(pulumi.runtime.Mocks):
+        def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+            # Outputs echo the inputs, as a provider's would for these kinds after create.
+            return f"{args.name}-id", dict(args.inputs)
+
+        def call(self, args: pulumi.runtime.MockCallArgs):
+            return {}, None
+
+    class RecordingMonitor(mocks.MockMonitor):
+        def RegisterResource(self, request):  # noqa: N802 - gRPC method name
+            response = super().RegisterResource(request)
+            if request.type != "pulumi:pulumi:Stack":
+                timeouts = request.customTimeouts
+                registered.append(
+                    Registered(
+                        type=request.type,
+                        name=request.name,
+                        urn=response.urn,
+                        parent=request.parent,
+                        custom=request.custom,
+                        inputs=self.resources[response.urn].state if request.custom else {},
+                        dependencies=sorted(request.dependencies),
+                        custom_timeouts={
+                            k: v for k, v in (("create", timeouts.create), ("update", timeouts.update)) if v
+                        },
+                        retain_on_delete=bool(request.retainOnDelete),
+                        protect=bool(request.protect),
+                    )
+                )
+            return response
+
+    runtime_config.set_all_config(dict(config), list(secret_keys))
+    recorder = Recorder()
+    pulumi.runtime.set_mocks(
+        recorder, project=PROJECT, stack=stack, preview=False, monitor=RecordingMonitor(recorder)
+    )
+    program_globals: dict[str, Any] = {}
+    _sync_await(
+        run_pulumi_func(lambda: program_globals.update(runpy.run_path(str(program), run_name="__main__")))
+    )
+    root = settings.get_root_resource()
+    outputs: dict[str, Any] = {}
+    secret_outputs: set[str] = set()
+    for key, value in getattr(root, "outputs", {}).items():
+        output = pulumi.Output.from_input(value)
+        outputs[key] = _sync_await(output.future())
+        if _sync_await(output.is_secret()):
+            secret_outputs.add(key)
+    registered.sort(key=lambda r: r.urn)
+    return ProgramRun(
+        stack=stack,
+        resources=registered,
+        outputs=outputs,
+        secret_outputs=secret_outputs,
+        config=program_globals.get("stack"),
+    )
+
+
+def run_program(
+    config: dict[str, str], secret_keys: list[str] = (), stack: str = "test", program: Path = PROGRAM
+) -> ProgramRun:
+    """Run the program once, isolated: each run gets fresh Pulumi runtime state."""
+    return contextvars.Context().run(_run, dict(config), list(secret_keys), stack, program)
+
+
+def run_stack(stack: str, project_dir: Path = PROJECT_DIR) -> ProgramRun:
+    config, secret_keys = stack_config(stack, project_dir)
+    return run_program(config, secret_keys, stack=stack)
