@@ -12,7 +12,7 @@ import json
 import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence, Union
 
 import yaml
 
@@ -98,7 +98,9 @@ def config_from_mapping(config: dict[str, Any]) -> tuple[dict[str, str], list[st
     return values, secret_keys
 
 
-def _run(config: dict[str, str], secret_keys: list[str], stack: str, program: Path) -> ProgramRun:
+def _run(
+    config: dict[str, str], secret_keys: list[str], stack: str, program: Union[Path, Callable[[], Any]]
+) -> ProgramRun:
     import pulumi
     from pulumi.runtime import config as runtime_config
     from pulumi.runtime import mocks, settings
@@ -144,9 +146,13 @@ def _run(config: dict[str, str], secret_keys: list[str], stack: str, program: Pa
         recorder, project=PROJECT, stack=stack, preview=False, monitor=RecordingMonitor(recorder)
     )
     program_globals: dict[str, Any] = {}
-    _sync_await(
-        run_pulumi_func(lambda: program_globals.update(runpy.run_path(str(program), run_name="__main__")))
-    )
+    if callable(program):
+        # A test builds components directly, without the stack's __main__.
+        _sync_await(run_pulumi_func(lambda: program_globals.update(program() or {})))
+    else:
+        _sync_await(
+            run_pulumi_func(lambda: program_globals.update(runpy.run_path(str(program), run_name="__main__")))
+        )
     root = settings.get_root_resource()
     outputs: dict[str, Any] = {}
     secret_outputs: set[str] = set()
@@ -166,7 +172,10 @@ def _run(config: dict[str, str], secret_keys: list[str], stack: str, program: Pa
 
 
 def run_program(
-    config: dict[str, str], secret_keys: list[str] = (), stack: str = "test", program: Path = PROGRAM
+    config: dict[str, str],
+    secret_keys: Sequence[str] = (),
+    stack: str = "test",
+    program: Union[Path, Callable[[], Any]] = PROGRAM,
 ) -> ProgramRun:
     """Run the program once, isolated: each run gets fresh Pulumi runtime state."""
     return contextvars.Context().run(_run, dict(config), list(secret_keys), stack, program)

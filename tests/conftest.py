@@ -1,0 +1,44 @@
+"""Shared fixtures: the real stacks' config, and running the program under Pulumi's mocks."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from render.engine import ProgramRun, config_from_mapping, run_program  # noqa: E402
+
+SHARED = ROOT.parent / "shared"
+STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+
+
+def stack_values(stack: str) -> dict[str, Any]:
+    """A stack file's config with the project prefix stripped: key -> decoded value."""
+    document = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())
+    return {k.split(":", 1)[1]: v for k, v in document["config"].items()}
+
+
+def run_values(values: dict[str, Any], secrets: dict[str, str] | None = None, stack: str = "test") -> ProgramRun:
+    """Run the program with these config values; ``secrets`` are set as Pulumi secret config."""
+    config, secret_keys = config_from_mapping(values)
+    for key, value in (secrets or {}).items():
+        config[f"inference-plane:{key}"] = value
+        secret_keys.append(f"inference-plane:{key}")
+    return run_program(config, secret_keys, stack=stack)
+
+
+@pytest.fixture
+def homelab_values() -> dict[str, Any]:
+    return copy.deepcopy(stack_values("homelab"))
+
+
+@pytest.fixture(scope="session")
+def homelab_run() -> ProgramRun:
+    return run_values(stack_values("homelab"), stack="homelab")

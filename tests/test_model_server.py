@@ -1,0 +1,294 @@
+"""LlamaServer and EmbedServer in isolation: what each would apply, and how the pieces fit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from components.config import parse_stack
+from components.embed_server import EmbedServer
+from components.llama_server import LlamaServer
+from components.model_server import ModelServerArgs
+from render.engine import run_program
+
+
+def build(values: dict, key: str, api_key_value: str | None = None):
+    stack = parse_stack(values)
+    model = stack.models[key]
+    args = ModelServerArgs(
+        model=model,
+        namespace=stack.namespace.name,
+        node_pool=stack.node_pools[model.node_pool],
+        cache=stack.model_cache,
+        startup=stack.startup,
+        cluster=stack.cluster,
+        api_key_value=api_key_value,
+    )
+    component = EmbedServer if model.role == "embedding" else LlamaServer
+    run = run_program({}, program=lambda: {"server": component(model.name, args)})
+    return stack, model, run
+
+
+def flag(args: list[str], name: str) -> str:
+    assert args.count(name) == 1, f"{name} appears {args.count(name)} times in {args}"
+    return args[args.index(name) + 1]
+
+
+def container_of(run, name):
+    return run.one("Deployment", name).inputs["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_chat_flags_follow_the_typed_settings(homelab_values):
+    homelab_values["models"]["chat"].update(ctx_size=8192, threads=3, ubatch_size=512, gpu_layers=20)
+    _, model, run = build(homelab_values, "chat")
+    args = container_of(run, model.name)["args"]
+    assert flag(args, "--hf-repo") == model.hf_repo
+    assert flag(args, "--ctx-size") == "8192"
+    assert flag(args, "--threads") == "3"
+    assert flag(args, "--ubatch-size") == "512"
+    assert flag(args, "--n-gpu-layers") == "20"
+    assert flag(args, "--cors-origins") == "localhost"
+    assert flag(args, "--host") == "0.0.0.0"
+    assert "--metrics" in args
+    assert "--embeddings" not in args and "--no-webui" not in args
+    assert not any(a.startswith("--api-key") for a in args)
+
+
+def test_port_flag_matches_the_container_port(homelab_values):
+    homelab_values["models"]["chat"]["port"] = 8731
+    _, model, run = build(homelab_values, "chat")
+    container = container_of(run, model.name)
+    (port,) = container["ports"]
+    assert flag(container["args"], "--port") == str(int(port["containerPort"])) == "8731"
+
+
+def test_embed_flags(homelab_values):
+    _, model, run = build(homelab_values, "embed")
+    args = container_of(run, model.name)["args"]
+    assert "--embeddings" in args and "--no-webui" in args
+    assert "--cors-origins" not in args
+    assert flag(args, "--ctx-size") == str(model.ctx_size)
+
+
+def test_optional_flags_are_left_out(homelab_values):
+    homelab_values["models"]["chat"].update(ubatch_size=None, cors_origins=None, metrics=False)
+    _, model, run = build(homelab_values, "chat")
+    args = container_of(run, model.name)["args"]
+    assert "--ubatch-size" not in args and "--cors-origins" not in args and "--metrics" not in args
+
+
+def test_extra_args_come_last(homelab_values):
+    homelab_values["models"]["chat"]["extra_args"] = ["--jinja", "--cache-ram", "2048"]
+    _, model, run = build(homelab_values, "chat")
+    assert container_of(run, model.name)["args"][-3:] == ["--jinja", "--cache-ram", "2048"]
+
+
+def test_probes_use_health_on_the_named_port(homelab_values):
+    _, model, run = build(homelab_values, "chat")
+    container = container_of(run, model.name)
+    port_names = {p["name"] for p in container["ports"]}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+        assert container[probe]["httpGet"]["port"] in port_names
+
+
+def test_startup_budget_outlasts_a_cold_download(homelab_values):
+    stack, model, run = build(homelab_values, "chat")
+    probe = container_of(run, model.name)["startupProbe"]
+    allowed = probe["periodSeconds"] * probe["failureThreshold"]
+    weights_mib = 19.8 * 1024
+    download = weights_mib / stack.startup.download_mib_per_s
+    load = weights_mib / stack.startup.load_mib_per_s
+    assert download + load <= allowed < download + load + probe["periodSeconds"]
+
+
+def test_startup_budget_grows_with_the_model(homelab_values):
+    homelab_values["models"]["chat"]["weights"] = "40Gi"
+    _, model, run_big = build(homelab_values, "chat")
+    homelab_values["models"]["chat"]["weights"] = "10Gi"
+    _, _, run_small = build(homelab_values, "chat")
+    big = container_of(run_big, model.name)["startupProbe"]["failureThreshold"]
+    small = container_of(run_small, model.name)["startupProbe"]["failureThreshold"]
+    assert big > small
+    assert big / small == pytest.approx(4, rel=0.05)
+
+
+def test_small_model_gets_the_minimum_budget(homelab_values):
+    stack, model, run = build(homelab_values, "embed")
+    probe = container_of(run, model.name)["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] == stack.startup.min_seconds
+
+
+def test_pulumi_and_kubernetes_wait_out_the_whole_budget(homelab_values):
+    stack, model, run = build(homelab_values, "chat")
+    deployment = run.one("Deployment", model.name)
+    probe = container_of(run, model.name)["startupProbe"]
+    startup = probe["periodSeconds"] * probe["failureThreshold"]
+    for op in ("create", "update"):
+        wait = deployment.custom_timeouts[op]
+        assert wait.endswith("s")
+        # Pulumi's own default is 10 minutes; the image pull comes before the startup clock.
+        assert int(wait[:-1]) >= startup + stack.startup.image_pull_seconds > 600
+    assert deployment.inputs["spec"]["progressDeadlineSeconds"] >= startup
+
+
+def test_security_context(homelab_values):
+    _, model, run = build(homelab_values, "chat")
+    pod = run.one("Deployment", model.name).inputs["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "fsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert pod["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert pod["automountServiceAccountToken"] is False
+    assert "nodeSelector" not in pod
+
+
+def test_node_pool_places_and_grants_device_groups(homelab_values):
+    homelab_values["node_pools"]["iris-xe"].update(instance_type="minisforum-ms-s1", supplemental_groups=[44, 992])
+    _, model, run = build(homelab_values, "chat")
+    pod = run.one("Deployment", model.name).inputs["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "minisforum-ms-s1"}
+    assert pod["securityContext"]["supplementalGroups"] == [44, 992]
+
+
+def test_resources_and_gpu_come_from_config(homelab_values):
+    homelab_values["node_pools"]["iris-xe"]["gpu_resource"] = "gpu.intel.com/xe"
+    stack, model, run = build(homelab_values, "chat")
+    resources = container_of(run, model.name)["resources"]
+    assert resources["requests"] == {"cpu": "500m", "memory": "24Gi", "gpu.intel.com/xe": "1"}
+    assert resources["limits"] == {"cpu": "6", "memory": "32Gi", "gpu.intel.com/xe": "1"}
+
+
+def test_cpu_only_server_requests_no_gpu(homelab_values):
+    homelab_values["models"]["chat"]["gpu_layers"] = 0
+    _, model, run = build(homelab_values, "chat")
+    resources = container_of(run, model.name)["resources"]
+    assert set(resources["requests"]) == set(resources["limits"]) == {"cpu", "memory"}
+
+
+def test_cache_volume_is_where_llama_cache_points(homelab_values):
+    homelab_values["model_cache"]["mount_path"] = "/var/cache/models"
+    stack, model, run = build(homelab_values, "chat")
+    pod = run.one("Deployment", model.name).inputs["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert {"name": "LLAMA_CACHE", "value": "/var/cache/models"} in container["env"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/var/cache/models"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["persistentVolumeClaim"]["claimName"] == stack.model_cache.claim_name
+
+
+def test_selectors_match_pods_and_service_targets_the_container(homelab_values):
+    _, model, run = build(homelab_values, "chat")
+    spec = run.one("Deployment", model.name).inputs["spec"]
+    pod_labels = spec["template"]["metadata"]["labels"]
+    assert spec["strategy"] == {"type": "Recreate"} and spec["replicas"] == 1
+    assert spec["selector"]["matchLabels"].items() <= pod_labels.items()
+    service = run.one("Service", model.name).inputs["spec"]
+    assert service["type"] == "ClusterIP"
+    assert service["selector"].items() <= pod_labels.items()
+    container_ports = {p["name"]: p["containerPort"] for p in spec["template"]["spec"]["containers"][0]["ports"]}
+    for port in service["ports"]:
+        assert port["targetPort"] in container_ports
+        assert port["port"] == container_ports[port["targetPort"]]
+
+
+def test_ingress_routes_to_the_service_with_tls(homelab_values):
+    stack, model, run = build(homelab_values, "chat")
+    service = run.one("Service", model.name).inputs
+    ingress = run.one("Ingress", model.name).inputs
+    assert ingress["metadata"]["annotations"] == {"cert-manager.io/cluster-issuer": "letsencrypt-cluster"}
+    assert ingress["spec"]["ingressClassName"] == stack.cluster.ingress.class_name
+    (rule,) = ingress["spec"]["rules"]
+    (tls,) = ingress["spec"]["tls"]
+    assert tls == {"hosts": [rule["host"]], "secretName": "llama-server-tls"}
+    (path,) = rule["http"]["paths"]
+    backend = path["backend"]["service"]
+    assert backend["name"] == service["metadata"]["name"]
+    assert backend["port"]["number"] in [p["port"] for p in service["spec"]["ports"]]
+    assert stack.cluster.public_dns_label not in ingress["metadata"].get("labels", {})
+
+
+def test_await_order_survives_a_cold_start(homelab_values):
+    _, model, run = build(homelab_values, "chat")
+    deployment = run.one("Deployment", model.name)
+    service = run.one("Service", model.name)
+    ingress = run.one("Ingress", model.name)
+    assert deployment.urn in service.dependencies
+    assert service.urn in ingress.dependencies
+
+
+def test_unexposed_chat_server_has_no_ingress(homelab_values):
+    del homelab_values["models"]["chat"]["exposure"]
+    _, _, run = build(homelab_values, "chat")
+    assert run.find("Ingress") == []
+
+
+def test_embed_server_is_cluster_internal(homelab_values):
+    _, model, run = build(homelab_values, "embed")
+    assert run.find("Ingress") == []
+    assert run.one("Service", model.name).inputs["spec"]["type"] == "ClusterIP"
+    assert run.one("Deployment", model.name).inputs["metadata"]["labels"]["app.kubernetes.io/component"] == "embeddings"
+
+
+def test_embed_server_refuses_exposure_even_past_the_config_check(homelab_values):
+    stack = parse_stack(homelab_values)
+    chat = stack.models["chat"]
+    exposed_embedding = stack.models["embed"].model_copy(update={"exposure": chat.exposure})
+    args = ModelServerArgs(
+        model=exposed_embedding,
+        namespace="ai",
+        node_pool=stack.node_pools["iris-xe"],
+        cache=stack.model_cache,
+        startup=stack.startup,
+        cluster=stack.cluster,
+    )
+    with pytest.raises(ValueError, match="cannot be exposed"):
+        run_program({}, program=lambda: {"s": EmbedServer("e", args)})
+    with pytest.raises(ValueError, match="serves role 'chat'"):
+        run_program({}, program=lambda: {"s": LlamaServer("e", args)})
+
+
+def test_api_key_secret_is_mounted_and_passed_as_a_file(homelab_values):
+    homelab_values["models"]["chat"]["api_key"] = {
+        "secret_name": "llama-api-key",
+        "secret_key": "keys",
+        "from_config": "chat_api_key",
+    }
+    _, model, run = build(homelab_values, "chat", api_key_value="k-123")
+    secret = run.one("Secret", "llama-api-key")
+    # The whole stringData travels as a Pulumi secret (the SDK's secret marker wraps it).
+    assert secret.inputs["stringData"]["4dabf18193072939515e22adb298388d"]
+    assert secret.inputs["stringData"]["value"] == {"keys": "k-123"}
+    pod = run.one("Deployment", model.name).inputs["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    key_file = flag(container["args"], "--api-key-file")
+    (mount,) = [m for m in container["volumeMounts"] if key_file.startswith(m["mountPath"] + "/")]
+    assert mount["readOnly"] is True and key_file.endswith("/keys")
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == "llama-api-key"
+    assert secret.urn in run.one("Deployment", model.name).dependencies
+
+
+def test_existing_api_key_secret_is_referenced_not_created(homelab_values):
+    homelab_values["models"]["chat"]["api_key"] = {"secret_name": "made-elsewhere"}
+    _, model, run = build(homelab_values, "chat")
+    assert run.find("Secret") == []
+    pod = run.one("Deployment", model.name).inputs["spec"]["template"]["spec"]
+    assert {"name": "api-key", "secret": {"secretName": "made-elsewhere", "defaultMode": 0o440}} in pod["volumes"]
+
+
+def test_component_tokens_and_parents(homelab_values):
+    _, model, run = build(homelab_values, "chat")
+    (component,) = [r for r in run.resources if not r.custom]
+    assert component.type == "inference-plane:index:LlamaServer"
+    for resource in run.kubernetes():
+        assert resource.parent == component.urn
+        assert math.isfinite(len(resource.name)) and resource.name.startswith(model.name)
