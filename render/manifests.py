@@ -27,13 +27,20 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _unwrap(value: Any) -> Any:
+    if isinstance(value, dict) and value.get(_SECRET_SIG) is not None and "value" in value:
+        return value["value"]
+    return value
+
+
 def to_manifest(resource: Registered) -> dict[str, Any]:
-    inputs = _clean(resource.inputs)
-    if inputs.get("kind") == "Secret":
+    raw = dict(resource.inputs)
+    if raw.get("kind") == "Secret":
         # Rendered Secrets carry placeholders; the values exist only in Pulumi's state.
         for field in ("data", "stringData"):
-            if field in inputs:
-                inputs[field] = {k: SECRET_TEXT for k in inputs[field]}
+            if field in raw:
+                raw[field] = {k: SECRET_TEXT for k in _unwrap(raw[field])}
+    inputs = _clean(raw)
     ordered = {k: inputs[k] for k in _FIRST_KEYS if k in inputs}
     ordered.update({k: v for k, v in inputs.items() if k not in _FIRST_KEYS})
     return ordered

@@ -1,0 +1,162 @@
+"""Offline render: strict validation, determinism, all-or-nothing writes, no secret values."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT, STACKS, run_values, stack_values
+from render.manifests import SECRET_TEXT, dump, manifests
+from render.output import MARKER, RenderError, render_stack
+from render.validate import CRD_SCHEMAS_ENV, ManifestError, validate
+
+
+def files_of(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def write_stack(tmp_path, name: str, values: dict) -> None:
+    config = {f"inference-plane:{k}": v for k, v in values.items()}
+    (tmp_path / f"Pulumi.{name}.yaml").write_text(yaml.safe_dump({"config": config}))
+
+
+def test_there_are_stacks():
+    assert "homelab" in STACKS
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_stack_renders_and_validates_strictly(tmp_path, stack):
+    result = render_stack(stack, tmp_path / "out")
+    written = sorted(p.name for p in (tmp_path / "out").glob("*.yaml") if p.name != "kustomization.yaml")
+    assert written == sorted(result.files)
+    for name in written:
+        manifest = yaml.safe_load((tmp_path / "out" / name).read_text())
+        validate(name, manifest, result.run.config.cluster.kubernetes_version)
+    kustomization = yaml.safe_load((tmp_path / "out" / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == written
+    assert kustomization["resources"][0].startswith("namespace_")
+    for model in result.run.config.models.values():
+        assert model.name in result.summary()
+
+
+def test_strict_core_schema_rejects_an_unknown_field(homelab_run):
+    files = manifests(homelab_run)
+    deployment = copy.deepcopy(files["deployment_ai_llama-server.yaml"])
+    deployment["spec"]["template"]["spec"]["containers"][0]["startupProbes"] = {}
+    with pytest.raises(ManifestError, match=r"deployment_ai_llama-server.yaml: Deployment spec.template.spec.containers.0"):
+        validate("deployment_ai_llama-server.yaml", deployment, "1.33")
+
+
+def test_strict_core_schema_rejects_a_wrong_type(homelab_run):
+    service = copy.deepcopy(manifests(homelab_run)["service_ai_llama-server.yaml"])
+    service["spec"]["ports"][0]["port"] = "eighty"
+    with pytest.raises(ManifestError, match=r"Service spec.ports.0.port"):
+        validate("svc.yaml", service, "1.33")
+
+
+def test_strict_crd_schema_rejects_an_unknown_field(homelab_run):
+    policy = copy.deepcopy(manifests(homelab_run)["ciliumnetworkpolicy_ai_default-deny-ingress.yaml"])
+    policy["spec"]["egress"][0]["toEndpoint"] = []
+    with pytest.raises(ManifestError, match=r"CiliumNetworkPolicy spec.egress.0"):
+        validate("cnp.yaml", policy, "1.33")
+
+
+def test_crd_schema_location_is_overridable(homelab_run, tmp_path, monkeypatch):
+    monkeypatch.setenv(CRD_SCHEMAS_ENV, str(tmp_path))
+    policy = manifests(homelab_run)["ciliumnetworkpolicy_ai_default-deny-ingress.yaml"]
+    with pytest.raises(ManifestError, match=rf"no schema for CiliumNetworkPolicy cilium.io/v2 at {tmp_path}"):
+        validate("cnp.yaml", policy, "1.33")
+
+
+def test_unsupported_kubernetes_version_is_an_error(homelab_run):
+    namespace = manifests(homelab_run)["namespace_ai.yaml"]
+    with pytest.raises(ManifestError, match="no schemas for Kubernetes 1.12"):
+        validate("ns.yaml", namespace, "1.12")
+
+
+def test_rendering_twice_gives_identical_files(tmp_path):
+    render_stack("homelab", tmp_path / "a")
+    render_stack("homelab", tmp_path / "b")
+    render_stack("homelab", tmp_path / "b")
+    assert files_of(tmp_path / "a") == files_of(tmp_path / "b")
+
+
+def test_invalid_config_writes_nothing_and_keeps_the_previous_render(tmp_path):
+    good = stack_values("homelab")
+    write_stack(tmp_path, "good", good)
+    out = tmp_path / "out"
+    render_stack("good", out, project_dir=tmp_path)
+    before = files_of(out)
+    bad = copy.deepcopy(good)
+    bad["models"]["embed"]["exposure"] = {"host": "embed.renner.uno", "tls_secret": "t"}
+    write_stack(tmp_path, "good", bad)
+    with pytest.raises(RenderError, match=r"models.embed.exposure: an embedding model must not be exposed") as caught:
+        render_stack("good", out, project_dir=tmp_path)
+    assert caught.value.exit_code == 2
+    assert files_of(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Pulumi.good.yaml", "out"]
+
+
+def test_a_folder_that_is_not_a_render_is_never_replaced(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(RenderError, match="is not a previous render"):
+        render_stack("homelab", tmp_path)
+    assert files_of(tmp_path) == {"notes.txt": b"mine"}
+
+
+def test_render_marks_its_folder(tmp_path):
+    render_stack("homelab", tmp_path / "out")
+    assert (tmp_path / "out" / MARKER).is_file()
+
+
+SECRET = "sk-live-9f8e7d6c5b4a-never-render-me"
+
+
+def test_secret_values_never_reach_manifests_or_plain_outputs(homelab_values):
+    homelab_values["models"]["chat"]["api_key"] = {"secret_name": "llama-api-key", "from_config": "chat_api_key"}
+    run = run_values(homelab_values, secrets={"chat_api_key": SECRET})
+    files = manifests(run)
+    text = "".join(dump(m) for m in files.values())
+    assert SECRET not in text
+    secret = files["secret_ai_llama-api-key.yaml"]
+    assert secret["stringData"] == {"api-keys": SECRET_TEXT}
+    plain_outputs = {k: v for k, v in run.outputs.items() if k not in run.secret_outputs}
+    assert SECRET not in repr(plain_outputs)
+
+
+def test_rendered_secret_files_say_so(tmp_path):
+    values = stack_values("homelab")
+    values["models"]["chat"]["api_key"] = {"secret_name": "llama-api-key", "from_config": "chat_api_key"}
+    config = {f"inference-plane:{k}": v for k, v in values.items()}
+    config["inference-plane:chat_api_key"] = {"secure": "v1:bm90LWRlY3J5cHRhYmxlLWhlcmU="}
+    (tmp_path / "Pulumi.keyed.yaml").write_text(yaml.safe_dump({"config": config}))
+    result = render_stack("keyed", tmp_path / "out", project_dir=tmp_path)
+    secret = yaml.safe_load((tmp_path / "out" / "secret_ai_llama-api-key.yaml").read_text())
+    assert secret["stringData"] == {"api-keys": SECRET_TEXT}
+    assert "Secret values are not rendered" in result.summary()
+
+
+def test_cli_error_is_one_line_and_non_zero(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "render", "no-such-stack", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "no stack 'no-such-stack'" in proc.stderr
+    assert not out.exists()
+
+
+def test_cli_renders_and_summarises(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "render", "homelab", "--out", str(tmp_path / "out")],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "llama-server" in proc.stdout and "memory 24Gi/32Gi" in proc.stdout
+    assert "https://llm.renner.uno" in proc.stdout and "gpu.intel.com/i915=1" in proc.stdout
