@@ -2,6 +2,7 @@
 
 import pulumi
 
+from components.capacity import CapacityError, plan
 from components.config import ConfigError, load_stack
 from components.embed_server import EmbedServer
 from components.llama_server import LlamaServer
@@ -11,7 +12,8 @@ from components.namespace import AINamespace, AINamespaceArgs
 
 try:
     stack = load_stack()
-except ConfigError as error:
+    capacity = plan(stack)
+except (ConfigError, CapacityError) as error:
     raise pulumi.RunError(str(error)) from None
 
 namespace = AINamespace(stack.namespace.name, AINamespaceArgs(namespace=stack.namespace, cluster=stack.cluster))
@@ -33,8 +35,8 @@ for key, model in stack.models.items():
             namespace=stack.namespace.name,
             node_pool=stack.node_pools[model.node_pool],
             cache=stack.model_cache,
-            startup=stack.startup,
             cluster=stack.cluster,
+            plan=capacity.servers[key],
             api_key_value=pulumi.Config().require_secret(api_key.from_config)
             if api_key and api_key.from_config
             else None,
@@ -43,6 +45,7 @@ for key, model in stack.models.items():
     )
 
 pulumi.export("namespace", namespace.name)
+pulumi.export("capacity_plan", capacity.to_dict())
 pulumi.export("model_cache", cache.claim_name)
 pulumi.export(
     "endpoints",

@@ -146,6 +146,9 @@ class NamespaceConfig(Strict):
 # --- nodes, storage, start-up --------------------------------------------------------------------
 
 
+Backend = Literal["vulkan", "rocm", "cuda", "cpu"]
+
+
 class NodePool(Strict):
     """Identical nodes that model servers are placed on."""
 
@@ -156,7 +159,16 @@ class NodePool(Strict):
     # Containers that may share one GPU: the device plugin's -shared-dev-num (Intel default 1).
     gpu_shares: Positive = 1
     nodes: Positive = 1
+    # Physical memory of one node; on an APU the GPU's "VRAM" is this same pool.
     memory: Memory
+    # What the kubelet offers pods (capacity less system and kube reservations).
+    allocatable: Memory
+    # Held on each node by workloads this program does not manage (storage daemons, DNS ...).
+    reserved: Memory = "0Gi"
+    # Sustained memory bandwidth of one node in GB/s, for the decode-speed bound; None: not shown.
+    memory_bandwidth_gbs: Optional[Annotated[float, Field(gt=0)]] = None
+    # The GPU backend the servers' image uses; sets the default memory overhead.
+    backend: Backend = "vulkan"
     # Numeric GIDs of the host's render/video groups, for non-root access to /dev/dri and /dev/kfd.
     supplemental_groups: list[Annotated[int, Field(ge=0)]] = []
 
@@ -192,8 +204,26 @@ class Startup(Strict):
 class Resources(Strict):
     cpu_request: Cpu
     cpu_limit: Cpu
-    memory_request: Memory
-    memory_limit: Memory
+    # Derived from the memory estimate when not set; when set, checked against it.
+    memory_request: Optional[Memory] = None
+    memory_limit: Optional[Memory] = None
+    # A limit below the estimate is refused unless this says why the risk is accepted.
+    accepted_risk: Optional[Annotated[str, Field(min_length=10, max_length=300)]] = None
+
+
+class ModelFacts(Strict):
+    """What the memory model needs to know about a model's architecture."""
+
+    params_b: Annotated[float, Field(gt=0)]
+    # Parameters read per token, for mixture-of-experts; None: dense (all of them).
+    active_params_b: Optional[Annotated[float, Field(gt=0)]] = None
+    layers: Positive
+    # Layers with a KV cache; hybrid models (Gated DeltaNet, Mamba) have fewer than `layers`.
+    full_attention_layers: Optional[Positive] = None
+    kv_heads: Positive
+    head_dim: Positive
+    # Fixed-size recurrent state per slot (hybrid models), independent of context.
+    recurrent_state_mib: Annotated[float, Field(ge=0)] = 0.0
 
 
 class Exposure(Strict):
@@ -222,12 +252,21 @@ class ModelServer(Strict):
     hf_repo: HfRepo
     image: PinnedImage
     node_pool: DnsLabel
-    # Size of the GGUF download, for the start-up budget.
-    weights: Memory
+    # Size of the GGUF download; None: derived from params_b x the quant's bits per weight.
+    weights: Optional[Memory] = None
+    # None: taken from components/catalog.py by hf_repo.
+    facts: Optional[ModelFacts] = None
     gpu_layers: Annotated[int, Field(ge=0, le=999)] = 99
     threads: Positive = 4
     ctx_size: Positive = 4096
     ubatch_size: Optional[Positive] = None
+    # Slots (--parallel). None: the server's auto, 4 slots sharing one unified KV pool.
+    parallel: Optional[Positive] = None
+    # Host-RAM prompt cache (--cache-ram, MiB). None: llama.cpp's default of 8192, counted in full.
+    cache_ram_mib: Optional[Annotated[int, Field(ge=0)]] = None
+    # Context checkpoints per slot (--ctx-checkpoints). None: llama.cpp's default of 32; each is a
+    # full copy of a hybrid model's recurrent state in host RAM.
+    ctx_checkpoints: Optional[Annotated[int, Field(ge=0)]] = None
     # The server otherwise allows every origin: any page a LAN browser visits could call the API.
     cors_origins: Optional[str] = "localhost"
     webui: bool = True
@@ -258,7 +297,8 @@ TOP_LEVEL_KEYS = tuple(StackConfig.model_fields)
 _GENERATED_FLAGS = {
     "--hf-repo", "-hf", "-hfr", "--model", "-m", "--n-gpu-layers", "-ngl", "--gpu-layers", "--threads", "-t",
     "--ctx-size", "-c", "--ubatch-size", "-ub", "--cors-origins", "--host", "--port", "--api-key",
-    "--api-key-file", "--metrics", "--embeddings", "--embedding", "--no-webui", "--webui",
+    "--api-key-file", "--metrics", "--embeddings", "--embedding", "--no-webui", "--webui", "--parallel", "-np",
+    "--cache-ram", "-cram", "--ctx-checkpoints", "-ctxcp",
 }
 
 
@@ -313,9 +353,10 @@ def _relations(stack: StackConfig) -> list[tuple[str, str]]:
                 problems.append(
                     (f"{path}.extra_args[{index}]", f"{arg} is generated from a typed field; set that field instead")
                 )
-        request, limit = parse_quantity(model.resources.memory_request), parse_quantity(model.resources.memory_limit)
-        if request > limit:
-            problems.append((f"{path}.resources.memory_request", "is larger than memory_limit"))
+        if model.resources.memory_request and model.resources.memory_limit:
+            request = parse_quantity(model.resources.memory_request)
+            if request > parse_quantity(model.resources.memory_limit):
+                problems.append((f"{path}.resources.memory_request", "is larger than memory_limit"))
         if parse_quantity(model.resources.cpu_request) > parse_quantity(model.resources.cpu_limit):
             problems.append((f"{path}.resources.cpu_request", "is larger than cpu_limit"))
     for pool_key, users in gpu_users.items():

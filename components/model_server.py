@@ -15,8 +15,9 @@ from typing import ClassVar, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .budget import StartupBudget, startup_budget
-from .config import ClusterConfig, ModelCache, ModelServer, NodePool, Startup
+from .budget import StartupBudget
+from .capacity import ServerPlan
+from .config import ClusterConfig, ModelCache, ModelServer, NodePool
 from .meta import labels, metadata, selector, token
 
 HEALTH_PATH = "/health"
@@ -30,8 +31,9 @@ class ModelServerArgs:
     namespace: str
     node_pool: NodePool
     cache: ModelCache
-    startup: Startup
     cluster: ClusterConfig
+    # Memory request/limit and start-up budget, from the capacity plan.
+    plan: ServerPlan
     # The API key file's content, when this program creates the Secret (a Pulumi secret).
     api_key_value: Optional[pulumi.Input[str]] = None
 
@@ -44,6 +46,13 @@ def llama_args(model: ModelServer) -> list[str]:
     args += ["--n-gpu-layers", str(model.gpu_layers), "--threads", str(model.threads), "--ctx-size", str(model.ctx_size)]
     if model.ubatch_size is not None:
         args += ["--ubatch-size", str(model.ubatch_size)]
+    # Slots and host-RAM caches are set whenever the config sets them, so the plan counts what runs.
+    if model.parallel is not None:
+        args += ["--parallel", str(model.parallel)]
+    if model.cache_ram_mib is not None:
+        args += ["--cache-ram", str(model.cache_ram_mib)]
+    if model.ctx_checkpoints is not None:
+        args += ["--ctx-checkpoints", str(model.ctx_checkpoints)]
     if model.cors_origins is not None:
         args += ["--cors-origins", model.cors_origins]
     if not model.webui:
@@ -61,9 +70,10 @@ def _probe(path: str, period: int, **extra: int) -> dict:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, **extra}
 
 
-def container_spec(model: ModelServer, pool: NodePool, cache: ModelCache, budget: StartupBudget) -> dict:
-    requests: dict[str, str] = {"cpu": model.resources.cpu_request, "memory": model.resources.memory_request}
-    limits: dict[str, str] = {"cpu": model.resources.cpu_limit, "memory": model.resources.memory_limit}
+def container_spec(model: ModelServer, pool: NodePool, cache: ModelCache, plan: ServerPlan) -> dict:
+    budget = plan.budget
+    requests: dict[str, str] = {"cpu": model.resources.cpu_request, "memory": plan.memory_request}
+    limits: dict[str, str] = {"cpu": model.resources.cpu_limit, "memory": plan.memory_limit}
     if model.gpu_layers > 0 and pool.gpu_resource:
         requests[pool.gpu_resource] = limits[pool.gpu_resource] = "1"
     mounts = [{"name": "models", "mountPath": cache.mount_path}]
@@ -90,7 +100,7 @@ def container_spec(model: ModelServer, pool: NodePool, cache: ModelCache, budget
     }
 
 
-def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCache, budget: StartupBudget) -> dict:
+def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCache, plan: ServerPlan) -> dict:
     security: dict = {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS,
@@ -113,7 +123,7 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCache, budget: Star
         # LLAMA_ARG_* variables as flags: keep the environment to what is set here.
         "enableServiceLinks": False,
         "securityContext": security,
-        "containers": [container_spec(model, pool, cache, budget)],
+        "containers": [container_spec(model, pool, cache, plan)],
         "volumes": volumes,
     }
     if pool.instance_type:
@@ -140,7 +150,7 @@ class ModelServerBase(pulumi.ComponentResource):
         model = args.model
         self._check(model)
         ns = args.namespace
-        self.budget = budget = startup_budget(model.weights, args.startup)
+        self.budget = budget = args.plan.budget
         component = "chat" if model.role == "chat" else "embeddings"
 
         self.api_key_secret = None
@@ -166,7 +176,7 @@ class ModelServerBase(pulumi.ComponentResource):
             "selector": {"matchLabels": selector(model.name)},
             "template": {
                 "metadata": {"labels": labels(model.name, component)},
-                "spec": pod_spec(model, args.node_pool, args.cache, budget),
+                "spec": pod_spec(model, args.node_pool, args.cache, args.plan),
             },
         }
         wait = f"{budget.wait_seconds}s"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections import Counter
@@ -54,9 +55,35 @@ class RenderResult:
                 f"    {name:<16} memory {requests.get('memory', '-')}/{limits.get('memory', '-')}"
                 f"  gpu {', '.join(gpus) or 'none'}  startup {budget_min:.0f} min  {endpoint}"
             )
+        lines.extend(plan_tables(self.run.outputs.get("capacity_plan")))
         if any(m["kind"] == "Secret" for m in self.files.values()):
             lines.append(f"  Secret values are not rendered: they read {SECRET_TEXT!r}")
         return "\n".join(lines)
+
+
+def plan_tables(plan: dict | None) -> list[str]:
+    """The capacity plan as two small tables: per node, and per model server."""
+    if not plan:
+        return []
+    lines = ["  capacity plan (GiB):", f"    {'pool/node':<22}{'budget':>8}{'planned':>9}{'free':>8}"]
+    for node in plan["nodes"]:
+        where = f"{node['pool']}/{node['node'] + 1}"
+        lines.append(f"    {where:<22}{node['budget_gib']:>8.1f}{node['planned_gib']:>9.1f}{node['free_gib']:>8.1f}")
+    lines.append(
+        f"    {'server':<22}{'weights':>8}{'KV':>6}{'state':>7}{'backend':>8}{'caches':>7}{'total':>7}"
+        f"{'request':>9}{'limit':>7}{'startup':>9}{'decode<=':>10}"
+    )
+    for server in plan["servers"].values():
+        e = server["estimate"]
+        bound = server["decode_bound_tok_s"]
+        lines.append(
+            f"    {server['name']:<22}{e['weights_gib']:>8.1f}{e['kv_gib']:>6.2f}{e['recurrent_gib']:>7.2f}"
+            f"{e['overhead_gib']:>8.1f}{e['host_caches_gib']:>7.1f}{e['total_gib']:>7.1f}"
+            f"{server['memory_request']:>9}{server['memory_limit']:>7}"
+            f"{server['budget']['startup_seconds'] / 60:>7.0f}min"
+            f"{(f'{bound:.1f}tok/s' if bound else '-'):>10}"
+        )
+    return lines
 
 
 def _kustomization(files: dict[str, dict[str, Any]]) -> str:
@@ -71,6 +98,7 @@ def _kustomization(files: dict[str, dict[str, Any]]) -> str:
 def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> RenderResult:
     import pulumi
 
+    from components.capacity import CapacityError
     from components.config import ConfigError
 
     out = Path(out)
@@ -80,7 +108,7 @@ def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> Rend
         run = run_stack(stack, project_dir)
     except FileNotFoundError as error:
         raise RenderError(str(error), exit_code=2) from None
-    except (ConfigError, pulumi.RunError) as error:
+    except (ConfigError, CapacityError, pulumi.RunError) as error:
         raise RenderError(str(error), exit_code=2) from None
     try:
         files = manifests(run)
@@ -95,6 +123,8 @@ def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> Rend
         for name, manifest in files.items():
             (staging / name).write_text(dump(manifest))
         (staging / "kustomization.yaml").write_text(_kustomization(files))
+        if run.outputs.get("capacity_plan"):
+            (staging / "plan.json").write_text(json.dumps(run.outputs["capacity_plan"], indent=2, sort_keys=True) + "\n")
         (staging / MARKER).write_text(f"rendered by inference-plane from Pulumi.{stack}.yaml; do not edit\n")
         if out.exists():
             retired = out.with_name(f".{out.name}.old")

@@ -58,8 +58,8 @@ def test_out_of_range_value(homelab_values):
 
 
 def test_missing_required_field(homelab_values):
-    del homelab_values["models"]["chat"]["weights"]
-    assert rejection(homelab_values).problems == [("models.chat.weights", "required; set it")]
+    del homelab_values["models"]["chat"]["hf_repo"]
+    assert rejection(homelab_values).problems == [("models.chat.hf_repo", "required; set it")]
 
 
 def test_embedding_model_cannot_be_exposed(homelab_values):

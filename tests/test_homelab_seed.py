@@ -133,8 +133,10 @@ def test_every_seed_flag_is_passed_with_its_value(rendered, name):
     seed_flags = flag_pairs(at(SEED_OBJECTS[("Deployment", name)], ARGS))
     our_flags = flag_pairs(at(rendered[("Deployment", name)], ARGS))
     assert seed_flags.items() <= our_flags.items()
-    # Added on purpose: the default port moves between builds, and /metrics feeds monitoring.
-    assert set(our_flags) - set(seed_flags) == {"--host", "--port", "--metrics"}
+    # Added on purpose: the default port moves between builds, /metrics feeds monitoring, and the
+    # host-RAM caches are capped so that the capacity plan counts what the server really holds.
+    caches = {"--cache-ram", "--ctx-checkpoints"} if name == "llama-server" else {"--cache-ram"}
+    assert set(our_flags) - set(seed_flags) == {"--host", "--port", "--metrics"} | caches
 
 
 def test_cold_start_survives_pulumi_up_as_it_survived_flux(homelab_run):

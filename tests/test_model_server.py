@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from components.capacity import plan
 from components.config import parse_stack
 from components.embed_server import EmbedServer
 from components.llama_server import LlamaServer
@@ -21,8 +22,8 @@ def build(values: dict, key: str, api_key_value: str | None = None):
         namespace=stack.namespace.name,
         node_pool=stack.node_pools[model.node_pool],
         cache=stack.model_cache,
-        startup=stack.startup,
         cluster=stack.cluster,
+        plan=plan(stack).servers[key],
         api_key_value=api_key_value,
     )
     component = EmbedServer if model.role == "embedding" else LlamaServer
@@ -79,9 +80,9 @@ def test_optional_flags_are_left_out(homelab_values):
 
 
 def test_extra_args_come_last(homelab_values):
-    homelab_values["models"]["chat"]["extra_args"] = ["--jinja", "--cache-ram", "2048"]
+    homelab_values["models"]["chat"]["extra_args"] = ["--jinja", "--reasoning-budget", "0"]
     _, model, run = build(homelab_values, "chat")
-    assert container_of(run, model.name)["args"][-3:] == ["--jinja", "--cache-ram", "2048"]
+    assert container_of(run, model.name)["args"][-3:] == ["--jinja", "--reasoning-budget", "0"]
 
 
 def test_probes_use_health_on_the_named_port(homelab_values):
@@ -104,9 +105,10 @@ def test_startup_budget_outlasts_a_cold_download(homelab_values):
 
 
 def test_startup_budget_grows_with_the_model(homelab_values):
-    homelab_values["models"]["chat"]["weights"] = "40Gi"
+    homelab_values["models"]["chat"]["weights"] = "30Gi"
+    homelab_values["models"]["chat"]["resources"]["accepted_risk"] = "budget arithmetic only, not deployed"
     _, model, run_big = build(homelab_values, "chat")
-    homelab_values["models"]["chat"]["weights"] = "10Gi"
+    homelab_values["models"]["chat"]["weights"] = "7.5Gi"
     _, _, run_small = build(homelab_values, "chat")
     big = container_of(run_big, model.name)["startupProbe"]["failureThreshold"]
     small = container_of(run_small, model.name)["startupProbe"]["failureThreshold"]
@@ -247,8 +249,8 @@ def test_embed_server_refuses_exposure_even_past_the_config_check(homelab_values
         namespace="ai",
         node_pool=stack.node_pools["iris-xe"],
         cache=stack.model_cache,
-        startup=stack.startup,
         cluster=stack.cluster,
+        plan=plan(stack).servers["embed"],
     )
     with pytest.raises(ValueError, match="cannot be exposed"):
         run_program({}, program=lambda: {"s": EmbedServer("e", args)})

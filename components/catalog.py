@@ -1,0 +1,36 @@
+"""Architecture facts for the models the shipped stacks use, keyed by Hugging Face repo.
+
+A stack can serve any other model by giving ``models.<key>.facts`` in its config; these are
+only defaults, so that a stack naming a known repo does not have to copy them.
+"""
+
+from __future__ import annotations
+
+from .config import ModelFacts
+
+CATALOG: dict[str, ModelFacts] = {
+    # Qwen3.6-35B-A3B (qwen35moe arch): 40 layers, 30 Gated DeltaNet + 10 gated full attention;
+    # attention KV 2 heads x 256; ~3B active per token. DeltaNet state ~63 MiB per slot in f32.
+    # Source: ../shared/reference/llamacpp.md section 4 (HF transformers qwen3_5_moe docs).
+    "ggml-org/Qwen3.6-35B-A3B-GGUF": ModelFacts(
+        params_b=35.0,
+        active_params_b=3.0,
+        layers=40,
+        full_attention_layers=10,
+        kv_heads=2,
+        head_dim=256,
+        recurrent_state_mib=63.0,
+    ),
+    # Qwen3-Embedding-0.6B: dense, 28 layers, 8 KV heads x 128 (Qwen3 configs).
+    # Source: ../shared/reference/llamacpp.md section 7 (to confirm against the load log's print_info).
+    "Qwen/Qwen3-Embedding-0.6B-GGUF": ModelFacts(
+        params_b=0.6,
+        layers=28,
+        kv_heads=8,
+        head_dim=128,
+    ),
+}
+
+
+def repo_of(hf_repo: str) -> str:
+    return hf_repo.split(":", 1)[0]
