@@ -38,9 +38,10 @@ _FQDN_PATTERN = re.compile(r"^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _HF_REPO = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*:[A-Za-z0-9_]+$")
-# A build tag such as server-vulkan-b10731, or a digest. Never `latest` or a bare name: the
-# llama.cpp CLI changes between builds and removed flags are rejected at start-up.
-_PINNED_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(@sha256:[a-f0-9]{64}|:[A-Za-z0-9._-]*b[0-9]+[A-Za-z0-9._-]*)$")
+# A build or version tag (server-vulkan-b10731, v0.9.2) or a digest. Never `latest` or a bare
+# name: the llama.cpp CLI changes between builds and removed flags are rejected at start-up.
+_PINNED_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(@sha256:[a-f0-9]{64}|:[A-Za-z._-]*[0-9][A-Za-z0-9._-]*)$")
+_DURATION = re.compile(r"^([0-9]+(ms|s|m|h))+$")
 _CONFIG_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -78,6 +79,9 @@ DnsName = Annotated[str, _matches(_DNS_NAME, "a DNS subdomain name (lower-case l
 Hostname = Annotated[str, _matches(_HOSTNAME, "a fully qualified host name such as llm.example.org")]
 FqdnPattern = Annotated[str, _matches(_FQDN_PATTERN, "a host name or a '*.' wildcard host name")]
 HfRepo = Annotated[str, _matches(_HF_REPO, "a Hugging Face repo with a quant, such as org/Model-GGUF:Q4_K_M")]
+RepoId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*$")]
+Duration = Annotated[str, _matches(_DURATION, "a duration such as 600s, 5m or 1h")]
+HttpPath = Annotated[str, Field(pattern=r"^/[A-Za-z0-9._~/-]*$")]
 PinnedImage = Annotated[
     str, _matches(_PINNED_IMAGE, "a pinned image: registry/name:<tag with a build number bNNNN> or @sha256:<digest>")
 ]
@@ -224,6 +228,56 @@ class ModelFacts(Strict):
     head_dim: Positive
     # Fixed-size recurrent state per slot (hybrid models), independent of context.
     recurrent_state_mib: Annotated[float, Field(ge=0)] = 0.0
+    # Overrides the quant's table value (engines whose checkpoints are not GGUF).
+    bits_per_weight: Optional[Annotated[float, Field(gt=0, le=32)]] = None
+
+
+class OpenAIEngine(Strict):
+    """Any OpenAI-compatible server: its own image, arguments, port and paths."""
+
+    args: list[str] = []
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
+    health_path: HttpPath = "/health"
+    metrics_path: Optional[HttpPath] = "/metrics"
+    # The model name the engine serves, sent upstream by the gateway (modelNameOverride).
+    served_model: str
+    # What the engine locks in memory, weights and KV pool together, as measured on the node.
+    resident_memory: Memory
+
+
+_PREFETCH_COMMAND = [
+    "sh",
+    "-c",
+    'pip install --quiet --user "huggingface_hub[hf_xet]==0.35.3" && '
+    'exec "$PYTHONUSERBASE/bin/hf" download "$HF_REPO" --revision "$HF_REVISION"',
+]
+
+
+class Prefetch(Strict):
+    """An init container that downloads the weights before the engine starts (idempotent)."""
+
+    repo: RepoId
+    revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9._/-]+$")] = "main"
+    image: PinnedImage = "docker.io/library/python:3.12.11-slim-bookworm"
+    # Runs with HF_REPO, HF_REVISION, HOME and PYTHONUSERBASE set; hf download skips files it has.
+    command: list[str] = Field(default=_PREFETCH_COMMAND, min_length=1)
+
+
+class CacheVolume(Strict):
+    """A claim per replica (StatefulSet volumeClaimTemplates) for the prefetched weights."""
+
+    storage_class: DnsName
+    size: Memory
+
+
+class Workload(Strict):
+    kind: Literal["Deployment", "StatefulSet"] = "Deployment"
+    replicas: Positive = 1
+    # Required pod anti-affinity on kubernetes.io/hostname: at most one replica per node.
+    one_per_node: bool = False
+    cache_volume: Optional[CacheVolume] = None
+    # A VerticalPodAutoscaler that may only manage CPU: memory stays pinned (the seed's #2711).
+    vpa_update_mode: Optional[Literal["Off", "Initial", "Recreate", "Auto"]] = None
 
 
 class Exposure(Strict):
@@ -244,12 +298,19 @@ class ApiKey(Strict):
 
 
 class ModelServer(Strict):
-    """One llama.cpp server in single-model mode, serving one model."""
+    """One model server: llama.cpp in single-model mode, or another OpenAI-compatible engine."""
 
     role: Literal["chat", "embedding"]
-    # Name of the Deployment, its Service and its pods' app.kubernetes.io/name.
+    # Name of the workload, its Service and its pods' app.kubernetes.io/name.
     name: DnsLabel
-    hf_repo: HfRepo
+    engine: Literal["llamacpp", "openai"] = "llamacpp"
+    # llama.cpp's --hf-repo; required for llamacpp.
+    hf_repo: Optional[HfRepo] = None
+    openai: Optional[OpenAIEngine] = None
+    prefetch: Optional[Prefetch] = None
+    workload: Workload = Workload()
+    # Overrides the node pool's backend for this server's image.
+    backend: Optional[Backend] = None
     image: PinnedImage
     node_pool: DnsLabel
     # Size of the GGUF download; None: derived from params_b x the quant's bits per weight.
@@ -278,6 +339,100 @@ class ModelServer(Strict):
     extra_args: list[str] = []
 
 
+# --- the gateway ---------------------------------------------------------------------------------
+
+
+class RemoteProvider(Strict):
+    """An OpenAI-compatible provider on the internet, reached over TLS with its own key."""
+
+    host: Hostname
+    port: Annotated[int, Field(ge=1, le=65535)] = 443
+    # Path before /chat/completions: /v1 for most, /api/v1 for OpenRouter.
+    prefix: HttpPath = "/v1"
+    # The Pulumi secret config key holding the provider's API key.
+    api_key_config: Optional[ConfigKey] = None
+
+
+class Tier(Strict):
+    """Where a route's backend lives: one of this stack's model servers, or a remote provider."""
+
+    local: Optional[DnsLabel] = None
+    remote: Optional[RemoteProvider] = None
+
+
+class RouteBackend(Strict):
+    tier: DnsLabel
+    # The model name sent to this tier; None: the local engine's served name, or the public name.
+    model: Optional[str] = None
+
+
+class Route(Strict):
+    """One public model name, tried on its backends in order (priority 0, 1, ...)."""
+
+    model: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:/@-]+$")]
+    kind: Literal["chat", "embedding"] = "chat"
+    backends: Annotated[list[RouteBackend], Field(min_length=1, max_length=16)]
+
+
+class ApiClient(Strict):
+    # A Pulumi secret config key holding this client's key; None: derived from the master key.
+    key_config: Optional[ConfigKey] = None
+
+
+class Retry(Strict):
+    num_retries: Annotated[int, Field(ge=0, le=10)] = 3
+    # One attempt per priority: a failing tier hands the request to the next one at once.
+    attempts_per_priority: Annotated[int, Field(ge=1, le=5)] = 1
+    status_codes: list[Annotated[int, Field(ge=400, le=599)]] = [429, 500, 502, 503, 504]
+
+
+class LlamaCppEmbeddingsPath(Strict):
+    """A plain HTTPRoute straight to a llama.cpp embedding server, bypassing the AI gateway."""
+
+    model: DnsLabel  # models.<key>
+    path: HttpPath = "/llama-cpp/v1/embeddings"
+    # A whole document batch can take minutes on an iGPU; the AI routes have no request timeout.
+    timeout: Duration = "600s"
+
+
+class Gateway(Strict):
+    name: DnsLabel = "inference"
+    class_name: DnsLabel = "envoy-ai-gateway"
+    create_class: bool = True
+    hostname: Hostname
+    port: Annotated[int, Field(ge=1, le=65535)] = 443
+    tls_secret: DnsName
+    # Only reachable on the tailnet: the Envoy Service gets this load-balancer class, never a public LB.
+    load_balancer_class: Annotated[str, Field(min_length=1)] = "tailscale"
+    envoy_namespace: DnsLabel = "envoy-gateway-system"
+    # Secret or ConfigMap with ca.crt: clients must present a certificate it signed. None: no mTLS.
+    client_ca_secret: Optional[DnsName] = None
+    # Envoy Gateway's default of 32 KiB rejects ordinary chat payloads with 413.
+    buffer_limit: Memory = "50Mi"
+    # Ends a stream that sends nothing for this long; generation length itself is unbounded.
+    stream_idle_timeout: Duration = "300s"
+    api_key_header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] = "x-api-key"
+    clients: Annotated[dict[DnsLabel, ApiClient], Field(min_length=1)]
+    # Pulumi secret config key from which clients without key_config get their keys (HMAC).
+    master_key_config: Optional[ConfigKey] = None
+    tiers: Annotated[dict[DnsLabel, Tier], Field(min_length=1)]
+    routes: list[Route] = []
+    # Tiers tried, in order, for any model no route names; the model name passes through.
+    catch_all: list[DnsLabel] = []
+    session_header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] = "x-sks-session-id"
+    retry: Retry = Retry()
+    llamacpp_embeddings: Optional[LlamaCppEmbeddingsPath] = None
+
+
+class Observability(Strict):
+    """VictoriaMetrics operator objects: scrapes and alert rules."""
+
+    scrape_interval: Duration = "60s"
+    # Requests waiting for a free slot this long mean the server is saturated.
+    queue_alert_after: Duration = "5m"
+    fallback_alert_after: Duration = "15m"
+
+
 # --- the stack -----------------------------------------------------------------------------------
 
 
@@ -288,9 +443,17 @@ class StackConfig(Strict):
     model_cache: ModelCache
     startup: Startup = Startup()
     models: Annotated[dict[DnsLabel, ModelServer], Field(min_length=1)]
+    gateway: Optional[Gateway] = None
+    observability: Optional[Observability] = None
 
     def secret_config_keys(self) -> set[str]:
-        return {m.api_key.from_config for m in self.models.values() if m.api_key and m.api_key.from_config}
+        keys = {m.api_key.from_config for m in self.models.values() if m.api_key and m.api_key.from_config}
+        if self.gateway is not None:
+            keys |= {c.key_config for c in self.gateway.clients.values() if c.key_config}
+            keys |= {t.remote.api_key_config for t in self.gateway.tiers.values() if t.remote and t.remote.api_key_config}
+            if self.gateway.master_key_config:
+                keys.add(self.gateway.master_key_config)
+        return keys
 
 
 TOP_LEVEL_KEYS = tuple(StackConfig.model_fields)
@@ -346,6 +509,24 @@ def _relations(stack: StackConfig) -> list[tuple[str, str]]:
                     (f"{path}.exposure.host", f"{model.exposure.host} is already exposed by models.{hosts[model.exposure.host]}")
                 )
             hosts[model.exposure.host] = key
+        if model.engine == "llamacpp" and model.hf_repo is None:
+            problems.append((f"{path}.hf_repo", "required for engine llamacpp (org/Model-GGUF:QUANT)"))
+        if model.engine == "openai" and model.openai is None:
+            problems.append((f"{path}.openai", "required for engine openai: served_model, resident_memory, args"))
+        if model.engine == "openai" and (model.api_key is not None or model.extra_args):
+            problems.append((f"{path}.engine", "api_key and extra_args are llama.cpp settings; use openai.args"))
+        workload = model.workload
+        if workload.cache_volume is not None and workload.kind != "StatefulSet":
+            problems.append((f"{path}.workload.cache_volume", "a claim per replica needs kind: StatefulSet"))
+        if model.prefetch is not None and workload.cache_volume is None:
+            problems.append((f"{path}.prefetch", "prefetched weights need workload.cache_volume to land in"))
+        if pool is not None and workload.one_per_node and workload.replicas > pool.nodes:
+            problems.append(
+                (
+                    f"{path}.workload.replicas",
+                    f"{workload.replicas} replicas, one per node, but node pool {model.node_pool} has {pool.nodes} nodes",
+                )
+            )
         if model.ubatch_size is not None and model.ubatch_size > model.ctx_size:
             problems.append((f"{path}.ubatch_size", f"{model.ubatch_size} exceeds ctx_size {model.ctx_size}"))
         for index, arg in enumerate(model.extra_args):
@@ -361,14 +542,93 @@ def _relations(stack: StackConfig) -> list[tuple[str, str]]:
             problems.append((f"{path}.resources.cpu_request", "is larger than cpu_limit"))
     for pool_key, users in gpu_users.items():
         pool = stack.node_pools[pool_key]
-        if len(users) > pool.gpu_shares * pool.nodes:
+        demand = sum(stack.models[k].workload.replicas for k in users)
+        if demand > pool.gpu_shares * pool.nodes:
             problems.append(
                 (
                     f"node_pools.{pool_key}.gpu_shares",
-                    f"{len(users)} model servers ({', '.join(users)}) each request {pool.gpu_resource}, but the pool "
+                    f"{demand} model server pods ({', '.join(users)}) each request {pool.gpu_resource}, but the pool "
                     f"offers {pool.gpu_shares * pool.nodes}; raise the device plugin's -shared-dev-num and gpu_shares",
                 )
             )
+    if stack.gateway is not None:
+        problems += _gateway_relations(stack, stack.gateway)
+    return problems
+
+
+def _gateway_relations(stack: StackConfig, gateway: Gateway) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    for name, tier in gateway.tiers.items():
+        path = f"gateway.tiers.{name}"
+        if (tier.local is None) == (tier.remote is None):
+            problems.append((path, "set exactly one of local (a models key) or remote (a provider)"))
+        elif tier.local is not None and tier.local not in stack.models:
+            problems.append((f"{path}.local", f"no model server {tier.local!r}; defined: {', '.join(stack.models)}"))
+        elif tier.remote is not None and tier.remote.api_key_config is None:
+            problems.append(
+                (f"{path}.remote.api_key_config", "a remote tier needs its provider key: name a Pulumi secret config key")
+            )
+
+    def role_of(tier_name: str) -> Optional[str]:
+        tier = gateway.tiers.get(tier_name)
+        if tier is None or tier.local is None or tier.local not in stack.models:
+            return None
+        return stack.models[tier.local].role
+
+    seen: dict[str, int] = {}
+    for index, route in enumerate(gateway.routes):
+        path = f"gateway.routes[{index}]"
+        if route.model in seen:
+            problems.append((f"{path}.model", f"{route.model!r} is already routed by gateway.routes[{seen[route.model]}]"))
+        seen[route.model] = index
+        tiers = [b.tier for b in route.backends]
+        if len(set(tiers)) != len(tiers):
+            problems.append((f"{path}.backends", "a tier appears twice; each tier is one priority"))
+        for b_index, backend in enumerate(route.backends):
+            if backend.tier not in gateway.tiers:
+                problems.append(
+                    (f"{path}.backends[{b_index}].tier", f"no tier {backend.tier!r}; defined: {', '.join(gateway.tiers)}")
+                )
+                continue
+            role = role_of(backend.tier)
+            if role == "embedding" and route.kind == "chat":
+                problems.append(
+                    (
+                        f"{path}.backends[{b_index}].tier",
+                        f"{backend.tier} serves an embedding model; a chat route to it answers nonsense "
+                        "('capital capital ...'); use kind: embedding or another tier",
+                    )
+                )
+            if role == "chat" and route.kind == "embedding":
+                problems.append((f"{path}.backends[{b_index}].tier", f"{backend.tier} serves a chat model, not embeddings"))
+    for index, tier_name in enumerate(gateway.catch_all):
+        if tier_name not in gateway.tiers:
+            problems.append((f"gateway.catch_all[{index}]", f"no tier {tier_name!r}; defined: {', '.join(gateway.tiers)}"))
+        elif role_of(tier_name) == "embedding":
+            problems.append((f"gateway.catch_all[{index}]", f"{tier_name} serves an embedding model; it cannot take any model"))
+    if not gateway.routes and not gateway.catch_all:
+        problems.append(("gateway.routes", "the gateway routes nothing: add routes or catch_all"))
+    owners: dict[str, str] = {}
+    for client, settings in gateway.clients.items():
+        if settings.key_config is None and gateway.master_key_config is None:
+            problems.append(
+                (f"gateway.clients.{client}.key_config", "set it, or gateway.master_key_config to derive the key")
+            )
+        elif settings.key_config is not None:
+            if settings.key_config in owners:
+                problems.append(
+                    (
+                        f"gateway.clients.{client}.key_config",
+                        f"{settings.key_config} is already the key of client {owners[settings.key_config]}; "
+                        "one key per client identity",
+                    )
+                )
+            owners[settings.key_config] = client
+    embeddings = gateway.llamacpp_embeddings
+    if embeddings is not None:
+        target = stack.models.get(embeddings.model)
+        if target is None or target.role != "embedding" or target.engine != "llamacpp":
+            problems.append(("gateway.llamacpp_embeddings.model", "must name a llama.cpp embedding server in models"))
     return problems
 
 
@@ -437,6 +697,20 @@ def load_stack() -> StackConfig:
             problems.append((key, f"not set; run: pulumi config set --secret {key} <value>"))
         elif key not in secret_keys:
             problems.append((key, f"holds a credential in plain text; run: pulumi config set --secret {key} <value>"))
+    if stack.gateway is not None:
+        by_value: dict[str, str] = {}
+        for client, settings in stack.gateway.clients.items():
+            value = values.get(settings.key_config) if settings.key_config else None
+            if value is None:
+                continue
+            if value in by_value:
+                problems.append(
+                    (
+                        f"gateway.clients.{client}.key_config",
+                        f"{settings.key_config} holds the same key as client {by_value[value]}'s; give each client its own",
+                    )
+                )
+            by_value[value] = client
     for key in sorted(set(structured) & secret_keys):
         problems.append((key, "structured config must not be secret; keep credentials in their own keys"))
     if problems:

@@ -58,8 +58,15 @@ def test_out_of_range_value(homelab_values):
 
 
 def test_missing_required_field(homelab_values):
+    del homelab_values["models"]["chat"]["image"]
+    assert rejection(homelab_values).problems == [("models.chat.image", "required; set it")]
+
+
+def test_llamacpp_needs_its_repo(homelab_values):
     del homelab_values["models"]["chat"]["hf_repo"]
-    assert rejection(homelab_values).problems == [("models.chat.hf_repo", "required; set it")]
+    assert rejection(homelab_values).problems == [
+        ("models.chat.hf_repo", "required for engine llamacpp (org/Model-GGUF:QUANT)")
+    ]
 
 
 def test_embedding_model_cannot_be_exposed(homelab_values):
@@ -93,7 +100,7 @@ def test_more_gpu_users_than_shares(homelab_values):
     homelab_values["node_pools"]["iris-xe"]["gpu_shares"] = 1
     (path, message), *_ = rejection(homelab_values).problems
     assert path == "node_pools.iris-xe.gpu_shares"
-    assert "2 model servers (chat, embed)" in message and "-shared-dev-num" in message
+    assert "2 model server pods (chat, embed)" in message and "-shared-dev-num" in message
 
 
 def test_unknown_node_pool(homelab_values):
