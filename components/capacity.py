@@ -75,13 +75,23 @@ def bits_per_weight(hf_repo: str) -> float:
 
 
 def facts_for(model: ModelServer) -> Optional[ModelFacts]:
-    return model.facts or CATALOG.get(repo_of(model.hf_repo))
+    if model.facts is not None:
+        return model.facts
+    return CATALOG.get(repo_of(model.hf_repo)) if model.hf_repo else None
+
+
+def model_bits(model: ModelServer, facts: ModelFacts) -> float:
+    if facts.bits_per_weight is not None:
+        return facts.bits_per_weight
+    if model.hf_repo is None:
+        raise KeyError("no quant")
+    return bits_per_weight(model.hf_repo)
 
 
 def weights_bytes(model: ModelServer, facts: ModelFacts) -> float:
     if model.weights is not None:
         return float(parse_quantity(model.weights))
-    return facts.params_b * 1e9 * bits_per_weight(model.hf_repo) / 8
+    return facts.params_b * 1e9 * model_bits(model, facts) / 8
 
 
 def kv_bytes(facts: ModelFacts, ctx_size: int) -> float:
@@ -113,12 +123,25 @@ def estimate_memory(model: ModelServer, facts: ModelFacts, backend: Backend) -> 
     )
 
 
-def decode_bound_tok_s(model: ModelServer, facts: ModelFacts, pool: NodePool) -> Optional[float]:
+def estimate_resident(model: ModelServer, backend: Backend) -> MemoryEstimate:
+    """An engine that reports what it locks (weights and KV pool, measured) plus the backend's margin."""
+    assert model.openai is not None
+    resident = float(parse_quantity(model.openai.resident_memory))
+    return MemoryEstimate(
+        weights_gib=resident / GIB,
+        kv_gib=0.0,
+        recurrent_gib=0.0,
+        overhead_gib=resident * BACKEND_OVERHEAD[backend] / GIB,
+        host_caches_gib=0.0,
+    )
+
+
+def decode_bound_tok_s(model: ModelServer, facts: Optional[ModelFacts], pool: NodePool) -> Optional[float]:
     """Upper bound on decode speed: bandwidth / bytes read per token (active parameters for MoE)."""
-    if pool.memory_bandwidth_gbs is None:
+    if pool.memory_bandwidth_gbs is None or facts is None:
         return None
     active = facts.active_params_b or facts.params_b
-    bytes_per_token = active * 1e9 * bits_per_weight(model.hf_repo) / 8
+    bytes_per_token = active * 1e9 * model_bits(model, facts) / 8
     return pool.memory_bandwidth_gbs * 1e9 / bytes_per_token
 
 
@@ -132,6 +155,7 @@ class ServerPlan:
     name: str
     node_pool: str
     replicas: int
+    one_per_node: bool
     estimate: MemoryEstimate
     memory_request: str
     memory_limit: str
@@ -206,8 +230,12 @@ def node_budget_gib(pool: NodePool) -> float:
 def _server_plan(key: str, model: ModelServer, stack: StackConfig) -> ServerPlan:
     facts = facts_for(model)
     pool = stack.node_pools[model.node_pool]
-    assert facts is not None  # checked by plan()
-    estimate = estimate_memory(model, facts, pool.backend)
+    backend = model.backend or pool.backend
+    if model.engine == "openai":
+        estimate = estimate_resident(model, backend)
+    else:
+        assert facts is not None  # checked by plan()
+        estimate = estimate_memory(model, facts, backend)
     weights = model.weights or f"{ceil_gib(weights_bytes(model, facts) / GIB * 10) / 10}Gi"
     limit = model.resources.memory_limit or f"{ceil_gib(estimate.total_gib * (1 + LIMIT_HEADROOM))}Gi"
     # Derived request = limit: a GPU server cannot shed memory, so it gets Guaranteed memory.
@@ -216,29 +244,39 @@ def _server_plan(key: str, model: ModelServer, stack: StackConfig) -> ServerPlan
         key=key,
         name=model.name,
         node_pool=model.node_pool,
-        replicas=1,
+        replicas=model.workload.replicas,
+        one_per_node=model.workload.one_per_node,
         estimate=estimate,
         memory_request=request,
         memory_limit=limit,
-        budget=startup_budget(weights, stack.startup),
+        budget=startup_budget(weights, stack.startup, prefetched=model.prefetch is not None),
         weights=weights,
         decode_bound_tok_s=decode_bound_tok_s(model, facts, pool),
     )
 
 
 def _place(stack: StackConfig, servers: dict[str, ServerPlan]) -> list[NodePlan]:
-    """First fit, largest first: how the scheduler fills nodes by requests, replica by replica."""
+    """First fit, largest first: how the scheduler fills nodes by requests, replica by replica.
+    A server with one_per_node (required anti-affinity) never puts two replicas on one node."""
     nodes: list[NodePlan] = []
     for pool_key, pool in stack.node_pools.items():
         budget = node_budget_gib(pool)
         loads: list[list[tuple[str, float]]] = [[] for _ in range(pool.nodes)]
         replicas = [
-            (s.name, s.need_gib) for s in servers.values() if s.node_pool == pool_key for _ in range(s.replicas)
+            (s.name, s.need_gib, s.one_per_node)
+            for s in servers.values()
+            if s.node_pool == pool_key
+            for _ in range(s.replicas)
         ]
-        for name, need in sorted(replicas, key=lambda r: (-r[1], r[0])):
-            free = [budget - sum(n for _, n in load) for load in loads]
-            fitting = [i for i, f in enumerate(free) if f >= need]
-            target = fitting[0] if fitting else max(range(pool.nodes), key=lambda i: free[i])
+        for name, need, one_per_node in sorted(replicas, key=lambda r: (-r[1], r[0])):
+            allowed = [i for i in range(pool.nodes) if not (one_per_node and any(n == name for n, _ in loads[i]))]
+            if not allowed:
+                raise CapacityError(
+                    f"node_pools.{pool_key}: {name} wants one replica per node but the pool has {pool.nodes} nodes"
+                )
+            free = {i: budget - sum(n for _, n in loads[i]) for i in allowed}
+            fitting = [i for i in allowed if free[i] >= need]
+            target = fitting[0] if fitting else max(allowed, key=lambda i: free[i])
             loads[target].append((name, need))
         for index, load in enumerate(loads):
             nodes.append(NodePlan(pool=pool_key, node=index, budget_gib=budget, workloads=tuple(load)))
@@ -250,6 +288,13 @@ def plan(stack: StackConfig) -> Plan:
     problems: list[str] = []
     result = Plan()
     for key, model in stack.models.items():
+        if model.engine == "openai":
+            if model.weights is None:
+                problems.append(f"models.{key}.weights: required for engine openai (the download size)")
+                continue
+            result.servers[key] = _server_plan(key, model, stack)
+            _check_limit(key, model, result.servers[key], problems)
+            continue
         if facts_for(model) is None:
             problems.append(
                 f"models.{key}.facts: no architecture facts for {repo_of(model.hf_repo)}; give params_b, layers, "
@@ -258,7 +303,7 @@ def plan(stack: StackConfig) -> Plan:
             continue
         if model.weights is None:
             try:
-                bits_per_weight(model.hf_repo)
+                model_bits(model, facts_for(model))
             except KeyError:
                 problems.append(
                     f"models.{key}.weights: quant {quant_of(model.hf_repo)} has no known bits per weight; "
@@ -266,13 +311,7 @@ def plan(stack: StackConfig) -> Plan:
                 )
                 continue
         server = _server_plan(key, model, stack)
-        limit_gib = float(parse_quantity(server.memory_limit)) / GIB
-        if limit_gib < server.estimate.total_gib and model.resources.accepted_risk is None:
-            problems.append(
-                f"models.{key}.resources.memory_limit: {server.memory_limit} is below the estimate of "
-                f"{server.estimate.total_gib:.1f} GiB ({_breakdown(server.estimate)}); raise it, lower ctx_size, "
-                "or set accepted_risk with the reason"
-            )
+        _check_limit(key, model, server, problems)
         result.servers[key] = server
     if problems:
         raise CapacityError("; ".join(problems))
@@ -288,6 +327,16 @@ def plan(stack: StackConfig) -> Plan:
     if problems:
         raise CapacityError("; ".join(problems))
     return result
+
+
+def _check_limit(key: str, model: ModelServer, server: ServerPlan, problems: list[str]) -> None:
+    limit_gib = float(parse_quantity(server.memory_limit)) / GIB
+    if limit_gib < server.estimate.total_gib and model.resources.accepted_risk is None:
+        problems.append(
+            f"models.{key}.resources.memory_limit: {server.memory_limit} is below the estimate of "
+            f"{server.estimate.total_gib:.1f} GiB ({_breakdown(server.estimate)}); raise it, lower ctx_size, "
+            "or set accepted_risk with the reason"
+        )
 
 
 def _breakdown(estimate: MemoryEstimate) -> str:

@@ -29,6 +29,14 @@ CATALOG: dict[str, ModelFacts] = {
         kv_heads=8,
         head_dim=128,
     ),
+    # Qwen3-Embedding-8B: the Qwen3-8B body, dense, 36 layers, 8 KV heads x 128, 7.6B parameters.
+    # Source: the Qwen3-8B config.json (num_hidden_layers 36, num_key_value_heads 8, head_dim 128).
+    "Qwen/Qwen3-Embedding-8B-GGUF": ModelFacts(
+        params_b=7.6,
+        layers=36,
+        kv_heads=8,
+        head_dim=128,
+    ),
 }
 
 

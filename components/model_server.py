@@ -40,6 +40,7 @@ class ModelServerArgs:
 
 def llama_args(model: ModelServer) -> list[str]:
     """llama-server's command line, generated from the typed settings."""
+    assert model.hf_repo is not None
     args = ["--hf-repo", model.hf_repo]
     if model.role == "embedding":
         args.append("--embeddings")  # serves POST /v1/embeddings
@@ -66,8 +67,43 @@ def llama_args(model: ModelServer) -> list[str]:
     return args + list(model.extra_args)
 
 
+HF_HOME_DIR = "/home/engine"  # HOME for engines: the Hugging Face cache defaults to $HOME/.cache/huggingface
+HF_CACHE = f"{HF_HOME_DIR}/.cache/huggingface"
+SCRATCH = "/tmp"
+# Init and sidecar containers get requests and limits too: an unbounded init container can
+# still OOM the node while 100 GiB of weights stream through the page cache.
+PREFETCH_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def _probe(path: str, period: int, **extra: int) -> dict:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, **extra}
+
+
+def health_path(model: ModelServer) -> str:
+    return model.openai.health_path if model.openai is not None else HEALTH_PATH
+
+
+def metrics_path(model: ModelServer) -> Optional[str]:
+    if model.openai is not None:
+        return model.openai.metrics_path
+    return "/metrics" if model.metrics else None
+
+
+def engine_args(model: ModelServer) -> list[str]:
+    return list(model.openai.args) if model.openai is not None else llama_args(model)
+
+
+def _cache_mount(model: ModelServer, cache: ModelCache) -> tuple[dict, list[dict]]:
+    """Where the weights live for this server: its volume mount and environment."""
+    if model.workload.cache_volume is not None:
+        # Prefetched into a claim per replica at the default Hugging Face cache path; the engine
+        # itself never downloads (HF_HUB_OFFLINE) and makes no outbound connections.
+        env = [{"name": "HOME", "value": HF_HOME_DIR}, {"name": "HF_HUB_OFFLINE", "value": "1"}]
+        return {"name": "weights", "mountPath": HF_CACHE}, env
+    # Where --hf-repo caches the weights: on the shared volume the download is a one-time cost,
+    # and the server stays off a home directory it cannot write as a non-root UID.
+    return {"name": "models", "mountPath": cache.mount_path}, [{"name": "LLAMA_CACHE", "value": cache.mount_path}]
 
 
 def container_spec(model: ModelServer, pool: NodePool, cache: ModelCache, plan: ServerPlan) -> dict:
@@ -76,27 +112,46 @@ def container_spec(model: ModelServer, pool: NodePool, cache: ModelCache, plan: 
     limits: dict[str, str] = {"cpu": model.resources.cpu_limit, "memory": plan.memory_limit}
     if model.gpu_layers > 0 and pool.gpu_resource:
         requests[pool.gpu_resource] = limits[pool.gpu_resource] = "1"
-    mounts = [{"name": "models", "mountPath": cache.mount_path}]
+    mount, env = _cache_mount(model, cache)
+    mounts = [mount]
     if model.api_key is not None:
         mounts.append({"name": "api-key", "mountPath": API_KEY_DIR, "readOnly": True})
+    if model.openai is not None:
+        env += [{"name": k, "value": v} for k, v in sorted(model.openai.env.items())]
+    health = health_path(model)
     return {
         "name": model.name,
         "image": model.image,
-        "args": llama_args(model),
-        # Where --hf-repo caches the weights: on the shared volume the download is a one-time cost,
-        # and the server stays off a home directory it cannot write as a non-root UID.
-        "env": [{"name": "LLAMA_CACHE", "value": cache.mount_path}],
+        "args": engine_args(model),
+        "env": env,
         "ports": [{"name": "http", "containerPort": model.port, "protocol": "TCP"}],
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": dict(CONTAINER_SECURITY),
         "resources": {"requests": requests, "limits": limits},
-        # Sized for a cold cache: the download plus the load, then liveness takes over.
-        "startupProbe": _probe(
-            HEALTH_PATH, budget.probe_period_seconds, failureThreshold=budget.probe_failure_threshold
-        ),
-        "readinessProbe": _probe(HEALTH_PATH, budget.probe_period_seconds),
+        # Sized for a cold start: the download (unless prefetched) plus the load; then liveness.
+        "startupProbe": _probe(health, budget.probe_period_seconds, failureThreshold=budget.probe_failure_threshold),
+        "readinessProbe": _probe(health, budget.probe_period_seconds),
         # Generous: a long prompt keeps the server busy, and a restart costs a full model load.
-        "livenessProbe": _probe(HEALTH_PATH, 30, timeoutSeconds=10, failureThreshold=6),
+        "livenessProbe": _probe(health, 30, timeoutSeconds=10, failureThreshold=6),
         "volumeMounts": mounts,
+    }
+
+
+def prefetch_container(model: ModelServer) -> dict:
+    prefetch = model.prefetch
+    assert prefetch is not None
+    return {
+        "name": "prefetch",
+        "image": prefetch.image,
+        "command": list(prefetch.command),
+        "env": [
+            {"name": "HF_REPO", "value": prefetch.repo},
+            {"name": "HF_REVISION", "value": prefetch.revision},
+            {"name": "HOME", "value": HF_HOME_DIR},
+            {"name": "PYTHONUSERBASE", "value": f"{SCRATCH}/pip"},
+        ],
+        "securityContext": dict(CONTAINER_SECURITY),
+        "resources": PREFETCH_RESOURCES,
+        "volumeMounts": [{"name": "weights", "mountPath": HF_CACHE}, {"name": "scratch", "mountPath": SCRATCH}],
     }
 
 
@@ -110,8 +165,11 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCache, plan: Server
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     if pool.supplemental_groups:
+        # The device nodes are root:render and root:video; a non-root process needs the groups.
         security["supplementalGroups"] = list(pool.supplemental_groups)
-    volumes: list[dict] = [{"name": "models", "persistentVolumeClaim": {"claimName": cache.claim_name}}]
+    volumes: list[dict] = []
+    if model.workload.cache_volume is None:
+        volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": cache.claim_name}})
     if model.api_key is not None:
         volumes.append(
             {"name": "api-key", "secret": {"secretName": model.api_key.secret_name, "defaultMode": 0o440}}
@@ -124,20 +182,33 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCache, plan: Server
         "enableServiceLinks": False,
         "securityContext": security,
         "containers": [container_spec(model, pool, cache, plan)],
-        "volumes": volumes,
     }
+    if model.prefetch is not None:
+        spec["initContainers"] = [prefetch_container(model)]
+        volumes.append({"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}})
+    if volumes:
+        spec["volumes"] = volumes
     if pool.instance_type:
         spec["nodeSelector"] = {"node.kubernetes.io/instance-type": pool.instance_type}
+    if model.workload.one_per_node:
+        # One engine per node: two would fight over one GPU and one pool of unified memory.
+        spec["affinity"] = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": selector(model.name)}, "topologyKey": "kubernetes.io/hostname"}
+                ]
+            }
+        }
     return spec
 
 
 class ModelServerBase(pulumi.ComponentResource):
-    """A Deployment, its ClusterIP Service and optionally a LAN-only Ingress, for one model."""
+    """A model server's workload (Deployment or StatefulSet), its Service and optional extras."""
 
     type_name: ClassVar[str]
-    role: ClassVar[str]
+    role: ClassVar[Optional[str]]
 
-    deployment: k8s.apps.v1.Deployment
+    workload: pulumi.CustomResource
     service: k8s.core.v1.Service
     ingress: Optional[k8s.networking.v1.Ingress]
     api_key_secret: Optional[k8s.core.v1.Secret]
@@ -152,6 +223,7 @@ class ModelServerBase(pulumi.ComponentResource):
         ns = args.namespace
         self.budget = budget = args.plan.budget
         component = "chat" if model.role == "chat" else "embeddings"
+        meta = metadata(model.name, ns, model.name, component)
 
         self.api_key_secret = None
         if model.api_key is not None and model.api_key.from_config is not None:
@@ -165,48 +237,83 @@ class ModelServerBase(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
 
-        deployment_spec = {
-            "replicas": 1,
-            # A rolling update would load a second copy of the weights onto the same GPU and into
-            # the same node's memory before releasing the first.
-            "strategy": {"type": "Recreate"},
-            # Kubernetes' default of 600 s would mark a cold start as ProgressDeadlineExceeded,
-            # which GitOps health checks report as a failure while the model is still downloading.
-            "progressDeadlineSeconds": budget.wait_seconds,
-            "selector": {"matchLabels": selector(model.name)},
-            "template": {
-                "metadata": {"labels": labels(model.name, component)},
-                "spec": pod_spec(model, args.node_pool, args.cache, args.plan),
-            },
+        template = {
+            "metadata": {"labels": labels(model.name, component)},
+            "spec": pod_spec(model, args.node_pool, args.cache, args.plan),
         }
         wait = f"{budget.wait_seconds}s"
-        depends = [self.api_key_secret] if self.api_key_secret else []
-        self.deployment = k8s.apps.v1.Deployment(
-            name,
-            metadata=metadata(model.name, ns, model.name, component),
-            spec=deployment_spec,
-            # Pulumi's default 10-minute wait would fail a cold start: wait out the whole budget.
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                depends_on=depends,
-                custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait),
-            ),
-        )
-        # Created once the Deployment is ready: a Service created alongside would run its own
-        # 10-minute clock waiting for endpoints while the model downloads.
-        self.service = k8s.core.v1.Service(
-            f"{name}-svc",
-            metadata=metadata(model.name, ns, model.name, component),
-            spec={
-                "type": "ClusterIP",
-                "selector": selector(model.name),
-                "ports": [{"name": "http", "port": model.port, "targetPort": "http", "protocol": "TCP"}],
-            },
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.deployment]),
-        )
+        depends: list[pulumi.Resource] = [self.api_key_secret] if self.api_key_secret else []
+        service_spec: dict = {
+            "type": "ClusterIP",
+            "selector": selector(model.name),
+            "ports": [{"name": "http", "port": model.port, "targetPort": "http", "protocol": "TCP"}],
+        }
+        stateful = model.workload.kind == "StatefulSet"
+        if stateful:
+            # Headless: the gateway resolves every ready pod. Named explicitly and created first,
+            # so the StatefulSet's serviceName exists (and a headless Service has no await).
+            service_spec["clusterIP"] = "None"
+            self.service = k8s.core.v1.Service(
+                f"{name}-svc", metadata=meta, spec=service_spec, opts=pulumi.ResourceOptions(parent=self)
+            )
+            self.workload = k8s.apps.v1.StatefulSet(
+                name,
+                metadata=meta,
+                spec=self._statefulset_spec(model, template),
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=[*depends, self.service],
+                    custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait),
+                ),
+            )
+        else:
+            deployment_spec = {
+                "replicas": model.workload.replicas,
+                # A rolling update would load a second copy of the weights onto the same GPU and
+                # into the same node's memory before releasing the first.
+                "strategy": {"type": "Recreate"},
+                # Kubernetes' default of 600 s would mark a cold start ProgressDeadlineExceeded,
+                # which GitOps health checks report as failure while the model still downloads.
+                "progressDeadlineSeconds": budget.wait_seconds,
+                "selector": {"matchLabels": selector(model.name)},
+                "template": template,
+            }
+            self.workload = k8s.apps.v1.Deployment(
+                name,
+                metadata=meta,
+                spec=deployment_spec,
+                # Pulumi's default 10-minute wait would fail a cold start: wait out the whole budget.
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=depends,
+                    custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait),
+                ),
+            )
+            # Created once the Deployment is ready: a Service created alongside would run its own
+            # 10-minute clock waiting for endpoints while the model downloads.
+            self.service = k8s.core.v1.Service(
+                f"{name}-svc",
+                metadata=meta,
+                spec=service_spec,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.workload]),
+            )
+        self.deployment = self.workload
         self.url = self.service.metadata.apply(
             lambda m: f"http://{m['name']}.{m['namespace']}.svc.cluster.local:{model.port}"
         )
+
+        self.disruption_budget = None
+        if model.workload.replicas > 1:
+            # A node drain takes one replica at a time, never all of them.
+            self.disruption_budget = k8s.policy.v1.PodDisruptionBudget(
+                f"{name}-pdb",
+                metadata=meta,
+                spec={"maxUnavailable": 1, "selector": {"matchLabels": selector(model.name)}},
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+        self.autoscaler = None
+        if model.workload.vpa_update_mode is not None:
+            self.autoscaler = self._vpa(name, model, meta)
 
         self.ingress = None
         self.external_url = None
@@ -220,8 +327,53 @@ class ModelServerBase(pulumi.ComponentResource):
         self.register_outputs(outputs)
 
     def _check(self, model: ModelServer) -> None:
-        if model.role != self.role:
+        if self.role is not None and model.role != self.role:
             raise ValueError(f"{self.type_name} serves role {self.role!r}, not {model.role!r}")
+
+    def _statefulset_spec(self, model: ModelServer, template: dict) -> dict:
+        spec: dict = {
+            "replicas": model.workload.replicas,
+            "serviceName": model.name,
+            "selector": {"matchLabels": selector(model.name)},
+            # All replicas start (and download) at once: OrderedReady would make the second wait
+            # out the first one's hour-long cold start.
+            "podManagementPolicy": "Parallel",
+            "template": template,
+        }
+        volume = model.workload.cache_volume
+        if volume is not None:
+            spec["volumeClaimTemplates"] = [
+                {
+                    "metadata": {"name": "weights", "labels": labels(model.name, "model-cache")},
+                    "spec": {
+                        # Node-local: the weights live beside the engine that reads them.
+                        "accessModes": ["ReadWriteOnce"],
+                        "storageClassName": volume.storage_class,
+                        "resources": {"requests": {"storage": volume.size}},
+                    },
+                }
+            ]
+            # Keep the prefetched weights when the StatefulSet is deleted or scaled down.
+            spec["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Retain", "whenScaled": "Retain"}
+        return spec
+
+    def _vpa(self, name: str, model: ModelServer, meta: dict) -> pulumi.CustomResource:
+        kind = model.workload.kind
+        return k8s.apiextensions.CustomResource(
+            f"{name}-vpa",
+            api_version="autoscaling.k8s.io/v1",
+            kind="VerticalPodAutoscaler",
+            metadata=meta,
+            spec={
+                "targetRef": {"apiVersion": "apps/v1", "kind": kind, "name": model.name},
+                "updatePolicy": {"updateMode": model.workload.vpa_update_mode},
+                # CPU only: memory is pinned by the capacity plan (the seed's #2711).
+                "resourcePolicy": {
+                    "containerPolicies": [{"containerName": model.name, "controlledResources": ["cpu"]}]
+                },
+            },
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.workload]),
+        )
 
     def _ingress(self, name: str, args: ModelServerArgs) -> k8s.networking.v1.Ingress:
         model, exposure, cluster = args.model, args.model.exposure, args.cluster

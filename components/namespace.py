@@ -22,6 +22,8 @@ POLICY_NAME = "default-deny-ingress"  # the seed's name; the policy governs egre
 class AINamespaceArgs:
     namespace: NamespaceConfig
     cluster: ClusterConfig
+    # The gateway's Envoy pods, which call the model servers; None when there is no gateway.
+    gateway: Optional[PodPeer] = None
 
 
 def _icmp_rule(direction: str) -> dict:
@@ -38,7 +40,7 @@ def _cilium_peer(peer: PodPeer) -> dict:
     return {"matchLabels": {"k8s:io.kubernetes.pod.namespace": peer.namespace, **peer.pod_labels}}
 
 
-def cilium_policy_spec(ns: NamespaceConfig, cluster: ClusterConfig) -> dict:
+def cilium_policy_spec(ns: NamespaceConfig, cluster: ClusterConfig, gateway: Optional[PodPeer] = None) -> dict:
     own = PodPeer(namespace=ns.name)
     ingress_controller = PodPeer(namespace=cluster.ingress.namespace, pod_labels=cluster.ingress.pod_labels)
     ingress = [
@@ -47,6 +49,8 @@ def cilium_policy_spec(ns: NamespaceConfig, cluster: ClusterConfig) -> dict:
     ]
     if cluster.monitoring:
         ingress.append({"fromEndpoints": [_cilium_peer(cluster.monitoring)]})
+    if gateway:
+        ingress.append({"fromEndpoints": [_cilium_peer(gateway)]})
     # Kubelet probes come from the host; remote-node covers node-local paths on the other nodes.
     ingress.append({"fromEntities": ["host", "remote-node"]})
     ingress.append(_icmp_rule("ingress"))
@@ -94,12 +98,14 @@ def _np_peer(peer: PodPeer) -> dict:
 PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
 
 
-def network_policy_spec(ns: NamespaceConfig, cluster: ClusterConfig) -> dict:
+def network_policy_spec(ns: NamespaceConfig, cluster: ClusterConfig, gateway: Optional[PodPeer] = None) -> dict:
     """The same intent as plain NetworkPolicy. ICMP and host entities cannot be expressed here."""
     ingress_controller = PodPeer(namespace=cluster.ingress.namespace, pod_labels=cluster.ingress.pod_labels)
     sources = [{"podSelector": {}}, _np_peer(ingress_controller)]
     if cluster.monitoring:
         sources.append(_np_peer(cluster.monitoring))
+    if gateway:
+        sources.append(_np_peer(gateway))
     egress: list[dict] = [{"to": [{"podSelector": {}}, _np_peer(ingress_controller)]}]
     if cluster.storage:
         egress.append({"to": [_np_peer(cluster.storage)]})
@@ -149,12 +155,15 @@ class AINamespace(pulumi.ComponentResource):
                 api_version="cilium.io/v2",
                 kind="CiliumNetworkPolicy",
                 metadata=policy_meta,
-                spec=cilium_policy_spec(ns, cluster),
+                spec=cilium_policy_spec(ns, cluster, args.gateway),
                 opts=after_ns,
             )
         else:
             self.policy = k8s.networking.v1.NetworkPolicy(
-                f"{name}-{POLICY_NAME}", metadata=policy_meta, spec=network_policy_spec(ns, cluster), opts=after_ns
+                f"{name}-{POLICY_NAME}",
+                metadata=policy_meta,
+                spec=network_policy_spec(ns, cluster, args.gateway),
+                opts=after_ns,
             )
         self.name = self.namespace.metadata.apply(lambda m: m["name"])
         self.register_outputs({"name": self.name})

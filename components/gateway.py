@@ -1,0 +1,451 @@
+"""InferenceGateway: Envoy AI Gateway 1.1 in front of the model servers, with remote fallback.
+
+A request enters the tailnet-only HTTPS listener, presents a client certificate (when the stack
+says mTLS) and a gateway-issued API key, and is routed by the model named in its body: the AI
+gateway's ext_proc copies the body's `model` into `x-ai-eg-model` (overwriting anything a client
+sent), and each AIGatewayRoute rule matches that header exactly. A rule's backends are tried in
+priority order; a BackendTrafficPolicy retry is what moves a failed request to the next priority
+(priority alone only fails over once hosts are marked unhealthy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from .config import Gateway, Route, StackConfig
+from .meta import PART_OF, token
+
+AIGW = "aigateway.envoyproxy.io/v1beta1"
+EG = "gateway.envoyproxy.io/v1alpha1"
+GWAPI = "gateway.networking.k8s.io/v1"
+MODEL_HEADER = "x-ai-eg-model"
+# AIGatewayRoute accepts at most 15 rules (one slot is the controller's route-not-found rule).
+MAX_RULES_PER_ROUTE = 15
+# Paths on which an embedding model would be asked to generate: refused at the gateway.
+GENERATIVE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/anthropic/v1/messages")
+CLIENT_ID_HEADER = "x-client-id"
+
+
+def derived_client_key(master: str, client: str) -> str:
+    """A client's key from the master key: stable, unique per client, useless without the master."""
+    return "sk-infer-" + hmac.new(master.encode(), client.encode(), hashlib.sha256).hexdigest()[:40]
+
+
+def rule_name(model: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
+    return slug or "model"
+
+
+@dataclass(frozen=True)
+class InferenceGatewayArgs:
+    gateway: Gateway
+    stack: StackConfig
+    namespace: str
+    # client id -> API key, and tier -> provider key: Pulumi secrets.
+    client_keys: dict[str, pulumi.Input[str]] = field(default_factory=dict)
+    provider_keys: dict[str, pulumi.Input[str]] = field(default_factory=dict)
+
+
+def _ref(group: str, kind: str, name: str) -> dict:
+    return {"group": group, "kind": kind, "name": name}
+
+
+def backend_refs(route_backends, gateway: Gateway, stack: StackConfig, public_model: Optional[str]) -> list[dict]:
+    """Priority-ordered backendRefs; each tier gets the model name it knows the model by."""
+    refs = []
+    for priority, backend in enumerate(route_backends):
+        tier_name = backend if isinstance(backend, str) else backend.tier
+        override = None if isinstance(backend, str) else backend.model
+        tier = gateway.tiers[tier_name]
+        if override is None and tier.local is not None and public_model is not None:
+            local = stack.models[tier.local]
+            override = local.openai.served_model if local.openai is not None else public_model
+        ref: dict = {"name": tier_name, "priority": priority}
+        if override is not None and override != public_model:
+            ref["modelNameOverride"] = override
+        refs.append(ref)
+    return refs
+
+
+def route_rules(gateway: Gateway, stack: StackConfig) -> list[dict]:
+    """Every AIGatewayRoute rule, in order: one per public model, then the catch-all."""
+    timing = {
+        # Generation length is unbounded at the route (AI Gateway's own default is a 60 s cut);
+        # streamIdleTimeout still ends a stream that goes silent.
+        "timeouts": {"request": "0s"},
+        "streamIdleTimeout": gateway.stream_idle_timeout,
+    }
+    rules = []
+    for route in gateway.routes:
+        rules.append(
+            {
+                "name": rule_name(route.model),
+                "matches": [{"headers": [{"type": "Exact", "name": MODEL_HEADER, "value": route.model}]}],
+                "backendRefs": backend_refs(route.backends, gateway, stack, route.model),
+                **timing,
+            }
+        )
+    if gateway.catch_all:
+        rules.append(
+            {
+                "name": "catch-all",
+                # A regular-expression match (not an empty one): Exact rules still win on
+                # precedence, and it does not tie with the controller's route-not-found rules.
+                "matches": [{"headers": [{"type": "RegularExpression", "name": MODEL_HEADER, "value": ".*"}]}],
+                "backendRefs": backend_refs(gateway.catch_all, gateway, stack, None),
+                **timing,
+            }
+        )
+    return rules
+
+
+def split_rules(rules: list[dict]) -> list[list[dict]]:
+    return [rules[i : i + MAX_RULES_PER_ROUTE] for i in range(0, len(rules), MAX_RULES_PER_ROUTE)] or [[]]
+
+
+def embedding_routes(gateway: Gateway) -> list[Route]:
+    return [r for r in gateway.routes if r.kind == "embedding"]
+
+
+class InferenceGateway(pulumi.ComponentResource):
+    """Gateway, policies, backends and AI routes for one stack's inference plane."""
+
+    gateway: k8s.apiextensions.CustomResource
+    routes: list[k8s.apiextensions.CustomResource]
+    endpoint: pulumi.Output[str]
+
+    def __init__(self, name: str, args: InferenceGatewayArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(token("InferenceGateway"), name, None, opts)
+        self._args = args
+        gw, ns = args.gateway, args.namespace
+        self._labels = {**PART_OF, "inference-plane/gateway": gw.name}
+
+        if gw.create_class:
+            self._cr(
+                f"{name}-class",
+                GWAPI,
+                "GatewayClass",
+                {"name": gw.class_name, "labels": dict(self._labels)},
+                {"controllerName": "gateway.envoyproxy.io/gatewayclass-controller"},
+            )
+        proxy = self._cr(
+            f"{name}-proxy",
+            EG,
+            "EnvoyProxy",
+            self._meta(f"{gw.name}-proxy"),
+            {
+                "provider": {
+                    "type": "Kubernetes",
+                    "kubernetes": {
+                        # Tailnet-only: the load-balancer class hands the Service to the tailnet
+                        # operator; no cloud or MetalLB controller gives it a public address.
+                        "envoyService": {"type": "LoadBalancer", "loadBalancerClass": gw.load_balancer_class}
+                    },
+                }
+            },
+        )
+        certificate = self._cr(
+            f"{name}-certificate",
+            "cert-manager.io/v1",
+            "Certificate",
+            self._meta(gw.tls_secret),
+            {
+                "secretName": gw.tls_secret,
+                "dnsNames": [gw.hostname],
+                "issuerRef": {"group": "cert-manager.io", "kind": "ClusterIssuer", "name": args.stack.cluster.cert_manager_issuer},
+            },
+        )
+        self.gateway = self._cr(
+            name,
+            GWAPI,
+            "Gateway",
+            self._meta(gw.name),
+            {
+                "gatewayClassName": gw.class_name,
+                "listeners": [
+                    {
+                        "name": "https",
+                        "protocol": "HTTPS",
+                        "port": gw.port,
+                        "hostname": gw.hostname,
+                        "tls": {
+                            "mode": "Terminate",
+                            "certificateRefs": [{"group": "", "kind": "Secret", "name": gw.tls_secret}],
+                        },
+                        "allowedRoutes": {"namespaces": {"from": "Same"}},
+                    }
+                ],
+                "infrastructure": {"parametersRef": {"group": "gateway.envoyproxy.io", "kind": "EnvoyProxy", "name": f"{gw.name}-proxy"}},
+            },
+            depends_on=[proxy, certificate],
+        )
+        gateway_ref = _ref("gateway.networking.k8s.io", "Gateway", gw.name)
+        self._client_traffic(name, gateway_ref)
+        self._api_keys(name, gateway_ref)
+        self._tiers(name)
+        self.routes = self._ai_routes(name)
+        self._embedding_guard(name)
+        self._llamacpp_embeddings(name)
+        self.endpoint = pulumi.Output.from_input(f"https://{gw.hostname}")
+        self.register_outputs({"endpoint": self.endpoint, "routes": [r.metadata["name"] for r in self.routes]})
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _meta(self, object_name: str) -> dict:
+        return {"name": object_name, "namespace": self._args.namespace, "labels": dict(self._labels)}
+
+    def _cr(self, resource_name: str, api_version: str, kind: str, meta: dict, spec: dict, depends_on=None):
+        # Custom resources have no readiness await; the controllers reconcile in any order, so
+        # depends_on only orders what refers to a Secret or object created here.
+        return k8s.apiextensions.CustomResource(
+            resource_name,
+            api_version=api_version,
+            kind=kind,
+            metadata=meta,
+            spec=spec,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on or []),
+        )
+
+    def _secret(self, resource_name: str, secret_name: str, values: dict[str, pulumi.Input[str]]):
+        return k8s.core.v1.Secret(
+            resource_name,
+            metadata=self._meta(secret_name),
+            type="Opaque",
+            string_data=pulumi.Output.secret(pulumi.Output.all(**values)) if values else {},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    # -- pieces ----------------------------------------------------------------------------------
+
+    def _client_traffic(self, name: str, gateway_ref: dict) -> None:
+        gw = self._args.gateway
+        # One ClientTrafficPolicy for everything: policies of one kind on one target do not merge.
+        spec: dict = {
+            "targetRefs": [gateway_ref],
+            "connection": {"bufferLimit": gw.buffer_limit},
+            "timeout": {"http": {"streamIdleTimeout": gw.stream_idle_timeout}},
+        }
+        if gw.client_ca_secret is not None:
+            # Bare probes without a client certificate die at the TLS handshake, by design.
+            spec["tls"] = {
+                "clientValidation": {
+                    "mode": "RequireAndVerify",
+                    "caCertificateRefs": [{"group": "", "kind": "Secret", "name": gw.client_ca_secret}],
+                }
+            }
+        self._cr(f"{name}-clients", EG, "ClientTrafficPolicy", self._meta(f"{gw.name}-clients"), spec)
+
+    def _api_keys(self, name: str, gateway_ref: dict) -> None:
+        gw = self._args.gateway
+        missing = sorted(set(gw.clients) - set(self._args.client_keys))
+        if missing:
+            raise ValueError(f"no API key value for gateway clients: {', '.join(missing)}")
+        secret_name = f"{gw.name}-api-keys"
+        secret = self._secret(f"{name}-api-keys", secret_name, {c: self._args.client_keys[c] for c in sorted(gw.clients)})
+        self._cr(
+            f"{name}-api-key-auth",
+            EG,
+            "SecurityPolicy",
+            self._meta(f"{gw.name}-api-keys"),
+            {
+                # On the Gateway: every route behind it, AI or plain, needs a key.
+                "targetRefs": [gateway_ref],
+                "apiKeyAuth": {
+                    "credentialRefs": [{"group": "", "kind": "Secret", "name": secret_name}],
+                    "extractFrom": [{"headers": [gw.api_key_header]}],
+                    # The client's key is stripped before forwarding: it never reaches an engine
+                    # or a provider (providers get their own key from a BackendSecurityPolicy).
+                    "sanitize": True,
+                    "forwardClientIDHeader": CLIENT_ID_HEADER,
+                },
+            },
+            depends_on=[self.gateway, secret],
+        )
+
+    def _tiers(self, name: str) -> None:
+        gw, stack, ns = self._args.gateway, self._args.stack, self._args.namespace
+        for tier_name, tier in gw.tiers.items():
+            if tier.local is not None:
+                model = stack.models[tier.local]
+                # The engine's Service by FQDN (headless for a StatefulSet: every ready pod). All
+                # tiers of a chain are FQDN endpoints so they share one cluster and its priorities.
+                endpoint = {"fqdn": {"hostname": f"{model.name}.{ns}.svc.cluster.local", "port": model.port}}
+                prefix = "/v1"
+            else:
+                remote = tier.remote
+                assert remote is not None
+                endpoint = {"fqdn": {"hostname": remote.host, "port": remote.port}}
+                prefix = remote.prefix
+            backend = self._cr(f"{name}-backend-{tier_name}", EG, "Backend", self._meta(tier_name), {"endpoints": [endpoint]})
+            if tier.remote is not None:
+                self._cr(
+                    f"{name}-backend-tls-{tier_name}",
+                    GWAPI,
+                    "BackendTLSPolicy",
+                    self._meta(f"{tier_name}-tls"),
+                    {
+                        "targetRefs": [_ref("gateway.envoyproxy.io", "Backend", tier_name)],
+                        "validation": {"wellKnownCACertificates": "System", "hostname": tier.remote.host},
+                    },
+                    depends_on=[backend],
+                )
+            service_backend = self._cr(
+                f"{name}-ai-backend-{tier_name}",
+                AIGW,
+                "AIServiceBackend",
+                self._meta(tier_name),
+                {
+                    "schema": {"name": "OpenAI", "prefix": prefix},
+                    "backendRef": {"group": "gateway.envoyproxy.io", "kind": "Backend", "name": tier_name},
+                },
+                depends_on=[backend],
+            )
+            if tier.remote is not None:
+                if tier_name not in self._args.provider_keys:
+                    raise ValueError(f"no provider key value for tier {tier_name}")
+                key_secret = f"{tier_name}-provider-key"
+                secret = self._secret(f"{name}-provider-key-{tier_name}", key_secret, {"apiKey": self._args.provider_keys[tier_name]})
+                self._cr(
+                    f"{name}-provider-auth-{tier_name}",
+                    AIGW,
+                    "BackendSecurityPolicy",
+                    self._meta(key_secret),
+                    {
+                        "targetRefs": [_ref("aigateway.envoyproxy.io", "AIServiceBackend", tier_name)],
+                        "type": "APIKey",
+                        "apiKey": {"secretRef": {"name": key_secret}},
+                    },
+                    depends_on=[service_backend, secret],
+                )
+
+    def _ai_routes(self, name: str) -> list[k8s.apiextensions.CustomResource]:
+        gw, stack = self._args.gateway, self._args.stack
+        routes = []
+        for index, rules in enumerate(split_rules(route_rules(gw, stack)), start=1):
+            route_name = f"{gw.name}-routes-{index}"
+            route = self._cr(
+                f"{name}-routes-{index}",
+                AIGW,
+                "AIGatewayRoute",
+                self._meta(route_name),
+                {
+                    "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw.name}],
+                    "rules": rules,
+                },
+            )
+            retry = gw.retry
+            # The controller generates an HTTPRoute of the same name; this policy targets it. One
+            # policy per route carries both settings: two of one kind on one target do not merge.
+            self._cr(
+                f"{name}-routes-{index}-traffic",
+                EG,
+                "BackendTrafficPolicy",
+                self._meta(route_name),
+                {
+                    "targetRefs": [_ref("gateway.networking.k8s.io", "HTTPRoute", route_name)],
+                    # A conversation stays on the pod that holds its KV cache.
+                    "loadBalancer": {
+                        "type": "ConsistentHash",
+                        "consistentHash": {"type": "Headers", "headers": [{"name": gw.session_header}]},
+                    },
+                    # Priority alone fails over only once hosts are ejected; a retry moves each
+                    # failed request to the next priority after attempts_per_priority attempts.
+                    "retry": {
+                        "numRetries": retry.num_retries,
+                        "numAttemptsPerPriority": retry.attempts_per_priority,
+                        "retryOn": {
+                            "triggers": ["connect-failure", "refused-stream", "reset", "retriable-status-codes"],
+                            "httpStatusCodes": list(retry.status_codes),
+                        },
+                        "perRetry": {"backOff": {"baseInterval": "100ms", "maxInterval": "2s"}},
+                    },
+                },
+                depends_on=[route],
+            )
+            routes.append(route)
+        return routes
+
+    def _embedding_guard(self, name: str) -> None:
+        """Refuse generation requests that name an embedding model, before they reach it."""
+        gw = self._args.gateway
+        models = [r.model for r in embedding_routes(gw)]
+        if not models:
+            return
+        filter_name = f"{gw.name}-embedding-guard"
+        guard = self._cr(
+            f"{name}-embedding-guard-filter",
+            EG,
+            "HTTPRouteFilter",
+            self._meta(filter_name),
+            {
+                "directResponse": {
+                    "statusCode": 400,
+                    "contentType": "application/json",
+                    "body": {
+                        "type": "Inline",
+                        "inline": '{"error":{"code":400,"type":"invalid_request_error",'
+                        '"message":"this is an embedding model: use /v1/embeddings"}}',
+                    },
+                }
+            },
+        )
+        # The AI gateway sets x-ai-eg-model from the body and re-matches the route; a longer path
+        # with that header then wins over the AI routes' "/" and answers 400 instead of nonsense.
+        rules = [
+            {
+                "matches": [
+                    {
+                        "path": {"type": "PathPrefix", "value": path},
+                        "headers": [{"type": "Exact", "name": MODEL_HEADER, "value": model}],
+                    }
+                    for path in GENERATIVE_PATHS
+                ],
+                "filters": [{"type": "ExtensionRef", "extensionRef": {"group": "gateway.envoyproxy.io", "kind": "HTTPRouteFilter", "name": filter_name}}],
+            }
+            for model in models
+        ]
+        self._cr(
+            f"{name}-embedding-guard",
+            GWAPI,
+            "HTTPRoute",
+            self._meta(filter_name),
+            {"parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw.name}], "rules": rules},
+            depends_on=[guard],
+        )
+
+    def _llamacpp_embeddings(self, name: str) -> None:
+        gw, stack = self._args.gateway, self._args.stack
+        path = gw.llamacpp_embeddings
+        if path is None:
+            return
+        model = stack.models[path.model]
+        self._cr(
+            f"{name}-llamacpp-embeddings",
+            GWAPI,
+            "HTTPRoute",
+            self._meta(f"{gw.name}-llamacpp-embeddings"),
+            {
+                "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw.name}],
+                "hostnames": [gw.hostname],
+                "rules": [
+                    {
+                        "matches": [{"path": {"type": "PathPrefix", "value": path.path}}],
+                        "filters": [
+                            {
+                                "type": "URLRewrite",
+                                "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1/embeddings"}},
+                            }
+                        ],
+                        "backendRefs": [{"group": "", "kind": "Service", "name": model.name, "port": model.port}],
+                        "timeouts": {"request": path.timeout},
+                    }
+                ],
+            },
+        )

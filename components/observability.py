@@ -1,0 +1,145 @@
+"""Monitoring: VictoriaMetrics scrapes and alert rules for the model servers and the gateway."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from .capacity import Plan
+from .config import Observability, StackConfig
+from .meta import PART_OF, selector, token
+from .model_server import metrics_path
+
+VM = "operator.victoriametrics.com/v1beta1"
+# The AI gateway's ext_proc serves its GenAI metrics on this container port of the Envoy pods.
+AIGW_METRICS_PORT = "aigw-admin"
+
+
+@dataclass(frozen=True)
+class MonitoringArgs:
+    observability: Observability
+    stack: StackConfig
+    plan: Plan
+    namespace: str
+
+
+def alert_name(name: str, suffix: str) -> str:
+    return "".join(part.capitalize() for part in name.split("-")) + suffix
+
+
+def _minutes(seconds: int) -> str:
+    return f"{-(-seconds // 60)}m"
+
+
+def alert_rules(args: MonitoringArgs) -> list[dict]:
+    """Every alert: a server down, not ready past its budget, queuing, and traffic falling back."""
+    obs, stack, ns = args.observability, args.stack, args.namespace
+    rules: list[dict] = []
+    for key, model in stack.models.items():
+        where = f'namespace="{ns}", service="{model.name}"'
+        server = args.plan.servers[key]
+        if metrics_path(model) is not None:
+            rules.append(
+                {
+                    "alert": alert_name(model.name, "Down"),
+                    "expr": f"up{{{where}}} == 0",
+                    "for": "5m",
+                    "labels": {"severity": "critical"},
+                    "annotations": {"summary": f"{model.name} is not answering its metrics scrape"},
+                }
+            )
+        kind = model.workload.kind
+        if kind == "StatefulSet":
+            ready = f'kube_statefulset_status_replicas_ready{{namespace="{ns}", statefulset="{model.name}"}}'
+            wanted = f'kube_statefulset_replicas{{namespace="{ns}", statefulset="{model.name}"}}'
+        else:
+            ready = f'kube_deployment_status_replicas_available{{namespace="{ns}", deployment="{model.name}"}}'
+            wanted = f'kube_deployment_spec_replicas{{namespace="{ns}", deployment="{model.name}"}}'
+        rules.append(
+            {
+                "alert": alert_name(model.name, "NotReady"),
+                "expr": f"{ready} < {wanted}",
+                # Longer than a cold start may take: past this, it is not loading, it is stuck.
+                "for": _minutes(server.budget.wait_seconds),
+                "labels": {"severity": "warning"},
+                "annotations": {"summary": f"{model.name} has been unready for longer than its start-up budget"},
+            }
+        )
+        if model.engine == "llamacpp" and model.metrics:
+            rules.append(
+                {
+                    "alert": alert_name(model.name, "Queuing"),
+                    "expr": f"llamacpp:requests_deferred{{{where}}} > 0",
+                    "for": obs.queue_alert_after,
+                    "labels": {"severity": "warning"},
+                    "annotations": {"summary": f"requests wait for a free slot on {model.name}"},
+                }
+            )
+    gateway = stack.gateway
+    if gateway is not None:
+        for route in gateway.routes:
+            first = gateway.tiers[route.backends[0].tier]
+            if first.local is None or len(route.backends) < 2:
+                continue
+            rules.append(
+                {
+                    "alert": alert_name(f"fallback-{route.backends[0].tier}", "") + "Active",
+                    "expr": (
+                        "sum(rate(gen_ai_server_request_duration_seconds_count"
+                        f'{{gen_ai_original_model="{route.model}", gen_ai_provider_name!~"{route.backends[0].tier}.*"}}[10m])) > 0'
+                    ),
+                    "for": obs.fallback_alert_after,
+                    "labels": {"severity": "warning", "model": route.model},
+                    "annotations": {"summary": f"{route.model} is being served by a remote fallback tier"},
+                }
+            )
+    return rules
+
+
+class Monitoring(pulumi.ComponentResource):
+    def __init__(self, name: str, args: MonitoringArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(token("Monitoring"), name, None, opts)
+        obs, stack, ns = args.observability, args.stack, args.namespace
+        child = pulumi.ResourceOptions(parent=self)
+        labels = dict(PART_OF)
+        for model in stack.models.values():
+            path = metrics_path(model)
+            if path is None:
+                continue
+            endpoint: dict = {"port": "http", "path": path, "interval": obs.scrape_interval}
+            if model.api_key is not None:
+                # llama.cpp's /metrics is behind --api-key; the first key in the file is used.
+                endpoint["bearerTokenSecret"] = {"name": model.api_key.secret_name, "key": model.api_key.secret_key}
+            k8s.apiextensions.CustomResource(
+                f"{name}-scrape-{model.name}",
+                api_version=VM,
+                kind="VMServiceScrape",
+                metadata={"name": model.name, "namespace": ns, "labels": labels},
+                spec={"selector": {"matchLabels": selector(model.name)}, "endpoints": [endpoint]},
+                opts=child,
+            )
+        if stack.gateway is not None:
+            k8s.apiextensions.CustomResource(
+                f"{name}-scrape-gateway",
+                api_version=VM,
+                kind="VMPodScrape",
+                metadata={"name": f"{stack.gateway.name}-ai-gateway", "namespace": ns, "labels": labels},
+                spec={
+                    "namespaceSelector": {"matchNames": [stack.gateway.envoy_namespace]},
+                    "selector": {"matchLabels": {"gateway.envoyproxy.io/owning-gateway-name": stack.gateway.name}},
+                    "podMetricsEndpoints": [{"port": AIGW_METRICS_PORT, "path": "/metrics", "interval": obs.scrape_interval}],
+                },
+                opts=child,
+            )
+        k8s.apiextensions.CustomResource(
+            f"{name}-alerts",
+            api_version=VM,
+            kind="VMRule",
+            metadata={"name": "inference-plane", "namespace": ns, "labels": labels},
+            spec={"groups": [{"name": "inference-plane", "rules": alert_rules(args)}]},
+            opts=child,
+        )
+        self.register_outputs({})
