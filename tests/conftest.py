@@ -42,3 +42,30 @@ def homelab_values() -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def homelab_run() -> ProgramRun:
     return run_values(stack_values("homelab"), stack="homelab")
+
+
+STRIX_SECRETS = {
+    "gateway_master_key": "master-7c1e0d",
+    "nous_api_key": "nous-key-5a2b",
+    "openrouter_api_key": "or-key-9f31",
+    "zai_api_key": "zai-key-77d0",
+}
+
+
+def strix_values() -> dict[str, Any]:
+    """The strix-halo stack without its `secure:` placeholders (tests pass real secret values)."""
+    return {k: v for k, v in stack_values("strix-halo").items() if not (isinstance(v, dict) and "secure" in v)}
+
+
+def run_strix(values: dict[str, Any] | None = None, secrets: dict[str, str] | None = None) -> ProgramRun:
+    return run_values(values or strix_values(), secrets={**STRIX_SECRETS, **(secrets or {})}, stack="strix-halo")
+
+
+@pytest.fixture
+def strix() -> dict[str, Any]:
+    return copy.deepcopy(strix_values())
+
+
+@pytest.fixture(scope="session")
+def strix_run() -> ProgramRun:
+    return run_strix()

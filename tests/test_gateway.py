@@ -1,0 +1,309 @@
+"""InferenceGateway: every emitted kind, and every reference between the objects resolves."""
+
+from __future__ import annotations
+
+import copy
+
+import pulumi
+import pytest
+
+from components.gateway import GENERATIVE_PATHS, MAX_RULES_PER_ROUTE, derived_client_key
+from conftest import STRIX_SECRETS, run_strix, strix_values
+from render.manifests import dump, manifests
+
+
+def objects(run, kind):
+    return [r.inputs for r in run.find(kind)]
+
+
+def names(run, kind):
+    return {o["metadata"]["name"] for o in objects(run, kind)}
+
+
+def only(run, kind):
+    (found,) = objects(run, kind)
+    return found
+
+
+def secret_value(inputs: dict) -> dict:
+    """A Secret's stringData as the program set it; asserts it travels as a Pulumi secret."""
+    data = inputs["stringData"]
+    assert "4dabf18193072939515e22adb298388d" in data, "Secret data must be a Pulumi secret"
+    return data["value"]
+
+
+def test_every_backend_ref_resolves(strix_run):
+    ai_backends = names(strix_run, "AIServiceBackend")
+    for route in objects(strix_run, "AIGatewayRoute"):
+        for rule in route["spec"]["rules"]:
+            for ref in rule["backendRefs"]:
+                assert ref["name"] in ai_backends
+    backends = names(strix_run, "Backend")
+    for ai in objects(strix_run, "AIServiceBackend"):
+        ref = ai["spec"]["backendRef"]
+        assert (ref["group"], ref["kind"]) == ("gateway.envoyproxy.io", "Backend") and ref["name"] in backends
+        assert ai["spec"]["schema"]["name"] == "OpenAI"
+
+
+def test_every_policy_targets_an_object_that_exists(strix_run):
+    gateways = names(strix_run, "Gateway")
+    ai_routes = names(strix_run, "AIGatewayRoute")
+    targets = {
+        ("Gateway", n) for n in gateways
+    } | {("HTTPRoute", n) for n in ai_routes} | {("Backend", n) for n in names(strix_run, "Backend")} | {
+        ("AIServiceBackend", n) for n in names(strix_run, "AIServiceBackend")
+    }
+    policies = ["ClientTrafficPolicy", "SecurityPolicy", "BackendTrafficPolicy", "BackendTLSPolicy", "BackendSecurityPolicy"]
+    checked = 0
+    for kind in policies:
+        for policy in objects(strix_run, kind):
+            for ref in policy["spec"]["targetRefs"]:
+                # A BackendTrafficPolicy targets the HTTPRoute the controller generates from the
+                # AIGatewayRoute of the same name.
+                assert (ref["kind"], ref["name"]) in targets, f"{kind} {policy['metadata']['name']} -> {ref}"
+                checked += 1
+    assert checked >= 9
+
+
+def test_every_secret_referenced_is_emitted_or_user_supplied(strix_run):
+    config = strix_values()["gateway"]
+    emitted = names(strix_run, "Secret")
+    # Made by cert-manager from the emitted Certificate; the client CA is the user's (README).
+    certificate = only(strix_run, "Certificate")
+    user_supplied = {config["client_ca_secret"]}
+    referenced = set()
+    for bsp in objects(strix_run, "BackendSecurityPolicy"):
+        referenced.add(bsp["spec"]["apiKey"]["secretRef"]["name"])
+    for policy in objects(strix_run, "SecurityPolicy"):
+        referenced |= {ref["name"] for ref in policy["spec"]["apiKeyAuth"]["credentialRefs"]}
+    for ctp in objects(strix_run, "ClientTrafficPolicy"):
+        referenced |= {ref["name"] for ref in ctp["spec"]["tls"]["clientValidation"]["caCertificateRefs"]}
+    gateway = only(strix_run, "Gateway")
+    listener_secrets = {r["name"] for l in gateway["spec"]["listeners"] for r in l["tls"]["certificateRefs"]}
+    assert listener_secrets == {certificate["spec"]["secretName"]}
+    assert referenced <= emitted | user_supplied
+    assert referenced - emitted == user_supplied
+
+
+def test_gateway_class_proxy_and_listener(strix_run):
+    gateway = only(strix_run, "Gateway")
+    assert gateway["spec"]["gatewayClassName"] in names(strix_run, "GatewayClass")
+    assert gateway["spec"]["infrastructure"]["parametersRef"]["name"] in names(strix_run, "EnvoyProxy")
+    (listener,) = gateway["spec"]["listeners"]
+    assert listener["protocol"] == "HTTPS" and listener["tls"]["mode"] == "Terminate"
+    assert listener["hostname"] == only(strix_run, "Certificate")["spec"]["dnsNames"][0]
+    service = only(strix_run, "EnvoyProxy")["spec"]["provider"]["kubernetes"]["envoyService"]
+    assert service == {"type": "LoadBalancer", "loadBalancerClass": "tailscale"}
+
+
+def test_no_service_is_exposed_outside_the_gateway(strix_run):
+    for service in objects(strix_run, "Service"):
+        assert service["spec"]["type"] == "ClusterIP"
+    assert strix_run.find("Ingress") == []
+
+
+def test_client_traffic_policy_carries_mtls_buffer_and_idle_timeout(strix_run):
+    ctp = only(strix_run, "ClientTrafficPolicy")["spec"]
+    assert ctp["tls"]["clientValidation"]["mode"] == "RequireAndVerify"
+    assert ctp["connection"]["bufferLimit"] == "50Mi"
+    assert ctp["timeout"]["http"]["streamIdleTimeout"] == "300s"
+
+
+def test_no_mtls_when_the_stack_has_no_client_ca(strix):
+    del strix["gateway"]["client_ca_secret"]
+    ctp = only(run_strix(strix), "ClientTrafficPolicy")["spec"]
+    assert "tls" not in ctp and ctp["connection"]["bufferLimit"] == "50Mi"
+
+
+def test_api_keys_one_per_client_stripped_before_upstream(strix_run):
+    policy = only(strix_run, "SecurityPolicy")["spec"]["apiKeyAuth"]
+    assert policy["sanitize"] is True
+    assert policy["extractFrom"] == [{"headers": ["x-api-key"]}]
+    (secret,) = [s for s in objects(strix_run, "Secret") if s["metadata"]["name"] == "inference-api-keys"]
+    keys = secret_value(secret)
+    assert set(keys) == {"shikanime", "ci"}
+    assert keys["ci"] == derived_client_key(STRIX_SECRETS["gateway_master_key"], "ci")
+    assert len(set(keys.values())) == len(keys)
+    assert "client_api_keys" in strix_run.secret_outputs
+
+
+def test_provider_keys_reach_only_their_provider(strix_run):
+    client_keys = set(secret_value(next(s for s in objects(strix_run, "Secret") if s["metadata"]["name"] == "inference-api-keys")).values())
+    expected = {"nous": "nous_api_key", "openrouter": "openrouter_api_key", "z-ai": "zai_api_key"}
+    for bsp in objects(strix_run, "BackendSecurityPolicy"):
+        (target,) = bsp["spec"]["targetRefs"]
+        secret_name = bsp["spec"]["apiKey"]["secretRef"]["name"]
+        (secret,) = [s for s in objects(strix_run, "Secret") if s["metadata"]["name"] == secret_name]
+        value = secret_value(secret)
+        assert value == {"apiKey": STRIX_SECRETS[expected[target["name"]]]}
+        assert not set(value.values()) & client_keys
+    # Local tiers have no provider key policy at all.
+    assert {b["spec"]["targetRefs"][0]["name"] for b in objects(strix_run, "BackendSecurityPolicy")} == set(expected)
+
+
+def test_remote_tiers_use_tls_to_the_providers_host(strix_run):
+    backends = {b["metadata"]["name"]: b for b in objects(strix_run, "Backend")}
+    for policy in objects(strix_run, "BackendTLSPolicy"):
+        (target,) = policy["spec"]["targetRefs"]
+        endpoint = backends[target["name"]]["spec"]["endpoints"][0]["fqdn"]
+        assert endpoint["port"] == 443
+        assert policy["spec"]["validation"] == {"wellKnownCACertificates": "System", "hostname": endpoint["hostname"]}
+
+
+def test_local_tiers_resolve_to_the_engines_service(strix_run):
+    services = {s["metadata"]["name"]: s for s in objects(strix_run, "Service")}
+    backends = {b["metadata"]["name"]: b for b in objects(strix_run, "Backend")}
+    fqdn = backends["halogen"]["spec"]["endpoints"][0]["fqdn"]
+    service = services["halogen-flash"]
+    assert fqdn == {"hostname": "halogen-flash.shikanime.svc.cluster.local", "port": service["spec"]["ports"][0]["port"]}
+    assert service["spec"]["clusterIP"] == "None"  # headless: every ready engine pod
+
+
+def test_routing_table_priorities_and_overrides(strix_run):
+    (route,) = objects(strix_run, "AIGatewayRoute")
+    rules = route["spec"]["rules"]
+    table = {r["matches"][0]["headers"][0]["value"]: r["backendRefs"] for r in rules}
+    flash = table["qwen/qwen3.8-flash"]
+    assert [(b["name"], b["priority"]) for b in flash] == [("halogen", 0), ("nous", 1), ("openrouter", 2)]
+    assert flash[0]["modelNameOverride"] == "qwen38-flash-next-w4b"
+    for rule in rules:
+        assert rule["timeouts"] == {"request": "0s"} and rule["streamIdleTimeout"] == "300s"
+    exact = [r for r in rules if r["matches"][0]["headers"][0]["type"] == "Exact"]
+    assert rules[-1]["name"] == "catch-all" and rules[-1]["matches"][0]["headers"][0] == {
+        "type": "RegularExpression", "name": "x-ai-eg-model", "value": ".*"
+    }
+    assert len(exact) == len(rules) - 1
+
+
+def test_traffic_policy_combines_affinity_and_fallback_retry(strix_run):
+    btp = only(strix_run, "BackendTrafficPolicy")["spec"]
+    assert btp["loadBalancer"] == {
+        "type": "ConsistentHash",
+        "consistentHash": {"type": "Headers", "headers": [{"name": "x-sks-session-id"}]},
+    }
+    assert btp["retry"]["numAttemptsPerPriority"] == 1
+    assert btp["retry"]["numRetries"] >= 2  # enough to walk a three-tier chain
+    assert "retriable-status-codes" in btp["retry"]["retryOn"]["triggers"]
+    assert {503, 429} <= set(btp["retry"]["retryOn"]["httpStatusCodes"])
+    assert "timeout" not in btp["retry"].get("perRetry", {})  # would cut long generations
+
+
+def test_more_than_fifteen_rules_split_across_routes(strix):
+    for i in range(20):
+        strix["gateway"]["routes"].append({"model": f"acme/model-{i}", "backends": [{"tier": "openrouter"}]})
+    run = run_strix(strix)
+    routes = sorted(objects(run, "AIGatewayRoute"), key=lambda r: r["metadata"]["name"])
+    assert [len(r["spec"]["rules"]) for r in routes] == [MAX_RULES_PER_ROUTE, 3 + 20 + 1 - MAX_RULES_PER_ROUTE]
+    assert routes[-1]["spec"]["rules"][-1]["name"] == "catch-all"
+    assert all(rule["name"] != "catch-all" for rule in routes[0]["spec"]["rules"])
+    btp_targets = {p["spec"]["targetRefs"][0]["name"] for p in objects(run, "BackendTrafficPolicy")}
+    assert btp_targets == {r["metadata"]["name"] for r in routes}
+    for route in routes:
+        rule_names = [rule["name"] for rule in route["spec"]["rules"]]
+        assert len(rule_names) == len(set(rule_names))
+
+
+def test_embedding_model_is_refused_on_generative_paths(strix_run):
+    guard_filter = only(strix_run, "HTTPRouteFilter")
+    assert guard_filter["spec"]["directResponse"]["statusCode"] == 400
+    (guard,) = [r for r in objects(strix_run, "HTTPRoute") if r["metadata"]["name"] == "inference-embedding-guard"]
+    (rule,) = guard["spec"]["rules"]
+    assert {m["path"]["value"] for m in rule["matches"]} == set(GENERATIVE_PATHS)
+    assert {m["headers"][0]["value"] for m in rule["matches"]} == {"qwen/qwen3-embedding-8b"}
+    assert rule["filters"][0]["extensionRef"]["name"] == guard_filter["metadata"]["name"]
+    assert "backendRefs" not in rule
+
+
+def test_llamacpp_embeddings_path_has_its_own_timeout(strix_run):
+    (route,) = [r for r in objects(strix_run, "HTTPRoute") if r["metadata"]["name"] == "inference-llamacpp-embeddings"]
+    (rule,) = route["spec"]["rules"]
+    assert rule["timeouts"] == {"request": "600s"}
+    (backend,) = rule["backendRefs"]
+    service = next(s for s in objects(strix_run, "Service") if s["metadata"]["name"] == backend["name"])
+    assert backend["port"] == service["spec"]["ports"][0]["port"]
+    assert rule["filters"][0]["urlRewrite"]["path"]["replacePrefixMatch"] == "/v1/embeddings"
+
+
+def test_namespace_lets_the_gateway_in(strix_run):
+    (policy,) = objects(strix_run, "CiliumNetworkPolicy")
+    assert {
+        "fromEndpoints": [
+            {
+                "matchLabels": {
+                    "k8s:io.kubernetes.pod.namespace": "envoy-gateway-system",
+                    "app.kubernetes.io/name": "envoy",
+                    "gateway.envoyproxy.io/owning-gateway-name": "inference",
+                }
+            }
+        ]
+    } in policy["spec"]["ingress"]
+
+
+def test_no_secret_value_in_rendered_manifests_or_plain_outputs(strix_run):
+    text = "".join(dump(m) for m in manifests(strix_run).values())
+    plain = repr({k: v for k, v in strix_run.outputs.items() if k not in strix_run.secret_outputs})
+    for value in [*STRIX_SECRETS.values(), derived_client_key(STRIX_SECRETS["gateway_master_key"], "ci")]:
+        assert value not in text and value not in plain
+
+
+def bad(strix, mutate, match):
+    mutate(strix)
+    with pytest.raises(pulumi.RunError, match=match):
+        run_strix(strix)
+
+
+def test_two_clients_with_the_same_key_config(strix):
+    def mutate(s):
+        s["gateway"]["clients"] = {"a": {"key_config": "shared_key"}, "b": {"key_config": "shared_key"}}
+
+    with pytest.raises(pulumi.RunError, match=r"gateway.clients.b.key_config: shared_key is already the key of client a"):
+        mutate(strix)
+        run_strix(strix, secrets={"shared_key": "k"})
+
+
+def test_two_clients_with_equal_key_values(strix):
+    strix["gateway"]["clients"] = {"a": {"key_config": "key_a"}, "b": {"key_config": "key_b"}}
+    with pytest.raises(pulumi.RunError, match=r"gateway.clients.b.key_config: key_b holds the same key as client a's"):
+        run_strix(strix, secrets={"key_a": "same", "key_b": "same"})
+
+
+def test_route_to_an_unknown_tier(strix):
+    bad(strix, lambda s: s["gateway"]["routes"][0]["backends"].append({"tier": "anthropic"}),
+        r"gateway.routes\[0\].backends\[3\].tier: no tier 'anthropic'")
+
+
+def test_fallback_tier_without_a_provider_key(strix):
+    bad(strix, lambda s: s["gateway"]["tiers"]["nous"]["remote"].pop("api_key_config"),
+        r"gateway.tiers.nous.remote.api_key_config: a remote tier needs its provider key")
+
+
+def test_embedding_model_on_a_chat_route(strix):
+    bad(strix, lambda s: s["gateway"]["routes"][2].pop("kind"),
+        r"gateway.routes\[2\].backends\[0\].tier: llama-cpp serves an embedding model; a chat route")
+
+
+def test_embedding_tier_cannot_catch_all(strix):
+    bad(strix, lambda s: s["gateway"]["catch_all"].insert(0, "llama-cpp"),
+        r"gateway.catch_all\[0\]: llama-cpp serves an embedding model")
+
+
+def test_tier_must_be_local_or_remote(strix):
+    bad(strix, lambda s: s["gateway"]["tiers"]["halogen"].update(remote={"host": "x.example.org", "api_key_config": "k"}),
+        r"gateway.tiers.halogen: set exactly one of local")
+
+
+def test_duplicate_public_model(strix):
+    bad(strix, lambda s: s["gateway"]["routes"].append(copy.deepcopy(s["gateway"]["routes"][0])),
+        r"gateway.routes\[3\].model: 'qwen/qwen3.8-flash' is already routed by gateway.routes\[0\]")
+
+
+def test_client_without_any_key_source(strix):
+    bad(strix, lambda s: s["gateway"].pop("master_key_config"),
+        r"gateway.clients.shikanime.key_config: set it, or gateway.master_key_config")
+
+
+def test_derived_keys_are_stable_and_distinct():
+    assert derived_client_key("m", "a") == derived_client_key("m", "a")
+    assert derived_client_key("m", "a") != derived_client_key("m", "b")
+    assert derived_client_key("m", "a") != derived_client_key("n", "a")
+    assert derived_client_key("m", "a").startswith("sk-infer-")
