@@ -51,9 +51,14 @@ class RenderResult:
             )
             startup = container.get("startupProbe", {})
             budget_min = startup.get("periodSeconds", 0) * startup.get("failureThreshold", 0) / 60
+            plans = (self.run.outputs.get("capacity_plan") or {}).get("servers", {})
+            wait = next((p["budget"]["wait_seconds"] / 60 for p in plans.values() if p["name"] == name), None)
+            waited = f", wait {wait:.0f} min" if wait is not None else ""
+            replicas = manifest["spec"].get("replicas", 1)
             lines.append(
-                f"    {name:<16} memory {requests.get('memory', '-')}/{limits.get('memory', '-')}"
-                f"  gpu {', '.join(gpus) or 'none'}  startup {budget_min:.0f} min  {endpoint}"
+                f"    {name:<16} {manifest['kind']} x{replicas}  memory {requests.get('memory', '-')}/"
+                f"{limits.get('memory', '-')}  gpu {', '.join(gpus) or 'none'}  startup {budget_min:.0f} min{waited}"
+                f"  {endpoint}"
             )
         lines.extend(plan_tables(self.run.outputs.get("capacity_plan")))
         if any(m["kind"] == "Secret" for m in self.files.values()):
