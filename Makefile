@@ -21,3 +21,6 @@ test: $(VENV)/.installed
 
 clean:
 	rm -rf rendered
+
+bench: $(VENV)/.installed
+	$(BIN)/python bench/run.py

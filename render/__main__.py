@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .engine import PROJECT_DIR
 from .output import RenderError, render_stack
 
 
@@ -18,10 +19,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m render", description=__doc__.splitlines()[0])
     parser.add_argument("stack", help="stack name: reads Pulumi.<stack>.yaml")
     parser.add_argument("--out", type=Path, help="output folder (default: rendered/<stack>)")
+    parser.add_argument(
+        "--stack-dir", type=Path, default=PROJECT_DIR, help="folder holding Pulumi.<stack>.yaml (default: the project)"
+    )
     args = parser.parse_args(argv)
     out = args.out or Path("rendered") / args.stack
     try:
-        result = render_stack(args.stack, out)
+        result = render_stack(args.stack, out, project_dir=args.stack_dir)
     except RenderError as error:
         print(f"render {args.stack}: {error}", file=sys.stderr)
         return error.exit_code

@@ -72,5 +72,9 @@ def manifests(run: ProgramRun) -> dict[str, dict[str, Any]]:
     return result
 
 
+# libyaml's emitter when PyYAML was built with it: the pure-Python one was a third of a large render.
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def dump(manifest: dict[str, Any]) -> str:
-    return yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False, width=120)
+    return yaml.dump(manifest, Dumper=_DUMPER, sort_keys=False, default_flow_style=False, width=120)
