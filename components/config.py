@@ -248,7 +248,7 @@ class OpenAIEngine(Strict):
 _PREFETCH_COMMAND = [
     "sh",
     "-c",
-    'pip install --quiet --user "huggingface_hub[hf_xet]==0.35.3" && '
+    'pip install --quiet --no-cache-dir --user "huggingface_hub[hf_xet]==0.35.3" && '
     'exec "$PYTHONUSERBASE/bin/hf" download "$HF_REPO" --revision "$HF_REVISION"',
 ]
 

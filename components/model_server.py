@@ -73,7 +73,19 @@ SCRATCH = "/tmp"
 # Init and sidecar containers get requests and limits too: an unbounded init container can
 # still OOM the node while 100 GiB of weights stream through the page cache.
 PREFETCH_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
-CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+# Read-only root: every path a container writes is a volume (the weights, /tmp), so nothing an
+# attacker drops survives a restart and the image cannot be modified in place.
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+}
+SCRATCH_VOLUME = {"name": "scratch", "mountPath": SCRATCH}
+# Mesa's and RADV's shader caches, and anything else that honours XDG, land on the scratch volume.
+SCRATCH_ENV = [{"name": "XDG_CACHE_HOME", "value": f"{SCRATCH}/cache"}]
+# Annotations the policy pack reads: what the startup probe must outlast, and the health path.
+COLD_START_ANNOTATION = "inference-plane/cold-start-seconds"
+HEALTH_ANNOTATION = "inference-plane/health-path"
 
 
 def _probe(path: str, period: int, **extra: int) -> dict:
@@ -113,7 +125,8 @@ def container_spec(model: ModelServer, pool: NodePool, cache: ModelCache, plan: 
     if model.gpu_layers > 0 and pool.gpu_resource:
         requests[pool.gpu_resource] = limits[pool.gpu_resource] = "1"
     mount, env = _cache_mount(model, cache)
-    mounts = [mount]
+    env = env + SCRATCH_ENV
+    mounts = [mount, SCRATCH_VOLUME]
     if model.api_key is not None:
         mounts.append({"name": "api-key", "mountPath": API_KEY_DIR, "readOnly": True})
     if model.openai is not None:
@@ -151,7 +164,7 @@ def prefetch_container(model: ModelServer) -> dict:
         ],
         "securityContext": dict(CONTAINER_SECURITY),
         "resources": PREFETCH_RESOURCES,
-        "volumeMounts": [{"name": "weights", "mountPath": HF_CACHE}, {"name": "scratch", "mountPath": SCRATCH}],
+        "volumeMounts": [{"name": "weights", "mountPath": HF_CACHE}, SCRATCH_VOLUME],
     }
 
 
@@ -185,9 +198,8 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCache, plan: Server
     }
     if model.prefetch is not None:
         spec["initContainers"] = [prefetch_container(model)]
-        volumes.append({"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}})
-    if volumes:
-        spec["volumes"] = volumes
+    volumes.append({"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}})
+    spec["volumes"] = volumes
     if pool.instance_type:
         spec["nodeSelector"] = {"node.kubernetes.io/instance-type": pool.instance_type}
     if model.workload.one_per_node:
@@ -224,6 +236,14 @@ class ModelServerBase(pulumi.ComponentResource):
         self.budget = budget = args.plan.budget
         component = "chat" if model.role == "chat" else "embeddings"
         meta = metadata(model.name, ns, model.name, component)
+        cold_start = budget.load_seconds if model.prefetch is not None else budget.download_seconds + budget.load_seconds
+        workload_meta = metadata(
+            model.name,
+            ns,
+            model.name,
+            component,
+            annotations={COLD_START_ANNOTATION: str(cold_start), HEALTH_ANNOTATION: health_path(model)},
+        )
 
         self.api_key_secret = None
         if model.api_key is not None and model.api_key.from_config is not None:
@@ -258,7 +278,7 @@ class ModelServerBase(pulumi.ComponentResource):
             )
             self.workload = k8s.apps.v1.StatefulSet(
                 name,
-                metadata=meta,
+                metadata=workload_meta,
                 spec=self._statefulset_spec(model, template),
                 opts=pulumi.ResourceOptions(
                     parent=self,
@@ -280,7 +300,7 @@ class ModelServerBase(pulumi.ComponentResource):
             }
             self.workload = k8s.apps.v1.Deployment(
                 name,
-                metadata=meta,
+                metadata=workload_meta,
                 spec=deployment_spec,
                 # Pulumi's default 10-minute wait would fail a cold start: wait out the whole budget.
                 opts=pulumi.ResourceOptions(

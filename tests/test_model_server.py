@@ -148,7 +148,13 @@ def test_security_context(homelab_values):
     assert pod["containers"][0]["securityContext"] == {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
     }
+    # With a read-only root, /tmp (and the XDG cache under it) is a volume.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (tmp,) = [m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert "emptyDir" in volumes[tmp["name"]]
+    assert {"name": "XDG_CACHE_HOME", "value": "/tmp/cache"} in pod["containers"][0]["env"]
     assert pod["automountServiceAccountToken"] is False
     assert "nodeSelector" not in pod
 
