@@ -60,6 +60,19 @@ endpoints = {
     for key, server in servers.items()
 }
 
+def upstream_keys(gw):
+    """The key the gateway sends to each tier: a provider's, or a local llama.cpp server's own."""
+    keys = {}
+    for tier, settings in gw.tiers.items():
+        if settings.remote is not None and settings.remote.api_key_config:
+            keys[tier] = config.require_secret(settings.remote.api_key_config)
+        elif settings.local is not None:
+            api_key = stack.models[settings.local].api_key
+            if api_key is not None and api_key.from_config:
+                keys[tier] = config.require_secret(api_key.from_config)
+    return keys
+
+
 if stack.gateway is not None:
     gw = stack.gateway
     client_keys = {}
@@ -76,11 +89,7 @@ if stack.gateway is not None:
             stack=stack,
             namespace=ns_name,
             client_keys=client_keys,
-            provider_keys={
-                tier: config.require_secret(t.remote.api_key_config)
-                for tier, t in gw.tiers.items()
-                if t.remote is not None and t.remote.api_key_config
-            },
+            provider_keys=upstream_keys(gw),
         ),
         opts=pulumi.ResourceOptions(depends_on=[namespace, *servers.values()]),
     )

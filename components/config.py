@@ -553,6 +553,39 @@ def _relations(stack: StackConfig) -> list[tuple[str, str]]:
             )
     if stack.gateway is not None:
         problems += _gateway_relations(stack, stack.gateway)
+    problems += _api_key_relations(stack)
+    return problems
+
+
+def _api_key_relations(stack: StackConfig) -> list[tuple[str, str]]:
+    """llama.cpp's API is unauthenticated unless given a key: required once anything outside its
+    namespace (an Ingress, the gateway's Envoy pods) can reach it."""
+    problems: list[tuple[str, str]] = []
+    gateway = stack.gateway
+    gateway_reaches = set()
+    if gateway is not None:
+        gateway_reaches = {t.local for t in gateway.tiers.values() if t.local}
+        if gateway.llamacpp_embeddings is not None:
+            gateway_reaches.add(gateway.llamacpp_embeddings.model)
+    for key, model in stack.models.items():
+        if model.engine != "llamacpp":
+            continue
+        if model.api_key is None and (model.exposure is not None or key in gateway_reaches):
+            via = "its Ingress" if model.exposure is not None else "the gateway"
+            problems.append(
+                (
+                    f"models.{key}.api_key",
+                    f"required: {via} reaches this server from outside its namespace; "
+                    "set api_key: {secret_name: ..., from_config: <secret config key>}",
+                )
+            )
+        elif key in gateway_reaches and model.api_key is not None and model.api_key.from_config is None:
+            problems.append(
+                (
+                    f"models.{key}.api_key.from_config",
+                    "the gateway must send this server's key, so the key has to come from Pulumi config",
+                )
+            )
     return problems
 
 

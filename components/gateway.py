@@ -48,7 +48,8 @@ class InferenceGatewayArgs:
     gateway: Gateway
     stack: StackConfig
     namespace: str
-    # client id -> API key, and tier -> provider key: Pulumi secrets.
+    # client id -> API key, and tier -> the key the gateway sends upstream (a remote provider's,
+    # or a local llama.cpp server's --api-key): Pulumi secrets.
     client_keys: dict[str, pulumi.Input[str]] = field(default_factory=dict)
     provider_keys: dict[str, pulumi.Input[str]] = field(default_factory=dict)
 
@@ -307,9 +308,9 @@ class InferenceGateway(pulumi.ComponentResource):
                 },
                 depends_on=[backend],
             )
-            if tier.remote is not None:
-                if tier_name not in self._args.provider_keys:
-                    raise ValueError(f"no provider key value for tier {tier_name}")
+            if tier.remote is not None and tier_name not in self._args.provider_keys:
+                raise ValueError(f"no provider key value for tier {tier_name}")
+            if tier_name in self._args.provider_keys:
                 key_secret = f"{tier_name}-provider-key"
                 secret = self._secret(f"{name}-provider-key-{tier_name}", key_secret, {"apiKey": self._args.provider_keys[tier_name]})
                 self._cr(
@@ -426,6 +427,35 @@ class InferenceGateway(pulumi.ComponentResource):
         if path is None:
             return
         model = stack.models[path.model]
+        filters: list[dict] = [
+            {
+                "type": "URLRewrite",
+                "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1/embeddings"}},
+            }
+        ]
+        depends = []
+        key = self._args.provider_keys.get(self._local_tier_of(path.model) or "")
+        if key is not None:
+            # The client's gateway key was stripped; llama.cpp wants its own as a bearer token.
+            credential = f"{gw.name}-llamacpp-credential"
+            secret = self._secret(
+                f"{name}-llamacpp-credential", credential, {"credential": pulumi.Output.concat("Bearer ", key)}
+            )
+            inject = self._cr(
+                f"{name}-llamacpp-credential-filter",
+                EG,
+                "HTTPRouteFilter",
+                self._meta(credential),
+                {"credentialInjection": {"credential": {"valueRef": {"group": "", "kind": "Secret", "name": credential}}}},
+                depends_on=[secret],
+            )
+            depends.append(inject)
+            filters.append(
+                {
+                    "type": "ExtensionRef",
+                    "extensionRef": {"group": "gateway.envoyproxy.io", "kind": "HTTPRouteFilter", "name": credential},
+                }
+            )
         self._cr(
             f"{name}-llamacpp-embeddings",
             GWAPI,
@@ -437,15 +467,14 @@ class InferenceGateway(pulumi.ComponentResource):
                 "rules": [
                     {
                         "matches": [{"path": {"type": "PathPrefix", "value": path.path}}],
-                        "filters": [
-                            {
-                                "type": "URLRewrite",
-                                "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v1/embeddings"}},
-                            }
-                        ],
+                        "filters": filters,
                         "backendRefs": [{"group": "", "kind": "Service", "name": model.name, "port": model.port}],
                         "timeouts": {"request": path.timeout},
                     }
                 ],
             },
+            depends_on=depends,
         )
+
+    def _local_tier_of(self, model_key: str) -> Optional[str]:
+        return next((n for n, t in self._args.gateway.tiers.items() if t.local == model_key), None)

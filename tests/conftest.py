@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,11 @@ def stack_values(stack: str) -> dict[str, Any]:
 
 
 def run_values(values: dict[str, Any], secrets: dict[str, str] | None = None, stack: str = "test") -> ProgramRun:
-    """Run the program with these config values; ``secrets`` are set as Pulumi secret config."""
+    """Run the program with these config values; ``secrets`` are set as Pulumi secret config
+    (default: a test value for every known secret key the values name)."""
+    if secrets is None:
+        named = json.dumps(values)
+        secrets = {k: v for k, v in TEST_SECRETS.items() if f'"{k}"' in named}
     config, secret_keys = config_from_mapping(values)
     for key, value in (secrets or {}).items():
         config[f"inference-plane:{key}"] = value
@@ -36,12 +41,21 @@ def run_values(values: dict[str, Any], secrets: dict[str, str] | None = None, st
 
 @pytest.fixture
 def homelab_values() -> dict[str, Any]:
-    return copy.deepcopy(stack_values("homelab"))
+    return copy.deepcopy(homelab_plain_values())
+
+
+HOMELAB_SECRETS = {"llama_api_key": "llama-key-4e2a"}
+TEST_SECRETS = {**HOMELAB_SECRETS}
+
+
+def homelab_plain_values() -> dict[str, Any]:
+    """The homelab stack without its `secure:` placeholders (tests pass real secret values)."""
+    return {k: v for k, v in stack_values("homelab").items() if not (isinstance(v, dict) and "secure" in v)}
 
 
 @pytest.fixture(scope="session")
 def homelab_run() -> ProgramRun:
-    return run_values(stack_values("homelab"), stack="homelab")
+    return run_values(homelab_plain_values(), secrets=HOMELAB_SECRETS, stack="homelab")
 
 
 STRIX_SECRETS = {
@@ -49,7 +63,11 @@ STRIX_SECRETS = {
     "nous_api_key": "nous-key-5a2b",
     "openrouter_api_key": "or-key-9f31",
     "zai_api_key": "zai-key-77d0",
+    "llamacpp_api_key": "llamacpp-key-31c8",
 }
+
+
+TEST_SECRETS.update(STRIX_SECRETS)
 
 
 def strix_values() -> dict[str, Any]:

@@ -20,10 +20,10 @@ from components.capacity import (
     plan,
 )
 from components.config import ModelFacts, parse_stack
-from conftest import run_values, stack_values
+from conftest import homelab_plain_values, run_values, stack_values
 from render.output import render_stack
 
-HOMELAB = parse_stack(stack_values("homelab"))
+HOMELAB = parse_stack(homelab_plain_values())
 CHAT = HOMELAB.models["chat"]
 FACTS = ModelFacts(params_b=35, active_params_b=3, layers=40, full_attention_layers=10, kv_heads=2, head_dim=256,
                    recurrent_state_mib=63)
@@ -106,7 +106,7 @@ def test_homelab_fits_the_seeds_headroom():
 
 @st.composite
 def one_node_stacks(draw):
-    values = stack_values("homelab")
+    values = homelab_plain_values()
     values["node_pools"]["iris-xe"]["allocatable"] = f"{draw(st.integers(8, 200))}Gi"
     values["node_pools"]["iris-xe"]["reserved"] = f"{draw(st.integers(0, 8))}Gi"
     for key in ("chat", "embed"):

@@ -176,3 +176,10 @@ def test_many_problems_stay_on_one_line(homelab_values):
     error = rejection(homelab_values)
     assert len(error.problems) == 4
     assert "\n" not in str(error) and "(and 1 more)" in str(error)
+
+
+def test_exposed_llama_server_needs_an_api_key(homelab_values):
+    del homelab_values["models"]["chat"]["api_key"]
+    (path, message), *_ = rejection(homelab_values).problems
+    assert path == "models.chat.api_key"
+    assert "its Ingress reaches this server from outside its namespace" in message

@@ -129,7 +129,9 @@ def test_api_keys_one_per_client_stripped_before_upstream(strix_run):
 
 def test_provider_keys_reach_only_their_provider(strix_run):
     client_keys = set(secret_value(next(s for s in objects(strix_run, "Secret") if s["metadata"]["name"] == "inference-api-keys")).values())
-    expected = {"nous": "nous_api_key", "openrouter": "openrouter_api_key", "z-ai": "zai_api_key"}
+    # Remote providers get theirs; the local llama.cpp tier gets its own server's --api-key.
+    expected = {"nous": "nous_api_key", "openrouter": "openrouter_api_key", "z-ai": "zai_api_key",
+                "llama-cpp": "llamacpp_api_key"}
     for bsp in objects(strix_run, "BackendSecurityPolicy"):
         (target,) = bsp["spec"]["targetRefs"]
         secret_name = bsp["spec"]["apiKey"]["secretRef"]["name"]
@@ -137,7 +139,7 @@ def test_provider_keys_reach_only_their_provider(strix_run):
         value = secret_value(secret)
         assert value == {"apiKey": STRIX_SECRETS[expected[target["name"]]]}
         assert not set(value.values()) & client_keys
-    # Local tiers have no provider key policy at all.
+    # The engine tier (not llama.cpp) has no key policy at all.
     assert {b["spec"]["targetRefs"][0]["name"] for b in objects(strix_run, "BackendSecurityPolicy")} == set(expected)
 
 
@@ -204,7 +206,7 @@ def test_more_than_fifteen_rules_split_across_routes(strix):
 
 
 def test_embedding_model_is_refused_on_generative_paths(strix_run):
-    guard_filter = only(strix_run, "HTTPRouteFilter")
+    (guard_filter,) = [f for f in objects(strix_run, "HTTPRouteFilter") if "directResponse" in f["spec"]]
     assert guard_filter["spec"]["directResponse"]["statusCode"] == 400
     (guard,) = [r for r in objects(strix_run, "HTTPRoute") if r["metadata"]["name"] == "inference-embedding-guard"]
     (rule,) = guard["spec"]["rules"]
@@ -222,6 +224,12 @@ def test_llamacpp_embeddings_path_has_its_own_timeout(strix_run):
     service = next(s for s in objects(strix_run, "Service") if s["metadata"]["name"] == backend["name"])
     assert backend["port"] == service["spec"]["ports"][0]["port"]
     assert rule["filters"][0]["urlRewrite"]["path"]["replacePrefixMatch"] == "/v1/embeddings"
+    # The client's gateway key is stripped; llama.cpp's own key is injected from a Secret.
+    injected = rule["filters"][1]["extensionRef"]["name"]
+    (credential_filter,) = [f for f in objects(strix_run, "HTTPRouteFilter") if f["metadata"]["name"] == injected]
+    secret_name = credential_filter["spec"]["credentialInjection"]["credential"]["valueRef"]["name"]
+    (secret,) = [s for s in objects(strix_run, "Secret") if s["metadata"]["name"] == secret_name]
+    assert secret_value(secret) == {"credential": "Bearer " + STRIX_SECRETS["llamacpp_api_key"]}
 
 
 def test_namespace_lets_the_gateway_in(strix_run):
@@ -307,3 +315,15 @@ def test_derived_keys_are_stable_and_distinct():
     assert derived_client_key("m", "a") != derived_client_key("m", "b")
     assert derived_client_key("m", "a") != derived_client_key("n", "a")
     assert derived_client_key("m", "a").startswith("sk-infer-")
+
+
+def test_gateway_fronted_llama_server_needs_a_key_from_config(strix):
+    strix["models"]["embed"]["api_key"] = {"secret_name": "made-elsewhere"}
+    with pytest.raises(pulumi.RunError, match=r"models.embed.api_key.from_config: the gateway must send this server's key"):
+        run_strix(strix)
+
+
+def test_gateway_fronted_llama_server_without_any_key(strix):
+    del strix["models"]["embed"]["api_key"]
+    with pytest.raises(pulumi.RunError, match=r"models.embed.api_key: required: the gateway reaches this server"):
+        run_strix(strix)

@@ -135,7 +135,8 @@ def test_every_seed_flag_is_passed_with_its_value(rendered, name):
     assert seed_flags.items() <= our_flags.items()
     # Added on purpose: the default port moves between builds, /metrics feeds monitoring, and the
     # host-RAM caches are capped so that the capacity plan counts what the server really holds.
-    caches = {"--cache-ram", "--ctx-checkpoints"} if name == "llama-server" else {"--cache-ram"}
+    # The chat server is reachable from outside its namespace (Traefik), so it takes an API key.
+    caches = {"--cache-ram", "--ctx-checkpoints", "--api-key-file"} if name == "llama-server" else {"--cache-ram"}
     assert set(our_flags) - set(seed_flags) == {"--host", "--port", "--metrics"} | caches
 
 

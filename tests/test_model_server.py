@@ -24,7 +24,7 @@ def build(values: dict, key: str, api_key_value: str | None = None):
         cache=stack.model_cache,
         cluster=stack.cluster,
         plan=plan(stack).servers[key],
-        api_key_value=api_key_value,
+        api_key_value=api_key_value or ("test-key" if model.api_key and model.api_key.from_config else None),
     )
     component = EmbedServer if model.role == "embedding" else LlamaServer
     run = run_program({}, program=lambda: {"server": component(model.name, args)})
@@ -53,7 +53,16 @@ def test_chat_flags_follow_the_typed_settings(homelab_values):
     assert flag(args, "--host") == "0.0.0.0"
     assert "--metrics" in args
     assert "--embeddings" not in args and "--no-webui" not in args
-    assert not any(a.startswith("--api-key") for a in args)
+    # Exposed through an Ingress, so the homelab chat server takes a key from a file.
+    assert flag(args, "--api-key-file").startswith("/run/secrets/")
+    assert not any(a == "--api-key" for a in args)  # never the key itself on the command line
+
+
+def test_no_key_flag_for_a_server_nothing_outside_reaches(homelab_values):
+    del homelab_values["models"]["chat"]["exposure"]
+    del homelab_values["models"]["chat"]["api_key"]
+    _, model, run = build(homelab_values, "chat")
+    assert not any(a.startswith("--api-key") for a in container_of(run, model.name)["args"])
 
 
 def test_port_flag_matches_the_container_port(homelab_values):

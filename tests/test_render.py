@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import ROOT, STACKS, run_values, stack_values
+from conftest import homelab_plain_values, ROOT, STACKS, run_values, stack_values
 from render.manifests import SECRET_TEXT, dump, manifests
 from render.output import MARKER, RenderError, render_stack
 from render.validate import CRD_SCHEMAS_ENV, ManifestError, validate
@@ -129,7 +129,7 @@ def test_secret_values_never_reach_manifests_or_plain_outputs(homelab_values):
 
 
 def test_rendered_secret_files_say_so(tmp_path):
-    values = stack_values("homelab")
+    values = homelab_plain_values()
     values["models"]["chat"]["api_key"] = {"secret_name": "llama-api-key", "from_config": "chat_api_key"}
     config = {f"inference-plane:{k}": v for k, v in values.items()}
     config["inference-plane:chat_api_key"] = {"secure": "v1:bm90LWRlY3J5cHRhYmxlLWhlcmU="}
