@@ -138,6 +138,8 @@ class ModelHubEgress(Strict):
     hosts: list[FqdnPattern] = Field(
         default=["huggingface.co", "*.huggingface.co", "hf.co", "*.hf.co", "*.xethub.hf.co"], min_length=1
     )
+    # Required with mode world: why the hosts cannot be named (recorded on the policy object).
+    reason: Optional[Annotated[str, Field(min_length=10, max_length=300)]] = None
 
 
 class NamespaceConfig(Strict):
@@ -540,6 +542,11 @@ def _relations(stack: StackConfig) -> list[tuple[str, str]]:
                 problems.append((f"{path}.resources.memory_request", "is larger than memory_limit"))
         if parse_quantity(model.resources.cpu_request) > parse_quantity(model.resources.cpu_limit):
             problems.append((f"{path}.resources.cpu_request", "is larger than cpu_limit"))
+    hub = stack.namespace.model_hub_egress
+    if hub.mode == "world" and hub.reason is None:
+        problems.append(
+            ("namespace.model_hub_egress.reason", "world egress needs a reason; prefer mode: fqdn with the hosts named")
+        )
     for pool_key, users in gpu_users.items():
         pool = stack.node_pools[pool_key]
         demand = sum(stack.models[k].workload.replicas for k in users)

@@ -163,11 +163,14 @@ class InferenceGateway(pulumi.ComponentResource):
                 "issuerRef": {"group": "cert-manager.io", "kind": "ClusterIssuer", "name": args.stack.cluster.cert_manager_issuer},
             },
         )
+        gateway_meta = self._meta(gw.name)
+        # Read by the policy pack: a client certificate must be required whenever this says so.
+        gateway_meta["annotations"] = {"inference-plane/mtls": "required" if gw.client_ca_secret else "off"}
         self.gateway = self._cr(
             name,
             GWAPI,
             "Gateway",
-            self._meta(gw.name),
+            gateway_meta,
             {
                 "gatewayClassName": gw.class_name,
                 "listeners": [

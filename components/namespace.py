@@ -148,7 +148,10 @@ class AINamespace(pulumi.ComponentResource):
         }
         self.namespace = k8s.core.v1.Namespace(name, metadata={"name": ns.name, "labels": labels}, opts=child)
         after_ns = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
-        policy_meta = {"name": POLICY_NAME, "namespace": ns.name, "labels": dict(PART_OF)}
+        policy_meta: dict = {"name": POLICY_NAME, "namespace": ns.name, "labels": dict(PART_OF)}
+        if ns.model_hub_egress.mode == "world":
+            # The policy pack's waiver: world egress only with the reason recorded on the object.
+            policy_meta["annotations"] = {"inference-plane/world-egress": ns.model_hub_egress.reason}
         if cluster.cni == "cilium":
             self.policy = k8s.apiextensions.CustomResource(
                 f"{name}-{POLICY_NAME}",

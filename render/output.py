@@ -15,6 +15,13 @@ import yaml
 from .engine import PROJECT_DIR, ProgramRun, run_stack
 from .manifests import SECRET_TEXT, dump, manifests
 from .validate import ManifestError, validate_all
+from policy.rules import RESOURCE_RULES, STACK_RULES, run_rules
+
+
+def policy_config(run: ProgramRun) -> dict:
+    """The pack's config for this stack, as `pulumi config` would give it to the policies."""
+    label = run.config.cluster.public_dns_label
+    return {"publicDnsLabels": [label] if label else []}
 
 MARKER = ".inference-plane-render"
 
@@ -34,7 +41,10 @@ class RenderResult:
 
     def summary(self) -> str:
         kinds = Counter(m["kind"] for m in self.files.values())
-        lines = [f"rendered stack {self.stack!r}: {len(self.files)} manifests in {self.out}, all valid"]
+        lines = [
+            f"rendered stack {self.stack!r}: {len(self.files)} manifests in {self.out}, all valid, "
+            f"{len(RESOURCE_RULES) + len(STACK_RULES)} policies passed"
+        ]
         lines.append("  " + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())))
         endpoints = self.run.outputs.get("endpoints", {})
         lines.append("  model servers:")
@@ -120,6 +130,11 @@ def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> Rend
         validate_all(files.items(), run.config.cluster.kubernetes_version)
     except (ManifestError, ValueError) as error:
         raise RenderError(f"invalid manifest: {error}") from None
+    violations = run_rules(list(files.items()), policy_config(run))
+    if violations:
+        rule, resource, message = violations[0]
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        raise RenderError(f"policy {rule} violated by {resource}: {message}{more}")
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

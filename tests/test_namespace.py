@@ -93,8 +93,11 @@ def test_fqdn_egress_replaces_world(homelab_values):
 
 
 def test_world_egress_when_asked(homelab_values):
-    homelab_values["namespace"]["model_hub_egress"] = {"mode": "world"}
-    spec = cilium_spec(build(homelab_values))
+    homelab_values["namespace"]["model_hub_egress"] = {"mode": "world", "reason": "the hub moves CDNs weekly"}
+    run = build(homelab_values)
+    (policy,) = run.find("CiliumNetworkPolicy")
+    assert policy.inputs["metadata"]["annotations"] == {"inference-plane/world-egress": "the hub moves CDNs weekly"}
+    spec = cilium_spec(run)
     assert {"toEntities": ["host", "remote-node", "world"]} in spec["egress"]
     assert not any("toFQDNs" in r for r in spec["egress"])
 

@@ -1,0 +1,325 @@
+"""The guardrails, as plain functions over Kubernetes objects (what the provider would apply).
+
+Each rule takes the object's properties (or every object, for a stack rule), a ``report``
+callback and the pack's config. ``pack.py`` wraps them as CrossGuard policies for
+``pulumi preview --policy-pack policy``; the offline render calls the same functions over every
+resource it renders. Nothing here imports Pulumi.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+Report = Callable[[str], None]
+Props = Mapping[str, Any]
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Pod")
+# A build or version tag (b10731, v1.4.2) or a digest; never `latest`, never a bare name.
+PINNED_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(@sha256:[a-f0-9]{64}|:[A-Za-z._-]*[0-9][A-Za-z0-9._-]*)$")
+WRITABLE_ROOT_WAIVER = "inference-plane/writable-root"
+WORLD_EGRESS_WAIVER = "inference-plane/world-egress"
+COLD_START_ANNOTATION = "inference-plane/cold-start-seconds"
+HEALTH_ANNOTATION = "inference-plane/health-path"
+MTLS_ANNOTATION = "inference-plane/mtls"
+MODEL_SERVER_COMPONENTS = ("chat", "embeddings")
+CREDENTIAL_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.I)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    description: str
+    check: Callable[..., None]
+    stack: bool = False
+
+
+def _meta(props: Props) -> Mapping[str, Any]:
+    return props.get("metadata") or {}
+
+
+def _annotations(props: Props) -> Mapping[str, str]:
+    return _meta(props).get("annotations") or {}
+
+
+def _labels(props: Props) -> Mapping[str, str]:
+    return _meta(props).get("labels") or {}
+
+
+def pod_spec(props: Props) -> Optional[Mapping[str, Any]]:
+    kind = props.get("kind")
+    if kind == "Pod":
+        return props.get("spec")
+    if kind == "CronJob":
+        return (((props.get("spec") or {}).get("jobTemplate") or {}).get("spec") or {}).get("template", {}).get("spec")
+    if kind in WORKLOAD_KINDS:
+        return ((props.get("spec") or {}).get("template") or {}).get("spec")
+    return None
+
+
+def containers(spec: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
+    yield from spec.get("initContainers") or []
+    yield from spec.get("containers") or []
+
+
+# --- resource rules ------------------------------------------------------------------------------
+
+
+def pod_security_restricted(props: Props, report: Report, config: Mapping) -> None:
+    spec = pod_spec(props)
+    if spec is None:
+        return
+    pod_ctx = spec.get("securityContext") or {}
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(flag):
+            report(f"{flag} is set")
+    for volume in spec.get("volumes") or []:
+        if "hostPath" in volume:
+            report(f"volume {volume.get('name')} is a hostPath")
+    if pod_ctx.get("runAsUser") == 0:
+        report("the pod runs as UID 0")
+    writable_root_ok = bool(_annotations(props).get(WRITABLE_ROOT_WAIVER))
+    for container in containers(spec):
+        ctx = container.get("securityContext") or {}
+        name = container.get("name")
+        if not (ctx.get("runAsNonRoot", pod_ctx.get("runAsNonRoot")) is True):
+            report(f"container {name}: runAsNonRoot is not true")
+        seccomp = (ctx.get("seccompProfile") or pod_ctx.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            report(f"container {name}: seccompProfile is not RuntimeDefault")
+        if ctx.get("allowPrivilegeEscalation") is not False:
+            report(f"container {name}: allowPrivilegeEscalation is not false")
+        if ctx.get("privileged"):
+            report(f"container {name}: privileged")
+        if "ALL" not in ((ctx.get("capabilities") or {}).get("drop") or []):
+            report(f"container {name}: capabilities do not drop ALL")
+        if (ctx.get("capabilities") or {}).get("add"):
+            report(f"container {name}: adds capabilities")
+        if ctx.get("readOnlyRootFilesystem") is not True and not writable_root_ok:
+            report(
+                f"container {name}: root filesystem is writable; mount writable paths as emptyDir, or annotate "
+                f"the workload {WRITABLE_ROOT_WAIVER}: <reason>"
+            )
+
+
+def images_pinned(props: Props, report: Report, config: Mapping) -> None:
+    spec = pod_spec(props)
+    if spec is None:
+        return
+    for container in containers(spec):
+        image = container.get("image", "")
+        if not PINNED_IMAGE.match(image):
+            report(f"container {container.get('name')}: image {image!r} is not pinned to a build tag or digest")
+
+
+def _probe_seconds(probe: Optional[Mapping[str, Any]]) -> int:
+    if not probe:
+        return 0
+    return int(probe.get("periodSeconds", 10)) * int(probe.get("failureThreshold", 3))
+
+
+def model_server_budgets(props: Props, report: Report, config: Mapping) -> None:
+    if props.get("kind") not in WORKLOAD_KINDS or _labels(props).get("app.kubernetes.io/component") not in MODEL_SERVER_COMPONENTS:
+        return
+    spec = pod_spec(props) or {}
+    annotations = _annotations(props)
+    (server, *_) = spec.get("containers") or [{}]
+    if not ((server.get("resources") or {}).get("limits") or {}).get("memory"):
+        report(f"container {server.get('name')}: no memory limit")
+    cold_start = annotations.get(COLD_START_ANNOTATION)
+    if cold_start is None:
+        report(f"no {COLD_START_ANNOTATION} annotation: the cold-start estimate is unknown")
+    elif _probe_seconds(server.get("startupProbe")) < int(cold_start):
+        report(
+            f"startup probe allows {_probe_seconds(server.get('startupProbe'))} s, less than the model's "
+            f"cold start of {cold_start} s: the pod would be killed while it downloads"
+        )
+    health = annotations.get(HEALTH_ANNOTATION)
+    readiness = ((server.get("readinessProbe") or {}).get("httpGet") or {}).get("path")
+    if readiness is None:
+        report("no HTTP readiness probe")
+    elif health is not None and readiness != health:
+        report(f"readiness probes {readiness}, not the engine's health path {health}")
+    if "llama.cpp" in server.get("image", "") and readiness not in (None, "/health"):
+        report("llama.cpp's readiness is /health: 503 until the model is resident")
+
+
+def narrow_egress(props: Props, report: Report, config: Mapping) -> None:
+    if props.get("kind") not in ("CiliumNetworkPolicy", "CiliumClusterwideNetworkPolicy"):
+        return
+    if _annotations(props).get(WORLD_EGRESS_WAIVER):
+        return
+    for rule in (props.get("spec") or {}).get("egress") or []:
+        wide = {"world", "all"} & set(rule.get("toEntities") or [])
+        if wide:
+            report(
+                f"egress to {', '.join(sorted(wide))}: name the hosts with toFQDNs, or annotate "
+                f"{WORLD_EGRESS_WAIVER}: <reason>"
+            )
+
+
+def exposure_lan_only(props: Props, report: Report, config: Mapping) -> None:
+    kind = props.get("kind")
+    public_labels = set(config.get("publicDnsLabels") or [])
+    if kind == "Ingress":
+        spec = props.get("spec") or {}
+        tls_hosts = {h for t in spec.get("tls") or [] for h in t.get("hosts") or []}
+        for rule in spec.get("rules") or []:
+            if rule.get("host") not in tls_hosts:
+                report(f"host {rule.get('host')} is served without TLS")
+        if not spec.get("tls"):
+            report("no TLS")
+        for key in public_labels & set(_labels(props)):
+            report(f"carries the public-DNS label {key}: the record would be published on the internet")
+    if kind == "Service" and (props.get("spec") or {}).get("type") in ("LoadBalancer", "NodePort"):
+        report(f"Service type {props['spec']['type']}: only the gateway's tailnet listener may face out")
+    if kind == "EnvoyProxy":
+        service = ((((props.get("spec") or {}).get("provider") or {}).get("kubernetes") or {}).get("envoyService") or {})
+        if service.get("type", "LoadBalancer") == "LoadBalancer" and not service.get("loadBalancerClass"):
+            report("the gateway's LoadBalancer has no loadBalancerClass: it would get a public address")
+
+
+def no_inline_credentials(props: Props, report: Report, config: Mapping) -> None:
+    spec = pod_spec(props)
+    if spec is not None:
+        for container in containers(spec):
+            for env in container.get("env") or []:
+                if CREDENTIAL_NAME.search(env.get("name", "")) and "value" in env:
+                    report(f"container {container.get('name')}: {env['name']} is a literal; take it from a Secret")
+            args = container.get("args") or []
+            if "--api-key" in args or "--hf-token" in args:
+                report(f"container {container.get('name')}: a credential on the command line; use a file from a Secret")
+    if props.get("kind") in ("HTTPRoute", "HTTPRouteFilter"):
+        text = repr(props.get("spec"))
+        if re.search(r"Bearer [A-Za-z0-9._-]{8,}", text):
+            report("a bearer credential inline in a route; inject it from a Secret")
+
+
+# --- stack rules ---------------------------------------------------------------------------------
+
+
+def _by_kind(resources: Iterable[Props]) -> dict[str, list[Props]]:
+    out: dict[str, list[Props]] = {}
+    for props in resources:
+        out.setdefault(props.get("kind", ""), []).append(props)
+    return out
+
+
+def default_deny(resources: list[Props], report: Report, config: Mapping) -> None:
+    kinds = _by_kind(resources)
+    covered = set()
+    for policy in kinds.get("CiliumNetworkPolicy", []):
+        spec = policy.get("spec") or {}
+        if spec.get("endpointSelector") == {} and "ingress" in spec and "egress" in spec:
+            covered.add(_meta(policy).get("namespace"))
+    for policy in kinds.get("NetworkPolicy", []):
+        spec = policy.get("spec") or {}
+        if spec.get("podSelector") == {} and set(spec.get("policyTypes") or []) == {"Ingress", "Egress"}:
+            covered.add(_meta(policy).get("namespace"))
+    for namespace in kinds.get("Namespace", []):
+        name = _meta(namespace).get("name")
+        if name not in covered:
+            report(f"namespace {name} has no default-deny policy selecting every pod in both directions")
+
+
+def _service_fqdns(resources: list[Props], component: str) -> dict[str, Props]:
+    out = {}
+    for service in _by_kind(resources).get("Service", []):
+        if _labels(service).get("app.kubernetes.io/component") == component:
+            meta = _meta(service)
+            out[f"{meta.get('name')}.{meta.get('namespace')}.svc.cluster.local"] = service
+    return out
+
+
+def embeddings_not_exposed(resources: list[Props], report: Report, config: Mapping) -> None:
+    kinds = _by_kind(resources)
+    embedding_services = _service_fqdns(resources, "embeddings")
+    names = {_meta(s).get("name") for s in embedding_services.values()}
+    for ingress in kinds.get("Ingress", []):
+        for rule in (ingress.get("spec") or {}).get("rules") or []:
+            for path in (rule.get("http") or {}).get("paths") or []:
+                service = ((path.get("backend") or {}).get("service") or {}).get("name")
+                if service in names:
+                    report(f"Ingress {_meta(ingress).get('name')} exposes the embedding server {service}")
+    for route in kinds.get("HTTPRoute", []):
+        for rule in (route.get("spec") or {}).get("rules") or []:
+            targets = {b.get("name") for b in rule.get("backendRefs") or []} & names
+            paths = [(m.get("path") or {}).get("value", "/") for m in rule.get("matches") or [{}]]
+            if targets and not all(p.rstrip("/").endswith("/embeddings") for p in paths):
+                report(f"HTTPRoute {_meta(route).get('name')} sends {', '.join(paths)} to the embedding server")
+    # AI routes may carry an embedding model (with fallback), provided generation requests that
+    # name it are refused before they reach it.
+    backends = {_meta(b).get("name"): b for b in kinds.get("Backend", [])}
+    ai_backends = {_meta(b).get("name"): b for b in kinds.get("AIServiceBackend", [])}
+    guarded = set()
+    for route in kinds.get("HTTPRoute", []):
+        for rule in (route.get("spec") or {}).get("rules") or []:
+            if rule.get("backendRefs") or not rule.get("filters"):
+                continue
+            paths = {(m.get("path") or {}).get("value") for m in rule.get("matches") or []}
+            if "/v1/chat/completions" in paths and "/v1/completions" in paths:
+                guarded |= {h.get("value") for m in rule.get("matches") or [] for h in m.get("headers") or []}
+    for route in kinds.get("AIGatewayRoute", []):
+        for rule in (route.get("spec") or {}).get("rules") or []:
+            models = {h.get("value") for m in rule.get("matches") or [] for h in m.get("headers") or [] if h.get("type") == "Exact"}
+            for ref in rule.get("backendRefs") or []:
+                backend = ai_backends.get(ref.get("name")) or {}
+                target = (backend.get("spec") or {}).get("backendRef", {}).get("name")
+                endpoints = ((backends.get(target) or {}).get("spec") or {}).get("endpoints") or []
+                if any((e.get("fqdn") or {}).get("hostname") in embedding_services for e in endpoints):
+                    if not models or not models <= guarded:
+                        report(
+                            f"AIGatewayRoute {_meta(route).get('name')} rule {rule.get('name')} reaches an embedding "
+                            "server without a guard refusing chat requests for its model"
+                        )
+
+
+def gateway_requires_auth(resources: list[Props], report: Report, config: Mapping) -> None:
+    kinds = _by_kind(resources)
+
+    def targets(policy: Props) -> set[str]:
+        return {r.get("name") for r in (policy.get("spec") or {}).get("targetRefs") or [] if r.get("kind") == "Gateway"}
+
+    keyed = set()
+    for policy in kinds.get("SecurityPolicy", []):
+        if ((policy.get("spec") or {}).get("apiKeyAuth") or {}).get("credentialRefs"):
+            keyed |= targets(policy)
+    verified = set()
+    for policy in kinds.get("ClientTrafficPolicy", []):
+        validation = (((policy.get("spec") or {}).get("tls") or {}).get("clientValidation") or {})
+        if validation.get("caCertificateRefs") and validation.get("mode", "RequireAndVerify") in ("RequireAndVerify", "RequireAny"):
+            verified |= targets(policy)
+    for gateway in kinds.get("Gateway", []):
+        name = _meta(gateway).get("name")
+        if name not in keyed:
+            report(f"Gateway {name} admits requests without an API key (no apiKeyAuth SecurityPolicy on it)")
+        if _annotations(gateway).get(MTLS_ANNOTATION) == "required" and name not in verified:
+            report(f"Gateway {name} must require a client certificate (mTLS) but no ClientTrafficPolicy verifies one")
+
+
+RESOURCE_RULES = [
+    Rule("pod-security-restricted", "Pods meet the restricted Pod Security Standard, read-only root included.", pod_security_restricted),
+    Rule("images-pinned", "Every container image is pinned to a build tag or a digest.", images_pinned),
+    Rule("model-server-budgets", "Model servers have a memory limit, a cold-start budget and real readiness.", model_server_budgets),
+    Rule("narrow-egress", "No world egress where FQDN rules can name the hosts.", narrow_egress),
+    Rule("exposure-lan-only", "Ingresses use TLS and no public-DNS label; nothing else faces out.", exposure_lan_only),
+    Rule("no-inline-credentials", "Credentials come from Secrets, never literals in specs.", no_inline_credentials),
+]
+STACK_RULES = [
+    Rule("default-deny", "Every namespace has a default-deny network policy.", default_deny, stack=True),
+    Rule("embeddings-not-exposed", "An embedding model is never reachable by Ingress or a chat request.", embeddings_not_exposed, stack=True),
+    Rule("gateway-requires-auth", "The gateway demands an API key, and a client certificate when mTLS is on.", gateway_requires_auth, stack=True),
+]
+
+
+def run_rules(resources: list[tuple[str, Props]], config: Mapping) -> list[tuple[str, str, str]]:
+    """Every violation as (rule, resource, message); resources are (name, props)."""
+    violations: list[tuple[str, str, str]] = []
+    for rule in RESOURCE_RULES:
+        for name, props in resources:
+            rule.check(props, lambda message, n=name, r=rule.name: violations.append((r, n, message)), config)
+    everything = [props for _, props in resources]
+    for rule in STACK_RULES:
+        rule.check(everything, lambda message, r=rule.name: violations.append((r, "stack", message)), config)
+    return violations

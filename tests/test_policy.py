@@ -1,0 +1,248 @@
+"""The policy pack: each policy called directly (never through a PolicyPack), and in the render."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from pulumi_policy import ResourceValidationArgs, StackValidationArgs, StackValidationPolicy
+from pulumi_policy.policy import PolicyResource
+
+from conftest import stack_values
+from policy.pack import POLICIES
+from render.manifests import manifests
+from render.output import RenderError, render_stack
+
+BY_NAME = {p.name: p for p in POLICIES}
+
+
+def type_of(manifest: dict) -> str:
+    api = manifest["apiVersion"]
+    return f"kubernetes:{api if '/' in api else 'core/' + api}:{manifest['kind']}"
+
+
+def resource_violations(policy_name: str, manifest: dict, config: dict | None = None) -> list[str]:
+    found: list[str] = []
+    args = ResourceValidationArgs(
+        resource_type=type_of(manifest),
+        props=manifest,
+        urn=f"urn:pulumi:test::inference-plane::{type_of(manifest)}::x",
+        name=manifest["metadata"]["name"],
+        opts=None,
+        provider=None,
+        config=config or {},
+    )
+    BY_NAME[policy_name].validate(args, lambda message, urn=None: found.append(message))
+    return found
+
+
+def stack_violations(policy_name: str, objects: list[dict]) -> list[str]:
+    found: list[str] = []
+    resources = [
+        PolicyResource(type_of(m), m, f"urn:x::{m['metadata']['name']}", m["metadata"]["name"], None, None, None, [], {})
+        for m in objects
+    ]
+    BY_NAME[policy_name].validate(StackValidationArgs(resources, config={}), lambda message, urn=None: found.append(message))
+    return found
+
+
+@pytest.fixture(scope="module")
+def homelab(homelab_run) -> dict[str, dict]:
+    return manifests(homelab_run)
+
+
+@pytest.fixture(scope="module")
+def strix_files(strix_run) -> dict[str, dict]:
+    return manifests(strix_run)
+
+
+def test_pack_entry_point_compiles_without_starting_the_analyzer():
+    # Constructing the PolicyPack would start a gRPC server and block: compile it, never run it.
+    import py_compile
+
+    from conftest import ROOT
+
+    py_compile.compile(str(ROOT / "policy" / "__main__.py"), doraise=True)
+    text = (ROOT / "policy" / "__main__.py").read_text()
+    assert "PolicyPack(" in text and "policies=POLICIES" in text
+
+
+def test_pack_has_every_policy_mandatory():
+    assert set(BY_NAME) == {
+        "pod-security-restricted", "images-pinned", "model-server-budgets", "narrow-egress", "exposure-lan-only",
+        "no-inline-credentials", "default-deny", "embeddings-not-exposed", "gateway-requires-auth",
+    }
+    assert all(p.enforcement_level.value == "mandatory" for p in POLICIES)
+
+
+@pytest.mark.parametrize("stack_fixture", ["homelab", "strix_files"])
+def test_shipped_stacks_pass_every_policy(request, stack_fixture):
+    files = request.getfixturevalue(stack_fixture)
+    for policy in POLICIES:
+        if isinstance(policy, StackValidationPolicy):
+            assert stack_violations(policy.name, list(files.values())) == []
+        else:
+            for name, manifest in files.items():
+                assert resource_violations(policy.name, manifest) == [], (policy.name, name)
+
+
+def deployment(files):
+    return copy.deepcopy(files["deployment_ai_llama-server.yaml"])
+
+
+def container(manifest):
+    return manifest["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda d: container(d)["securityContext"].update(allowPrivilegeEscalation=True), "allowPrivilegeEscalation is not false"),
+        (lambda d: container(d)["securityContext"]["capabilities"].update(drop=["NET_RAW"]), "do not drop ALL"),
+        (lambda d: d["spec"]["template"]["spec"]["securityContext"].pop("seccompProfile"), "seccompProfile is not RuntimeDefault"),
+        (lambda d: d["spec"]["template"]["spec"]["securityContext"].pop("runAsNonRoot"), "runAsNonRoot is not true"),
+        (lambda d: container(d)["securityContext"].pop("readOnlyRootFilesystem"), "root filesystem is writable"),
+        (lambda d: d["spec"]["template"]["spec"].update(hostNetwork=True), "hostNetwork is set"),
+    ],
+)
+def test_pod_security_restricted(homelab, mutate, expected):
+    manifest = deployment(homelab)
+    mutate(manifest)
+    assert any(expected in v for v in resource_violations("pod-security-restricted", manifest))
+
+
+def test_writable_root_needs_a_stated_reason(homelab):
+    manifest = deployment(homelab)
+    container(manifest)["securityContext"]["readOnlyRootFilesystem"] = False
+    assert resource_violations("pod-security-restricted", manifest)
+    manifest["metadata"]["annotations"]["inference-plane/writable-root"] = "the engine unpacks kernels into /opt"
+    assert resource_violations("pod-security-restricted", manifest) == []
+
+
+def test_init_containers_are_held_to_the_same_standard(strix_files):
+    manifest = copy.deepcopy(strix_files["statefulset_shikanime_halogen-flash.yaml"])
+    manifest["spec"]["template"]["spec"]["initContainers"][0]["securityContext"].pop("capabilities")
+    assert resource_violations("pod-security-restricted", manifest) == ["container prefetch: capabilities do not drop ALL"]
+
+
+@pytest.mark.parametrize("image", ["ghcr.io/ggml-org/llama.cpp:latest", "ghcr.io/ggml-org/llama.cpp", "llama.cpp:b1"])
+def test_images_pinned(homelab, image):
+    manifest = deployment(homelab)
+    container(manifest)["image"] = image
+    assert resource_violations("images-pinned", manifest) == [
+        f"container llama-server: image {image!r} is not pinned to a build tag or digest"
+    ]
+
+
+def test_model_server_needs_a_memory_limit(homelab):
+    manifest = deployment(homelab)
+    container(manifest)["resources"]["limits"].pop("memory")
+    assert resource_violations("model-server-budgets", manifest) == ["container llama-server: no memory limit"]
+
+
+def test_startup_budget_must_outlast_the_download(homelab):
+    manifest = deployment(homelab)
+    container(manifest)["startupProbe"]["failureThreshold"] = 60
+    (message,) = resource_violations("model-server-budgets", manifest)
+    assert "startup probe allows 600 s, less than the model's cold start" in message
+
+
+def test_readiness_must_be_the_real_health_path(homelab):
+    manifest = deployment(homelab)
+    container(manifest)["readinessProbe"]["httpGet"]["path"] = "/v1/models"
+    messages = resource_violations("model-server-budgets", manifest)
+    assert "readiness probes /v1/models, not the engine's health path /health" in messages
+    assert "llama.cpp's readiness is /health: 503 until the model is resident" in messages
+
+
+def test_world_egress_needs_a_waiver(homelab):
+    policy = copy.deepcopy(homelab["ciliumnetworkpolicy_ai_default-deny-ingress.yaml"])
+    policy["spec"]["egress"].append({"toEntities": ["world"]})
+    (message,) = resource_violations("narrow-egress", policy)
+    assert message.startswith("egress to world")
+    policy["metadata"]["annotations"] = {"inference-plane/world-egress": "CDN hosts change weekly"}
+    assert resource_violations("narrow-egress", policy) == []
+
+
+def test_ingress_must_use_tls_and_stay_off_public_dns(homelab):
+    ingress = copy.deepcopy(homelab["ingress_ai_llama-server.yaml"])
+    ingress["metadata"]["labels"]["dns.renner.uno/public"] = "true"
+    ingress["spec"].pop("tls")
+    messages = resource_violations("exposure-lan-only", ingress, {"publicDnsLabels": ["dns.renner.uno/public"]})
+    assert "host llm.renner.uno is served without TLS" in messages
+    assert "carries the public-DNS label dns.renner.uno/public: the record would be published on the internet" in messages
+
+
+def test_no_load_balancer_or_node_port_services(homelab):
+    service = copy.deepcopy(homelab["service_ai_llama-server.yaml"])
+    service["spec"]["type"] = "NodePort"
+    assert resource_violations("exposure-lan-only", service) == [
+        "Service type NodePort: only the gateway's tailnet listener may face out"
+    ]
+
+
+def test_gateway_load_balancer_needs_its_tailnet_class(strix_files):
+    proxy = copy.deepcopy(strix_files["envoyproxy_shikanime_inference-proxy.yaml"])
+    proxy["spec"]["provider"]["kubernetes"]["envoyService"].pop("loadBalancerClass")
+    assert resource_violations("exposure-lan-only", proxy) == [
+        "the gateway's LoadBalancer has no loadBalancerClass: it would get a public address"
+    ]
+
+
+def test_no_inline_credentials(homelab):
+    manifest = deployment(homelab)
+    container(manifest)["env"].append({"name": "HF_TOKEN", "value": "hf_abcdefgh"})
+    container(manifest)["args"] += ["--api-key", "k"]
+    messages = resource_violations("no-inline-credentials", manifest)
+    assert "container llama-server: HF_TOKEN is a literal; take it from a Secret" in messages
+    assert "container llama-server: a credential on the command line; use a file from a Secret" in messages
+
+
+def test_every_namespace_needs_default_deny(homelab):
+    objects = [m for n, m in homelab.items() if m["kind"] != "CiliumNetworkPolicy"]
+    assert stack_violations("default-deny", objects) == [
+        "namespace ai has no default-deny policy selecting every pod in both directions"
+    ]
+
+
+def test_embedding_server_behind_an_ingress(homelab):
+    objects = list(copy.deepcopy(homelab).values())
+    ingress = next(m for m in objects if m["kind"] == "Ingress")
+    ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"] = "llama-embed"
+    assert stack_violations("embeddings-not-exposed", objects) == [
+        "Ingress llama-server exposes the embedding server llama-embed"
+    ]
+
+
+def test_embedding_model_on_ai_routes_needs_its_guard(strix_files):
+    objects = [m for n, m in strix_files.items() if "embedding-guard" not in n]
+    (message,) = stack_violations("embeddings-not-exposed", objects)
+    assert "rule qwen-qwen3-embedding-8b reaches an embedding server without a guard" in message
+
+
+def test_plain_route_to_the_embedding_server_only_on_embeddings_paths(strix_files):
+    objects = list(copy.deepcopy(strix_files).values())
+    route = next(m for m in objects if m["metadata"]["name"] == "inference-llamacpp-embeddings")
+    route["spec"]["rules"][0]["matches"][0]["path"]["value"] = "/llama-cpp/"
+    (message,) = stack_violations("embeddings-not-exposed", objects)
+    assert "sends /llama-cpp/ to the embedding server" in message
+
+
+def test_gateway_without_api_keys_or_required_mtls(strix_files):
+    objects = [m for m in strix_files.values() if m["kind"] not in ("SecurityPolicy", "ClientTrafficPolicy")]
+    assert stack_violations("gateway-requires-auth", objects) == [
+        "Gateway inference admits requests without an API key (no apiKeyAuth SecurityPolicy on it)",
+        "Gateway inference must require a client certificate (mTLS) but no ClientTrafficPolicy verifies one",
+    ]
+
+
+def test_render_fails_on_a_policy_violation_and_writes_nothing(tmp_path):
+    values = stack_values("homelab")
+    values["models"]["chat"]["extra_args"] = ["--hf-token", "hf_do_not_do_this"]
+    config = {f"inference-plane:{k}": v for k, v in values.items()}
+    (tmp_path / "Pulumi.leaky.yaml").write_text(yaml.safe_dump({"config": config}))
+    with pytest.raises(RenderError, match=r"policy no-inline-credentials violated by deployment_ai_llama-server.yaml: "
+                                          r"container llama-server: a credential on the command line"):
+        render_stack("leaky", tmp_path / "out", project_dir=tmp_path)
+    assert not (tmp_path / "out").exists()
