@@ -49,6 +49,9 @@ LIMIT_HEADROOM = 0.10  # a derived limit sits 10% above the estimate: compute bu
 class CapacityError(Exception):
     """A plan that does not fit; ``str()`` names pool, workloads, estimate and budget in GiB."""
 
+    def __str__(self) -> str:
+        return f"capacity plan does not fit: {self.args[0]}"
+
 
 @dataclass(frozen=True)
 class MemoryEstimate:

@@ -47,7 +47,7 @@ _CONFIG_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 
 def _matches(pattern: re.Pattern[str], what: str):
     def check(value: str) -> str:
-        if not pattern.match(value):
+        if not pattern.fullmatch(value):
             raise ValueError(f"{value!r} is not {what}")
         return value
 
@@ -56,20 +56,20 @@ def _matches(pattern: re.Pattern[str], what: str):
 
 def _memory(value: str) -> str:
     parse_quantity(value)
-    if not re.match(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti)$", value):
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti)", value):
         raise ValueError(f"{value!r}: write memory with a binary suffix, e.g. 24Gi or 512Mi")
     return value
 
 
 def _cpu(value: str) -> str:
-    if not re.match(r"^([0-9]+m|[0-9]+(\.[0-9]+)?)$", value):
+    if not re.fullmatch(r"([0-9]+m|[0-9]+(\.[0-9]+)?)", value):
         raise ValueError(f"{value!r} is not a CPU quantity (examples: 500m, 2)")
     return value
 
 
 def _labels(value: dict[str, str]) -> dict[str, str]:
     for key, label in value.items():
-        if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(label):
+        if not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(label):
             raise ValueError(f"{key}={label!r} is not a valid Kubernetes label")
     return value
 
@@ -83,7 +83,7 @@ RepoId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][
 Duration = Annotated[str, _matches(_DURATION, "a duration such as 600s, 5m or 1h")]
 HttpPath = Annotated[str, Field(pattern=r"^/[A-Za-z0-9._~/-]*$")]
 PinnedImage = Annotated[
-    str, _matches(_PINNED_IMAGE, "a pinned image: registry/name:<tag with a build number bNNNN> or @sha256:<digest>")
+    str, _matches(_PINNED_IMAGE, "a pinned image: registry/name:<build or version tag, e.g. b10731> or @sha256:<digest>")
 ]
 Memory = Annotated[str, AfterValidator(_memory)]
 Cpu = Annotated[str, AfterValidator(_cpu)]
@@ -93,7 +93,7 @@ Positive = Annotated[int, Field(gt=0)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 # --- cluster -------------------------------------------------------------------------------------
@@ -163,8 +163,9 @@ class NodePool(Strict):
     # Extended resource the GPU device plugin advertises, e.g. gpu.intel.com/i915, amd.com/gpu.
     gpu_resource: Optional[Annotated[str, _matches(_LABEL_KEY, "a resource name such as gpu.intel.com/i915")]] = None
     # Containers that may share one GPU: the device plugin's -shared-dev-num (Intel default 1).
-    gpu_shares: Positive = 1
-    nodes: Positive = 1
+    gpu_shares: Annotated[int, Field(gt=0, le=64)] = 1
+    # A small cluster's pool: the planner simulates every node.
+    nodes: Annotated[int, Field(gt=0, le=1000)] = 1
     # Physical memory of one node; on an APU the GPU's "VRAM" is this same pool.
     memory: Memory
     # What the kubelet offers pods (capacity less system and kube reservations).
@@ -194,14 +195,14 @@ class Startup(Strict):
     """How long a cold start may take, from which probes and Pulumi's wait are derived."""
 
     # The seed's budget of 40 min for ~19 GiB of weights assumes about this sustained rate.
-    download_mib_per_s: Annotated[float, Field(gt=0)] = 8.5
+    download_mib_per_s: Annotated[float, Field(ge=0.1, le=100_000)] = 8.5
     # Reading the weights back off the cache volume and onto the GPU.
-    load_mib_per_s: Annotated[float, Field(gt=0)] = 200.0
+    load_mib_per_s: Annotated[float, Field(ge=0.1, le=100_000)] = 200.0
     # Never less: image pull on a cold node and Vulkan start-up alone can take minutes.
-    min_seconds: Positive = 600
-    probe_period_seconds: Positive = 10
+    min_seconds: Annotated[int, Field(gt=0, le=86_400)] = 600
+    probe_period_seconds: Annotated[int, Field(gt=0, le=3600)] = 10
     # Pulling the server image (~1-2 GiB) before the container, and its startup clock, starts.
-    image_pull_seconds: Positive = 600
+    image_pull_seconds: Annotated[int, Field(gt=0, le=86_400)] = 600
 
 
 # --- model servers -------------------------------------------------------------------------------
@@ -237,12 +238,12 @@ class ModelFacts(Strict):
 class OpenAIEngine(Strict):
     """Any OpenAI-compatible server: its own image, arguments, port and paths."""
 
-    args: list[str] = []
+    args: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)] = []
     env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
     health_path: HttpPath = "/health"
     metrics_path: Optional[HttpPath] = "/metrics"
     # The model name the engine serves, sent upstream by the gateway (modelNameOverride).
-    served_model: str
+    served_model: Annotated[str, Field(min_length=1, max_length=200)]
     # What the engine locks in memory, weights and KV pool together, as measured on the node.
     resident_memory: Memory
 
@@ -274,7 +275,7 @@ class CacheVolume(Strict):
 
 class Workload(Strict):
     kind: Literal["Deployment", "StatefulSet"] = "Deployment"
-    replicas: Positive = 1
+    replicas: Annotated[int, Field(gt=0, le=100)] = 1
     # Required pod anti-affinity on kubernetes.io/hostname: at most one replica per node.
     one_per_node: bool = False
     cache_volume: Optional[CacheVolume] = None
@@ -320,25 +321,25 @@ class ModelServer(Strict):
     # None: taken from components/catalog.py by hf_repo.
     facts: Optional[ModelFacts] = None
     gpu_layers: Annotated[int, Field(ge=0, le=999)] = 99
-    threads: Positive = 4
-    ctx_size: Positive = 4096
-    ubatch_size: Optional[Positive] = None
+    threads: Annotated[int, Field(gt=0, le=1024)] = 4
+    ctx_size: Annotated[int, Field(gt=0, le=4_194_304)] = 4096
+    ubatch_size: Optional[Annotated[int, Field(gt=0, le=65536)]] = None
     # Slots (--parallel). None: the server's auto, 4 slots sharing one unified KV pool.
-    parallel: Optional[Positive] = None
+    parallel: Optional[Annotated[int, Field(gt=0, le=256)]] = None
     # Host-RAM prompt cache (--cache-ram, MiB). None: llama.cpp's default of 8192, counted in full.
-    cache_ram_mib: Optional[Annotated[int, Field(ge=0)]] = None
+    cache_ram_mib: Optional[Annotated[int, Field(ge=0, le=1_048_576)]] = None
     # Context checkpoints per slot (--ctx-checkpoints). None: llama.cpp's default of 32; each is a
     # full copy of a hybrid model's recurrent state in host RAM.
-    ctx_checkpoints: Optional[Annotated[int, Field(ge=0)]] = None
+    ctx_checkpoints: Optional[Annotated[int, Field(ge=0, le=1024)]] = None
     # The server otherwise allows every origin: any page a LAN browser visits could call the API.
-    cors_origins: Optional[str] = "localhost"
+    cors_origins: Optional[Annotated[str, Field(min_length=1, max_length=1000)]] = "localhost"
     webui: bool = True
     metrics: bool = True
     port: Annotated[int, Field(ge=1024, le=65535)] = 8080
     resources: Resources
     exposure: Optional[Exposure] = None
     api_key: Optional[ApiKey] = None
-    extra_args: list[str] = []
+    extra_args: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)] = []
 
 
 # --- the gateway ---------------------------------------------------------------------------------
@@ -365,7 +366,7 @@ class Tier(Strict):
 class RouteBackend(Strict):
     tier: DnsLabel
     # The model name sent to this tier; None: the local engine's served name, or the public name.
-    model: Optional[str] = None
+    model: Optional[Annotated[str, Field(min_length=1, max_length=200)]] = None
 
 
 class Route(Strict):
@@ -575,8 +576,8 @@ def _api_key_relations(stack: StackConfig) -> list[tuple[str, str]]:
         if gateway.llamacpp_embeddings is not None:
             gateway_reaches.add(gateway.llamacpp_embeddings.model)
     for key, model in stack.models.items():
-        if model.engine != "llamacpp":
-            continue
+        if model.engine != "llamacpp" or (model.role == "embedding" and model.exposure is not None):
+            continue  # an exposed embedding server is refused outright, key or not
         if model.api_key is None and (model.exposure is not None or key in gateway_reaches):
             via = "its Ingress" if model.exposure is not None else "the gateway"
             problems.append(
@@ -672,8 +673,14 @@ def _gateway_relations(stack: StackConfig, gateway: Gateway) -> list[tuple[str, 
     return problems
 
 
+def _path_part(part: Any) -> str:
+    """A path segment as the user typed it, or quoted when it holds anything unusual."""
+    text = str(part)
+    return text if re.fullmatch(r"[A-Za-z0-9_./:-]{1,80}", text) else repr(text)[:80]
+
+
 def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
-    path = ".".join(str(part) for part in error["loc"]) or "(stack)"
+    path = ".".join(_path_part(part) for part in error["loc"]) or "(stack)"
     kind = error["type"]
     if kind == "extra_forbidden":
         return path, "unknown key; remove it or check its spelling"
@@ -683,7 +690,10 @@ def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
     value = error.get("input")
     if kind not in ("model_type", "dict_type") and isinstance(value, (str, int, float, bool)):
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        message = f"{message} (got {shown})"
+        if shown not in message:
+            message = f"{message} (got {shown})"
+    if len(message) > 300:
+        message = message[:297] + "..."
     return path, message
 
 
@@ -731,7 +741,7 @@ def load_stack() -> StackConfig:
     problems: list[tuple[str, str]] = []
     for key in sorted(set(values) - set(TOP_LEVEL_KEYS)):
         if key not in allowed_secrets:
-            problems.append((key, f"unknown config key; known keys: {', '.join(TOP_LEVEL_KEYS)}"))
+            problems.append((_path_part(key), f"unknown config key; known keys: {', '.join(TOP_LEVEL_KEYS)}"))
     for key in sorted(allowed_secrets):
         if key not in values:
             problems.append((key, f"not set; run: pulumi config set --secret {key} <value>"))

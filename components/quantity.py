@@ -15,7 +15,7 @@ MIB = 2**20
 
 def parse_quantity(text: str) -> Decimal:
     """The value of a quantity such as ``24Gi`` or ``500m`` in base units (bytes, cores)."""
-    match = _QUANTITY.match(text)
+    match = _QUANTITY.fullmatch(text)
     if match is None:
         raise ValueError(f"{text!r} is not a Kubernetes quantity (examples: 24Gi, 512Mi, 500m, 2)")
     number = Decimal(match["num"])

@@ -109,7 +109,7 @@ def images_pinned(props: Props, report: Report, config: Mapping) -> None:
         return
     for container in containers(spec):
         image = container.get("image", "")
-        if not PINNED_IMAGE.match(image):
+        if not PINNED_IMAGE.fullmatch(image):
             report(f"container {container.get('name')}: image {image!r} is not pinned to a build tag or digest")
 
 

@@ -183,3 +183,10 @@ def test_exposed_llama_server_needs_an_api_key(homelab_values):
     (path, message), *_ = rejection(homelab_values).problems
     assert path == "models.chat.api_key"
     assert "its Ingress reaches this server from outside its namespace" in message
+
+
+@pytest.mark.parametrize("field, value", [("name", "llama-server\n"), ("image", "ghcr.io/ggml-org/llama.cpp:b1\n")])
+def test_a_trailing_newline_is_not_a_valid_name(homelab_values, field, value):
+    # `$` in a Python regex also matches before a final newline; the checks match the whole value.
+    homelab_values["models"]["chat"][field] = value
+    assert rejection(homelab_values).problems[0][0] == f"models.chat.{field}"
