@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
+CHECKOV_VENV := .venv-checkov
+
 .PHONY: render test bench clean
 
 # Rebuilt when the pinned requirements change; a fresh clone builds it on first use.
@@ -16,8 +18,15 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 render: $(VENV)/.installed
 	$(BIN)/python -m render $(STACK) --out $(OUT)
 
-test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q
+# checkov, the second opinion on the rendered manifests, in its own environment: its dependency
+# pins clash with Pulumi's.
+$(CHECKOV_VENV)/.installed: requirements-checkov.txt
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
+	touch $@
+
+test: $(VENV)/.installed $(CHECKOV_VENV)/.installed
+	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -q
 
 clean:
 	rm -rf rendered

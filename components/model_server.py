@@ -83,6 +83,23 @@ CONTAINER_SECURITY = {
 SCRATCH_VOLUME = {"name": "scratch", "mountPath": SCRATCH}
 # Mesa's and RADV's shader caches, and anything else that honours XDG, land on the scratch volume.
 SCRATCH_ENV = [{"name": "XDG_CACHE_HOME", "value": f"{SCRATCH}/cache"}]
+# Checks of the external scanner (checkov) that do not fit these workloads, each with its reason;
+# written on the workload and its pods as checkov.io/skipN annotations, and listed in the README.
+CHECKOV_WAIVERS = {
+    "CKV_K8S_43": "pinned to a build tag that the config validates; a digest is accepted where wanted",
+    "CKV_K8S_15": "pinned tags never move, so Always would only make every restart depend on the registry",
+    "CKV_K8S_40": "UID 1000 owns the model cache (the seed's CephFS volume); fsGroup, not the UID, grants access",
+}
+CILIUM_WAIVER = {
+    "CKV2_K8S_6": "governed by the namespace's CiliumNetworkPolicy (endpointSelector {}), which checkov does not read",
+}
+
+
+def checkov_waivers(cni: str) -> dict[str, str]:
+    waivers = {**CHECKOV_WAIVERS, **(CILIUM_WAIVER if cni == "cilium" else {})}
+    return {f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(sorted(waivers.items()), 1)}
+
+
 # Annotations the policy pack reads: what the startup probe must outlast, and the health path.
 COLD_START_ANNOTATION = "inference-plane/cold-start-seconds"
 HEALTH_ANNOTATION = "inference-plane/health-path"
@@ -242,7 +259,11 @@ class ModelServerBase(pulumi.ComponentResource):
             ns,
             model.name,
             component,
-            annotations={COLD_START_ANNOTATION: str(cold_start), HEALTH_ANNOTATION: health_path(model)},
+            annotations={
+                COLD_START_ANNOTATION: str(cold_start),
+                HEALTH_ANNOTATION: health_path(model),
+                **checkov_waivers(args.cluster.cni),
+            },
         )
 
         self.api_key_secret = None
@@ -258,7 +279,7 @@ class ModelServerBase(pulumi.ComponentResource):
             )
 
         template = {
-            "metadata": {"labels": labels(model.name, component)},
+            "metadata": {"labels": labels(model.name, component), "annotations": checkov_waivers(args.cluster.cni)},
             "spec": pod_spec(model, args.node_pool, args.cache, args.plan),
         }
         wait = f"{budget.wait_seconds}s"

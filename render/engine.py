@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import logging
 import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,8 @@ class ProgramRun:
     secret_outputs: set[str]
     # The validated stack config the program built from (its module-level ``stack``).
     config: Any = None
+    # Everything the program logged through the engine.
+    logs: list[str] = field(default_factory=list)
 
     def by_urn(self) -> dict[str, Registered]:
         return {r.urn: r for r in self.resources}
@@ -143,8 +146,17 @@ def _run(
 
     runtime_config.set_all_config(dict(config), list(secret_keys))
     recorder = Recorder()
+    logs: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logs.append(record.getMessage())
+
+    logger = logging.getLogger(f"inference-plane.render.{id(logs)}")
+    logger.propagate = False
+    logger.addHandler(Collect())
     pulumi.runtime.set_mocks(
-        recorder, project=PROJECT, stack=stack, preview=False, monitor=RecordingMonitor(recorder)
+        recorder, project=PROJECT, stack=stack, preview=False, monitor=RecordingMonitor(recorder), logger=logger
     )
     program_globals: dict[str, Any] = {}
     if callable(program):
@@ -169,6 +181,7 @@ def _run(
         outputs=outputs,
         secret_outputs=secret_outputs,
         config=program_globals.get("stack"),
+        logs=logs,
     )
 
 
