@@ -31,5 +31,5 @@ test: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 clean:
 	rm -rf rendered
 
-bench: $(VENV)/.installed
-	$(BIN)/python bench/run.py
+bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
+	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python bench/run.py

@@ -79,6 +79,7 @@ def synthetic_stack(servers: int) -> dict:
             "ctx_size": 4096,
             "cache_ram_mib": 0,
             "ctx_checkpoints": 0,
+            "api_key": {"secret_name": f"chat-{i}-key", "from_config": f"key_{i}"},
             "resources": {"cpu_request": "100m", "cpu_limit": "1"},
         }
         for i in range(servers)
@@ -106,6 +107,7 @@ def synthetic_stack(servers: int) -> dict:
     stack = {f"inference-plane:{k}": v for k, v in config.items()}
     stack["inference-plane:master_key"] = {"secure": "v1:YmVuY2g="}
     stack["inference-plane:remote_key"] = {"secure": "v1:YmVuY2g="}
+    stack.update({f"inference-plane:key_{i}": {"secure": "v1:YmVuY2g="} for i in range(servers)})
     return {"config": stack}
 
 

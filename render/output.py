@@ -107,7 +107,7 @@ def _kustomization(files: dict[str, dict[str, Any]]) -> str:
         "kind": "Kustomization",
         "resources": list(files),
     }
-    return yaml.safe_dump(document, sort_keys=False)
+    return dump(document)
 
 
 def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> RenderResult:
