@@ -202,6 +202,9 @@ class InferenceGateway(pulumi.ComponentResource):
 
     # -- helpers ---------------------------------------------------------------------------------
 
+    def _parent_refs(self) -> list[dict]:
+        return [_ref("gateway.networking.k8s.io", "Gateway", self._args.gateway.name)]
+
     def _meta(self, object_name: str) -> dict:
         return {"name": object_name, "namespace": self._args.namespace, "labels": dict(self._labels)}
 
@@ -340,7 +343,7 @@ class InferenceGateway(pulumi.ComponentResource):
                 "AIGatewayRoute",
                 self._meta(route_name),
                 {
-                    "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw.name}],
+                    "parentRefs": self._parent_refs(),
                     "rules": rules,
                 },
             )
@@ -420,7 +423,7 @@ class InferenceGateway(pulumi.ComponentResource):
             GWAPI,
             "HTTPRoute",
             self._meta(filter_name),
-            {"parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw.name}], "rules": rules},
+            {"parentRefs": self._parent_refs(), "rules": rules},
             depends_on=[guard],
         )
 
@@ -465,7 +468,7 @@ class InferenceGateway(pulumi.ComponentResource):
             "HTTPRoute",
             self._meta(f"{gw.name}-llamacpp-embeddings"),
             {
-                "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw.name}],
+                "parentRefs": self._parent_refs(),
                 "hostnames": [gw.hostname],
                 "rules": [
                     {
