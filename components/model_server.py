@@ -1,6 +1,7 @@
-"""What LlamaServer and EmbedServer share: a llama.cpp server in single-model mode.
+"""What every model server shares (LlamaServer, EmbedServer, InferenceEngine): the workload,
+its Service, probes sized for a cold start, security, and the optional Ingress, PDB and VPA.
 
-Single-model rather than router mode, for two reasons the seed learned in production: the
+llama.cpp runs in single-model mode rather than router mode. Single-model rather than router mode, for two reasons the seed learned in production: the
 router answers /health 200 as soon as it listens, while models still download behind it, so
 pods went Ready with nothing to serve; and every model on a router's port shows up in the WebUI
 picker, the embedding model included. A single-model server answers 503 (or refuses the
@@ -338,7 +339,6 @@ class ModelServerBase(pulumi.ComponentResource):
                 spec=service_spec,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[self.workload]),
             )
-        self.deployment = self.workload
         self.url = self.service.metadata.apply(
             lambda m: f"http://{m['name']}.{m['namespace']}.svc.cluster.local:{model.port}"
         )
