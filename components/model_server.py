@@ -283,11 +283,12 @@ class ModelServerBase(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
 
+        template_meta: dict = {"labels": labels(model.name, component)}
+        pod_waivers = checkov_waivers(args.cluster.cni, pod=True)
+        if pod_waivers:
+            template_meta["annotations"] = pod_waivers
         template = {
-            "metadata": {
-                "labels": labels(model.name, component),
-                **({"annotations": pod_waivers} if (pod_waivers := checkov_waivers(args.cluster.cni, pod=True)) else {}),
-            },
+            "metadata": template_meta,
             "spec": pod_spec(model, args.node_pool, args.cache, args.plan),
         }
         wait = f"{budget.wait_seconds}s"
