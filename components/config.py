@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from policy.rules import PINNED_IMAGE
+
 from .quantity import parse_quantity
 
 PROJECT = "inference-plane"
@@ -38,9 +40,8 @@ _FQDN_PATTERN = re.compile(r"^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _HF_REPO = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*:[A-Za-z0-9_]+$")
-# A build or version tag (server-vulkan-b10731, v0.9.2) or a digest. Never `latest` or a bare
-# name: the llama.cpp CLI changes between builds and removed flags are rejected at start-up.
-_PINNED_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(@sha256:[a-f0-9]{64}|:[A-Za-z._-]*[0-9][A-Za-z0-9._-]*)$")
+# The policy pack's definition of a pinned image, so that config and policy never disagree.
+_PINNED_IMAGE = PINNED_IMAGE
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h))+$")
 _CONFIG_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 

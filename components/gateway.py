@@ -19,6 +19,8 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
+from policy.rules import MTLS_ANNOTATION
+
 from .config import Gateway, Route, StackConfig
 from .meta import PART_OF, token
 
@@ -165,7 +167,7 @@ class InferenceGateway(pulumi.ComponentResource):
         )
         gateway_meta = self._meta(gw.name)
         # Read by the policy pack: a client certificate must be required whenever this says so.
-        gateway_meta["annotations"] = {"inference-plane/mtls": "required" if gw.client_ca_secret else "off"}
+        gateway_meta["annotations"] = {MTLS_ANNOTATION: "required" if gw.client_ca_secret else "off"}
         self.gateway = self._cr(
             name,
             GWAPI,

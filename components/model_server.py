@@ -16,6 +16,8 @@ from typing import ClassVar, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
+from policy.rules import COLD_START_ANNOTATION, HEALTH_ANNOTATION
+
 from .budget import StartupBudget
 from .capacity import ServerPlan
 from .config import ClusterConfig, ModelCache, ModelServer, NodePool
@@ -105,9 +107,8 @@ def checkov_waivers(cni: str, pod: bool = False) -> dict[str, str]:
     return {f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(sorted(waivers.items()), 1)}
 
 
-# Annotations the policy pack reads: what the startup probe must outlast, and the health path.
-COLD_START_ANNOTATION = "inference-plane/cold-start-seconds"
-HEALTH_ANNOTATION = "inference-plane/health-path"
+# Annotations the policy pack reads (what the startup probe must outlast, the health path) are
+# the pack's own names: COLD_START_ANNOTATION, HEALTH_ANNOTATION.
 
 
 def _probe(path: str, period: int, **extra: int) -> dict:

@@ -8,6 +8,8 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
+from policy.rules import WORLD_EGRESS_WAIVER
+
 from .config import ClusterConfig, NamespaceConfig, PodPeer
 from .meta import PART_OF, token
 
@@ -151,7 +153,7 @@ class AINamespace(pulumi.ComponentResource):
         policy_meta: dict = {"name": POLICY_NAME, "namespace": ns.name, "labels": dict(PART_OF)}
         if ns.model_hub_egress.mode == "world":
             # The policy pack's waiver: world egress only with the reason recorded on the object.
-            policy_meta["annotations"] = {"inference-plane/world-egress": ns.model_hub_egress.reason}
+            policy_meta["annotations"] = {WORLD_EGRESS_WAIVER: ns.model_hub_egress.reason}
         if cluster.cni == "cilium":
             self.policy = k8s.apiextensions.CustomResource(
                 f"{name}-{POLICY_NAME}",
