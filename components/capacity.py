@@ -291,28 +291,10 @@ def plan(stack: StackConfig) -> Plan:
     problems: list[str] = []
     result = Plan()
     for key, model in stack.models.items():
-        if model.engine == "openai":
-            if model.weights is None:
-                problems.append(f"models.{key}.weights: required for engine openai (the download size)")
-                continue
-            result.servers[key] = _server_plan(key, model, stack)
-            _check_limit(key, model, result.servers[key], problems)
+        problem = _unplannable(key, model)
+        if problem is not None:
+            problems.append(problem)
             continue
-        if facts_for(model) is None:
-            problems.append(
-                f"models.{key}.facts: no architecture facts for {repo_of(model.hf_repo)}; give params_b, layers, "
-                "kv_heads and head_dim so its memory can be planned"
-            )
-            continue
-        if model.weights is None:
-            try:
-                model_bits(model, facts_for(model))
-            except KeyError:
-                problems.append(
-                    f"models.{key}.weights: quant {quant_of(model.hf_repo)} has no known bits per weight; "
-                    "set weights to the GGUF's size"
-                )
-                continue
         server = _server_plan(key, model, stack)
         _check_limit(key, model, server, problems)
         result.servers[key] = server
@@ -330,6 +312,24 @@ def plan(stack: StackConfig) -> Plan:
     if problems:
         raise CapacityError("; ".join(problems))
     return result
+
+
+def _unplannable(key: str, model: ModelServer) -> Optional[str]:
+    """Why a server's memory cannot be estimated from its config, or None."""
+    if model.engine == "openai":
+        return None if model.weights is not None else f"models.{key}.weights: required for engine openai (the download size)"
+    facts = facts_for(model)
+    if facts is None:
+        return (
+            f"models.{key}.facts: no architecture facts for {repo_of(model.hf_repo)}; give params_b, layers, "
+            "kv_heads and head_dim so its memory can be planned"
+        )
+    if model.weights is None:
+        try:
+            model_bits(model, facts)
+        except KeyError:
+            return f"models.{key}.weights: quant {quant_of(model.hf_repo)} has no known bits per weight; set weights to the GGUF's size"
+    return None
 
 
 def _check_limit(key: str, model: ModelServer, server: ServerPlan, problems: list[str]) -> None:

@@ -20,7 +20,7 @@ CONFIG_SCHEMA = PolicyConfigSchema(
 
 
 def _is_kubernetes(resource_type: str) -> bool:
-    return resource_type.startswith("kubernetes:") and not resource_type.startswith("pulumi:providers")
+    return resource_type.startswith("kubernetes:")
 
 
 def _resource_policy(rule: Rule) -> ResourceValidationPolicy:

@@ -41,7 +41,7 @@ class Registered:
 
     @property
     def is_kubernetes(self) -> bool:
-        return self.custom and self.type.startswith("kubernetes:") and not self.type.startswith("pulumi:providers")
+        return self.custom and self.type.startswith("kubernetes:")
 
 
 @dataclass

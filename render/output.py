@@ -47,6 +47,8 @@ class RenderResult:
         ]
         lines.append("  " + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())))
         endpoints = self.run.outputs.get("endpoints", {})
+        plans = (self.run.outputs.get("capacity_plan") or {}).get("servers", {})
+        key_of = {model.name: key for key, model in self.run.config.models.items()}
         lines.append("  model servers:")
         for manifest in self.files.values():
             if manifest["kind"] not in ("Deployment", "StatefulSet"):
@@ -56,14 +58,12 @@ class RenderResult:
             requests, limits = resources.get("requests", {}), resources.get("limits", {})
             gpus = [f"{k}={v}" for k, v in limits.items() if k not in ("cpu", "memory")]
             name = manifest["metadata"]["name"]
-            endpoint = next(
-                (e.get("external_url") or e["url"] for e in endpoints.values() if f"//{name}." in e["url"]), "-"
-            )
+            key = key_of.get(name)
+            served = endpoints.get(key, {})
+            endpoint = served.get("external_url") or served.get("url", "-")
             startup = container.get("startupProbe", {})
             budget_min = startup.get("periodSeconds", 0) * startup.get("failureThreshold", 0) / 60
-            plans = (self.run.outputs.get("capacity_plan") or {}).get("servers", {})
-            wait = next((p["budget"]["wait_seconds"] / 60 for p in plans.values() if p["name"] == name), None)
-            waited = f", wait {wait:.0f} min" if wait is not None else ""
+            waited = f", wait {plans[key]['budget']['wait_seconds'] / 60:.0f} min" if key in plans else ""
             replicas = manifest["spec"].get("replicas", 1)
             lines.append(
                 f"    {name:<16} {manifest['kind']} x{replicas}  memory {requests.get('memory', '-')}/"
