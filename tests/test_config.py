@@ -9,10 +9,6 @@ from components.config import ConfigError, parse_stack
 from conftest import run_values
 
 
-def structured(values: dict) -> dict:
-    return {k: v for k, v in values.items()}
-
-
 def rejection(values: dict) -> ConfigError:
     with pytest.raises(ConfigError) as caught:
         parse_stack(values)
