@@ -2,7 +2,7 @@
 
 Core kinds are checked against the strict schemas that ship in the ``kubernetes-validate``
 package, for the stack's Kubernetes version; custom resources against the strict JSON Schemas
-in ``../shared/crd-schemas`` (kubeconform layout), or wherever ``INFERENCE_PLANE_CRD_SCHEMAS``
+vendored in ``schemas/crd`` (kubeconform layout; provenance in ``schemas/README.md``), or wherever ``INFERENCE_PLANE_CRD_SCHEMAS``
 points. A schema is parsed and compiled once per kind, not once per object.
 """
 
@@ -22,7 +22,7 @@ from referencing import Registry, Resource
 from .engine import PROJECT_DIR
 
 CRD_SCHEMAS_ENV = "INFERENCE_PLANE_CRD_SCHEMAS"
-DEFAULT_CRD_SCHEMAS = PROJECT_DIR.parent / "shared" / "crd-schemas"
+DEFAULT_CRD_SCHEMAS = PROJECT_DIR / "schemas" / "crd"  # vendored: a clone validates on its own
 
 
 class ManifestError(Exception):

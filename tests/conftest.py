@@ -16,7 +16,6 @@ sys.path.insert(0, str(ROOT))
 
 from render.engine import ProgramRun, config_from_mapping, run_program  # noqa: E402
 
-SHARED = ROOT.parent / "shared"
 STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
 
 

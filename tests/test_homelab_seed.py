@@ -1,6 +1,6 @@
 """The homelab stack against the hand-written manifests it replaces, field by field.
 
-The seed (``../shared/seeds/000_*``) is read at test time, never copied. Every value the seed
+The seed's objects (``tests/seeds/homelab_000.yaml``, extracted from seed 000) are the expectations. Every value the seed
 sets must be rendered with the same value, unless it is listed in DELIBERATE with the reason and
 a check of what the program does instead.
 """
@@ -13,24 +13,15 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from conftest import SHARED
+from conftest import ROOT
 from render.manifests import manifests
 
-SEED = next((SHARED / "seeds").glob("000_*.txt"))
+SEED = ROOT / "tests" / "seeds" / "homelab_000.yaml"
 
 
 def seed_objects() -> dict[tuple[str, str], dict[str, Any]]:
     """Every Kubernetes object the seed's diff adds, keyed by (kind, name)."""
-    sections = re.split(r"^(kubernetes/\S+)$", SEED.read_text(), flags=re.M)
-    objects: dict[tuple[str, str], dict[str, Any]] = {}
-    for path, body in zip(sections[1::2], sections[2::2]):
-        if not path.endswith(".yaml"):
-            continue
-        added = "\n".join(line[1:] for line in body.splitlines() if line.startswith("+"))
-        for document in yaml.safe_load_all(added):
-            if isinstance(document, dict) and "metadata" in document:
-                objects[(document["kind"], document["metadata"]["name"])] = document
-    return objects
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(SEED.read_text()) if d}
 
 
 SEED_OBJECTS = seed_objects()
