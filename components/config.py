@@ -8,14 +8,17 @@ errors at every level, and every error names the config path it is about.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
+import typing
 from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from policy.rules import PINNED_IMAGE
 
+from .meta import one_line
 from .quantity import parse_quantity
 
 PROJECT = "inference-plane"
@@ -28,7 +31,7 @@ class ConfigError(Exception):
         self.problems = problems
         first = "; ".join(f"{path}: {message}" for path, message in problems[:3])
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        super().__init__(f"invalid stack config: {first}{more}")
+        super().__init__(one_line(f"invalid stack config: {first}{more}"))
 
 
 # --- value types -------------------------------------------------------------------------------
@@ -680,11 +683,42 @@ def _path_part(part: Any) -> str:
     return text if re.fullmatch(r"[A-Za-z0-9_./:-]{1,80}", text) else repr(text)[:80]
 
 
+def _keys_at(loc: tuple) -> list[str]:
+    """The field names valid at a config path (for "did you mean"): walks the models' annotations,
+    through Optional/Annotated, dict values and list items (whose key or index is the next part)."""
+
+    def unwrap(annotation: Any) -> tuple[Any, bool]:
+        """(a model class or None, whether a dict key / list index comes first)."""
+        while getattr(annotation, "model_fields", None) is None:
+            origin, args = typing.get_origin(annotation), [a for a in typing.get_args(annotation) if a is not type(None)]
+            if origin in (dict, list):
+                inner, _ = unwrap(args[-1]) if args else (None, False)
+                return inner, True
+            if not args:
+                return None, False
+            annotation = args[0]
+        return annotation, False
+
+    current, keyed = StackConfig, False
+    for part in loc:
+        if current is None:
+            return []
+        if keyed:
+            keyed = False
+            continue
+        field = current.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return []
+        current, keyed = unwrap(field.annotation)
+    return [] if current is None or keyed else list(current.model_fields)
+
+
 def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
     path = ".".join(_path_part(part) for part in error["loc"]) or "(stack)"
     kind = error["type"]
     if kind == "extra_forbidden":
-        return path, "unknown key; remove it or check its spelling"
+        near = difflib.get_close_matches(str(error["loc"][-1]), _keys_at(error["loc"][:-1]), n=1, cutoff=0.6)
+        return path, f"unknown key; did you mean {near[0]}?" if near else "unknown key; remove it or check its spelling"
     if kind == "missing":
         return path, "required; set it"
     message = error["msg"].removeprefix("Value error, ")
@@ -742,7 +776,9 @@ def load_stack() -> StackConfig:
     problems: list[tuple[str, str]] = []
     for key in sorted(set(values) - set(TOP_LEVEL_KEYS)):
         if key not in allowed_secrets:
-            problems.append((_path_part(key), f"unknown config key; known keys: {', '.join(TOP_LEVEL_KEYS)}"))
+            near = difflib.get_close_matches(key, [*TOP_LEVEL_KEYS, *allowed_secrets], n=1, cutoff=0.6)
+            fix = f"did you mean {near[0]}?" if near else f"known keys: {', '.join(TOP_LEVEL_KEYS)}"
+            problems.append((_path_part(key), f"unknown config key; {fix}"))
     for key in sorted(allowed_secrets):
         if key not in values:
             problems.append((key, f"not set; run: pulumi config set --secret {key} <value>"))

@@ -9,6 +9,12 @@ NAME_LABEL = "app.kubernetes.io/name"
 PART_OF = {"app.kubernetes.io/part-of": "inference-plane", "app.kubernetes.io/managed-by": "pulumi"}
 
 
+def one_line(text: str) -> str:
+    """An error message as exactly one printable line: control characters, line breaks and lone
+    surrogates (which a stack value can hold) are shown escaped, never echoed raw."""
+    return "".join(c if c.isprintable() and not 0xD800 <= ord(c) <= 0xDFFF else repr(c)[1:-1] for c in text)
+
+
 def token(type_name: str) -> str:
     return f"{TOKEN_PREFIX}:{type_name}"
 

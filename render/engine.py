@@ -76,14 +76,33 @@ class ProgramRun:
         return found[0]
 
 
+class StackFileError(Exception):
+    """A stack file that is not valid YAML; ``str()`` names the file, line and column."""
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        # libyaml's parser when available: the pure-Python one dominates reading a large stack file.
+        return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except UnicodeDecodeError as error:
+        raise StackFileError(f"{path.name}: not UTF-8 text ({error.reason} at byte {error.start}); save it as UTF-8") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path.name}:{mark.line + 1}:{mark.column + 1}" if mark else path.name
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        hint = "; indent with spaces, not tabs" if "cannot start any token" in problem else ""
+        raise StackFileError(f"{where}: invalid YAML: {problem}{hint}; fix the stack file there") from None
+
+
 def stack_config(stack: str, project_dir: Path = PROJECT_DIR) -> tuple[dict[str, str], list[str]]:
     """A stack file's config as the engine passes it to the program: key -> string, secret keys."""
     path = project_dir / f"Pulumi.{stack}.yaml"
     if not path.is_file():
         known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in project_dir.glob("Pulumi.*.yaml"))
         raise FileNotFoundError(f"no stack {stack!r}: {path.name} does not exist (stacks: {', '.join(known)})")
-    # libyaml's parser when available: the pure-Python one dominates reading a large stack file.
-    document = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    document = _load_yaml(path) or {}
+    if not isinstance(document, dict) or not isinstance(document.get("config") or {}, dict):
+        raise StackFileError(f"{path.name}: expected a mapping with a `config:` mapping at the top; fix the stack file")
     return config_from_mapping(document.get("config") or {})
 
 

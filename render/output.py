@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .engine import PROJECT_DIR, ProgramRun, run_stack
+from .engine import PROJECT_DIR, ProgramRun, StackFileError, run_stack
 from .manifests import SECRET_TEXT, dump, manifests
 from .validate import ManifestError, validate_all
 from policy.rules import RESOURCE_RULES, STACK_RULES, run_rules
@@ -28,7 +28,9 @@ MARKER = ".inference-plane-render"
 
 class RenderError(Exception):
     def __init__(self, message: str, exit_code: int = 1):
-        super().__init__(message)
+        from components.meta import one_line
+
+        super().__init__(one_line(message))
         self.exit_code = exit_code
 
 
@@ -121,7 +123,7 @@ def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> Rend
         raise RenderError(f"{out} exists and is not a previous render; choose another --out", exit_code=2)
     try:
         run = run_stack(stack, project_dir)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, StackFileError) as error:
         raise RenderError(str(error), exit_code=2) from None
     except (ConfigError, CapacityError, pulumi.RunError) as error:
         raise RenderError(str(error), exit_code=2) from None

@@ -10,6 +10,13 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import settings
+
+# Property tests are deterministic: the same examples on every run and machine, and no local example
+# database replaying a stale failure (a failing example found once becomes an explicit case in
+# tests/, e.g. tests/test_one_line_errors.py).
+settings.register_profile("repo", derandomize=True, database=None, print_blob=True)
+settings.load_profile("repo")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

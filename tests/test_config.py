@@ -24,13 +24,16 @@ def test_homelab_config_is_valid(homelab_values):
 def test_unknown_nested_key_names_its_path(homelab_values):
     homelab_values["models"]["chat"]["ctx_sise"] = 8192
     error = rejection(homelab_values)
-    assert error.problems == [("models.chat.ctx_sise", "unknown key; remove it or check its spelling")]
+    assert error.problems == [("models.chat.ctx_sise", "unknown key; did you mean ctx_size?")]
     assert "\n" not in str(error)
 
 
 def test_unknown_top_level_key_is_rejected_by_the_program(homelab_values):
     homelab_values["modles"] = {}
-    with pytest.raises(pulumi.RunError, match=r"modles: unknown config key; known keys: cluster, namespace"):
+    with pytest.raises(pulumi.RunError, match=r"modles: unknown config key; did you mean models\?"):
+        run_values(homelab_values)
+    homelab_values["zzzz"] = 1
+    with pytest.raises(pulumi.RunError, match=r"zzzz: unknown config key; known keys: cluster, namespace"):
         run_values(homelab_values)
 
 
