@@ -134,7 +134,10 @@ def _cache_mount(model: ModelServer, cache: ModelCache) -> tuple[dict, list[dict
     if model.workload.cache_volume is not None:
         # Prefetched into a claim per replica at the default Hugging Face cache path; the engine
         # itself never downloads (HF_HUB_OFFLINE) and makes no outbound connections.
-        env = [{"name": "HOME", "value": HF_HOME_DIR}, {"name": "HF_HUB_OFFLINE", "value": "1"}]
+        # HF_HOME explicitly: huggingface_hub derives it from XDG_CACHE_HOME when unset, and
+        # XDG_CACHE_HOME points at the scratch volume (SCRATCH_ENV), where no weights are.
+        env = [{"name": "HOME", "value": HF_HOME_DIR}, {"name": "HF_HOME", "value": HF_CACHE},
+               {"name": "HF_HUB_OFFLINE", "value": "1"}]
         return {"name": "weights", "mountPath": HF_CACHE}, env
     # Where --hf-repo caches the weights: on the shared volume the download is a one-time cost,
     # and the server stays off a home directory it cannot write as a non-root UID.
@@ -183,6 +186,8 @@ def prefetch_container(model: ModelServer) -> dict:
             {"name": "HF_REPO", "value": prefetch.repo},
             {"name": "HF_REVISION", "value": prefetch.revision},
             {"name": "HOME", "value": HF_HOME_DIR},
+            # The same cache as the engine reads (see _cache_mount), never derived from XDG_CACHE_HOME.
+            {"name": "HF_HOME", "value": HF_CACHE},
             {"name": "PYTHONUSERBASE", "value": f"{SCRATCH}/pip"},
         ],
         "securityContext": dict(CONTAINER_SECURITY),

@@ -65,6 +65,27 @@ def containers(spec: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
     yield from spec.get("containers") or []
 
 
+def _env(container: Mapping[str, Any]) -> dict[str, str]:
+    return {e.get("name"): e.get("value") for e in container.get("env") or [] if "value" in e}
+
+
+HF_ENV = ("HF_HUB_OFFLINE", "HF_REPO", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")
+
+
+def hf_hub_cache(env: Mapping[str, str]) -> str:
+    """Where huggingface_hub reads and writes its cache for this environment (its constants module:
+    HF_HUB_CACHE, else HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub)."""
+    if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):
+        return env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]
+    home = env.get("HF_HOME") or f"{env.get('XDG_CACHE_HOME') or (env.get('HOME') or '/root') + '/.cache'}/huggingface"
+    return f"{home.rstrip('/')}/hub"
+
+
+def _persistent_volumes(props: Props, spec: Mapping[str, Any]) -> set[str]:
+    claims = {(_meta(t).get("name")) for t in (props.get("spec") or {}).get("volumeClaimTemplates") or []}
+    return claims | {v.get("name") for v in spec.get("volumes") or [] if "persistentVolumeClaim" in v}
+
+
 # --- resource rules ------------------------------------------------------------------------------
 
 
@@ -300,6 +321,33 @@ def gateway_requires_auth(resources: list[Props], report: Report, config: Mappin
             report(f"Gateway {name} must require a client certificate (mTLS) but no ClientTrafficPolicy verifies one")
 
 
+def hf_cache_on_weights_volume(props: Props, report: Report, config: Mapping) -> None:
+    """Every container of a pod that uses the Hugging Face cache resolves it to the same path, and
+    that path is on a persistent volume (a claim), not on scratch: a prefetch that writes where the
+    engine does not look leaves an offline engine with no weights."""
+    spec = pod_spec(props)
+    if spec is None:
+        return
+    persistent = _persistent_volumes(props, spec)
+    seen: dict[str, str] = {}
+    for container in containers(spec):
+        env = _env(container)
+        if not any(k in env for k in HF_ENV):
+            continue
+        cache = hf_hub_cache(env)
+        seen[container.get("name", "?")] = cache
+        mounts = [m for m in container.get("volumeMounts") or []
+                  if cache == m.get("mountPath") or cache.startswith(m.get("mountPath", "").rstrip("/") + "/")]
+        mount = max(mounts, key=lambda m: len(m.get("mountPath", "")), default=None)
+        if mount is None or mount.get("name") not in persistent:
+            where = f"volume {mount.get('name')}, not a claim" if mount else "no volume"
+            report(f"container {container.get('name')} uses the Hugging Face cache at {cache} ({where}); "
+                   "set HF_HOME to a path on the weights claim")
+    if len(set(seen.values())) > 1:
+        listed = ", ".join(f"{name} at {path}" for name, path in sorted(seen.items()))
+        report(f"containers disagree on the Hugging Face cache ({listed}); set the same HF_HOME in each")
+
+
 RESOURCE_RULES = [
     Rule("pod-security-restricted", "Pods meet the restricted Pod Security Standard, read-only root included.", pod_security_restricted),
     Rule("images-pinned", "Every container image is pinned to a build tag or a digest.", images_pinned),
@@ -307,6 +355,7 @@ RESOURCE_RULES = [
     Rule("narrow-egress", "No world egress where FQDN rules can name the hosts.", narrow_egress),
     Rule("exposure-lan-only", "Ingresses use TLS and no public-DNS label; nothing else faces out.", exposure_lan_only),
     Rule("no-inline-credentials", "Credentials come from Secrets, never literals in specs.", no_inline_credentials),
+    Rule("hf-cache-on-weights-volume", "Containers sharing the Hugging Face cache agree on it, on a claim.", hf_cache_on_weights_volume),
 ]
 STACK_RULES = [
     Rule("default-deny", "Every namespace has a default-deny network policy.", default_deny, stack=True),

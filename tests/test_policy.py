@@ -72,6 +72,7 @@ def test_pack_has_every_policy_mandatory():
     assert set(BY_NAME) == {
         "pod-security-restricted", "images-pinned", "model-server-budgets", "narrow-egress", "exposure-lan-only",
         "no-inline-credentials", "default-deny", "embeddings-not-exposed", "gateway-requires-auth",
+        "hf-cache-on-weights-volume",
     }
     assert all(p.enforcement_level.value == "mandatory" for p in POLICIES)
 
@@ -246,3 +247,33 @@ def test_render_fails_on_a_policy_violation_and_writes_nothing(tmp_path):
                                           r"container llama-server: a credential on the command line"):
         render_stack("leaky", tmp_path / "out", project_dir=tmp_path)
     assert not (tmp_path / "out").exists()
+
+
+def _engine_pod(files: dict) -> dict:
+    return files["statefulset_shikanime_halogen-flash.yaml"]["spec"]["template"]["spec"]
+
+
+def test_prefetch_and_engine_share_the_hf_cache_on_the_weights_claim(strix_files):
+    manifest = strix_files["statefulset_shikanime_halogen-flash.yaml"]
+    pod = _engine_pod(strix_files)
+    from policy.rules import hf_hub_cache
+    env = {c["name"]: {e["name"]: e["value"] for e in c["env"]} for c in [*pod["initContainers"], *pod["containers"]]}
+    caches = {name: hf_hub_cache(values) for name, values in env.items()}
+    assert set(caches.values()) == {"/home/engine/.cache/huggingface/hub"}
+    claims = {t["metadata"]["name"] for t in manifest["spec"]["volumeClaimTemplates"]}
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        (mount,) = [m for m in container["volumeMounts"] if caches[container["name"]].startswith(m["mountPath"] + "/")]
+        assert mount["name"] in claims
+    assert resource_violations("hf-cache-on-weights-volume", manifest) == []
+
+
+def test_the_old_shape_prefetch_and_engine_in_different_caches_is_caught(strix_files):
+    """The first landing: the engine had XDG_CACHE_HOME=/tmp/cache and no HF_HOME, so it looked in
+    /tmp/cache/huggingface/hub (scratch) while the prefetch wrote under $HOME/.cache (the claim)."""
+    manifest = copy.deepcopy(strix_files["statefulset_shikanime_halogen-flash.yaml"])
+    for container in [*_engine_pod({"statefulset_shikanime_halogen-flash.yaml": manifest})["initContainers"],
+                      *_engine_pod({"statefulset_shikanime_halogen-flash.yaml": manifest})["containers"]]:
+        container["env"] = [e for e in container["env"] if e["name"] != "HF_HOME"]
+    found = resource_violations("hf-cache-on-weights-volume", manifest)
+    assert "container halogen-flash uses the Hugging Face cache at /tmp/cache/huggingface/hub (volume scratch, not a claim)" in found[0]
+    assert "containers disagree on the Hugging Face cache" in found[-1]
