@@ -19,7 +19,7 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from policy.rules import MTLS_ANNOTATION
+from policy.rules import MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAME
 
 from .config import Gateway, Route, StackConfig
 from .meta import PART_OF, token
@@ -54,6 +54,16 @@ class InferenceGatewayArgs:
     # or a local llama.cpp server's --api-key): Pulumi secrets.
     client_keys: dict[str, pulumi.Input[str]] = field(default_factory=dict)
     provider_keys: dict[str, pulumi.Input[str]] = field(default_factory=dict)
+
+
+def _envoy_service(gw: Gateway) -> dict:
+    service: dict = {"type": "LoadBalancer", "loadBalancerClass": gw.load_balancer_class}
+    if gw.load_balancer_class == TAILSCALE_CLASS:
+        # The tailnet operator names the device after this annotation, else <namespace>-<service>,
+        # and Envoy Gateway names the Service envoy-<ns>-<gateway>-<hash>: without it nothing
+        # answers at the listener's hostname.
+        service["annotations"] = {TAILSCALE_HOSTNAME: gw.hostname.split(".")[0]}
+    return service
 
 
 def _ref(group: str, kind: str, name: str) -> dict:
@@ -149,7 +159,7 @@ class InferenceGateway(pulumi.ComponentResource):
                     "kubernetes": {
                         # Tailnet-only: the load-balancer class hands the Service to the tailnet
                         # operator; no cloud or MetalLB controller gives it a public address.
-                        "envoyService": {"type": "LoadBalancer", "loadBalancerClass": gw.load_balancer_class}
+                        "envoyService": _envoy_service(gw)
                     },
                 }
             },
@@ -454,7 +464,11 @@ class InferenceGateway(pulumi.ComponentResource):
                 EG,
                 "HTTPRouteFilter",
                 self._meta(credential),
-                {"credentialInjection": {"credential": {"valueRef": {"group": "", "kind": "Secret", "name": credential}}}},
+                # overwrite: OpenAI SDK clients always send an Authorization header (the gateway key
+                # it carried is not llama.cpp's); without it Envoy Gateway keeps the client's header
+                # (the field defaults to false) and llama.cpp, which reads Authorization first, says 401.
+                {"credentialInjection": {"overwrite": True,
+                                         "credential": {"valueRef": {"group": "", "kind": "Secret", "name": credential}}}},
                 depends_on=[secret],
             )
             depends.append(inject)

@@ -25,6 +25,10 @@ WORLD_EGRESS_WAIVER = "inference-plane/world-egress"
 COLD_START_ANNOTATION = "inference-plane/cold-start-seconds"
 HEALTH_ANNOTATION = "inference-plane/health-path"
 MTLS_ANNOTATION = "inference-plane/mtls"
+# The Tailscale operator serves LoadBalancer Services of this class and names the tailnet device
+# after this Service annotation (else <namespace>-<service>).
+TAILSCALE_CLASS = "tailscale"
+TAILSCALE_HOSTNAME = "tailscale.com/hostname"
 MODEL_SERVER_COMPONENTS = ("chat", "embeddings")
 CREDENTIAL_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.I)
 
@@ -348,6 +352,29 @@ def hf_cache_on_weights_volume(props: Props, report: Report, config: Mapping) ->
         report(f"containers disagree on the Hugging Face cache ({listed}); set the same HF_HOME in each")
 
 
+def tailnet_name_resolves(resources: list[Props], report: Report, config: Mapping) -> None:
+    """A Gateway served on the tailnet answers at its listeners' hostnames only when its EnvoyProxy
+    names the tailnet device after them (the first DNS label; MagicDNS adds the tailnet suffix)."""
+    kinds = _by_kind(resources)
+    proxies = {_meta(p).get("name"): p for p in kinds.get("EnvoyProxy", [])}
+    for gateway in kinds.get("Gateway", []):
+        spec = gateway.get("spec") or {}
+        ref = (spec.get("infrastructure") or {}).get("parametersRef") or {}
+        proxy = proxies.get(ref.get("name")) if ref.get("kind") == "EnvoyProxy" else None
+        if proxy is None:
+            continue
+        service = (((proxy.get("spec") or {}).get("provider") or {}).get("kubernetes") or {}).get("envoyService") or {}
+        if service.get("loadBalancerClass") != TAILSCALE_CLASS:
+            continue
+        device = (service.get("annotations") or {}).get(TAILSCALE_HOSTNAME)
+        for listener in spec.get("listeners") or []:
+            host = listener.get("hostname")
+            if host and host.split(".")[0] != device:
+                named = f"names the device {device!r}" if device else f"has no {TAILSCALE_HOSTNAME} annotation"
+                report(f"Gateway {_meta(gateway).get('name')} listens on {host} but EnvoyProxy {ref.get('name')} {named}; "
+                       f"set {TAILSCALE_HOSTNAME}: {host.split('.')[0]} on its envoyService")
+
+
 RESOURCE_RULES = [
     Rule("pod-security-restricted", "Pods meet the restricted Pod Security Standard, read-only root included.", pod_security_restricted),
     Rule("images-pinned", "Every container image is pinned to a build tag or a digest.", images_pinned),
@@ -361,6 +388,7 @@ STACK_RULES = [
     Rule("default-deny", "Every namespace has a default-deny network policy.", default_deny, stack=True),
     Rule("embeddings-not-exposed", "An embedding model is never reachable by Ingress or a chat request.", embeddings_not_exposed, stack=True),
     Rule("gateway-requires-auth", "The gateway demands an API key, and a client certificate when mTLS is on.", gateway_requires_auth, stack=True),
+    Rule("tailnet-name-resolves", "A tailnet Gateway's device is named after its listener hostname.", tailnet_name_resolves, stack=True),
 ]
 
 

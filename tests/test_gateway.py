@@ -93,7 +93,8 @@ def test_gateway_class_proxy_and_listener(strix_run):
     assert listener["protocol"] == "HTTPS" and listener["tls"]["mode"] == "Terminate"
     assert listener["hostname"] == only(strix_run, "Certificate")["spec"]["dnsNames"][0]
     service = only(strix_run, "EnvoyProxy")["spec"]["provider"]["kubernetes"]["envoyService"]
-    assert service == {"type": "LoadBalancer", "loadBalancerClass": "tailscale"}
+    assert service == {"type": "LoadBalancer", "loadBalancerClass": "tailscale",
+                       "annotations": {"tailscale.com/hostname": listener["hostname"].split(".")[0]}}
 
 
 def test_no_service_is_exposed_outside_the_gateway(strix_run):

@@ -72,7 +72,7 @@ def test_pack_has_every_policy_mandatory():
     assert set(BY_NAME) == {
         "pod-security-restricted", "images-pinned", "model-server-budgets", "narrow-egress", "exposure-lan-only",
         "no-inline-credentials", "default-deny", "embeddings-not-exposed", "gateway-requires-auth",
-        "hf-cache-on-weights-volume",
+        "hf-cache-on-weights-volume", "tailnet-name-resolves",
     }
     assert all(p.enforcement_level.value == "mandatory" for p in POLICIES)
 
@@ -277,3 +277,30 @@ def test_the_old_shape_prefetch_and_engine_in_different_caches_is_caught(strix_f
     found = resource_violations("hf-cache-on-weights-volume", manifest)
     assert "container halogen-flash uses the Hugging Face cache at /tmp/cache/huggingface/hub (volume scratch, not a claim)" in found[0]
     assert "containers disagree on the Hugging Face cache" in found[-1]
+
+
+def test_tailnet_device_is_named_after_the_listener(strix_files):
+    (gateway,) = [m for m in strix_files.values() if m["kind"] == "Gateway"]
+    (proxy,) = [m for m in strix_files.values() if m["kind"] == "EnvoyProxy"]
+    assert gateway["spec"]["infrastructure"]["parametersRef"]["name"] == proxy["metadata"]["name"]
+    service = proxy["spec"]["provider"]["kubernetes"]["envoyService"]
+    (listener,) = gateway["spec"]["listeners"]
+    assert service["loadBalancerClass"] == "tailscale"
+    assert service["annotations"]["tailscale.com/hostname"] == listener["hostname"].split(".")[0] == "inference"
+    assert stack_violations("tailnet-name-resolves", [gateway, proxy]) == []
+
+
+def test_the_old_shape_gateway_without_a_device_name_is_caught(strix_files):
+    (gateway,) = [m for m in strix_files.values() if m["kind"] == "Gateway"]
+    proxy = copy.deepcopy(next(m for m in strix_files.values() if m["kind"] == "EnvoyProxy"))
+    del proxy["spec"]["provider"]["kubernetes"]["envoyService"]["annotations"]
+    (message,) = stack_violations("tailnet-name-resolves", [gateway, proxy])
+    assert "has no tailscale.com/hostname annotation; set tailscale.com/hostname: inference" in message
+
+
+def test_llamacpp_bypass_credential_overwrites_the_clients_authorization(strix_files):
+    (route,) = [m for m in strix_files.values() if m["kind"] == "HTTPRoute" and m["metadata"]["name"].endswith("-llamacpp-embeddings")]
+    (ref,) = [f["extensionRef"]["name"] for f in route["spec"]["rules"][0]["filters"] if f["type"] == "ExtensionRef"]
+    (flt,) = [m for m in strix_files.values() if m["kind"] == "HTTPRouteFilter" and m["metadata"]["name"] == ref]
+    assert flt["spec"]["credentialInjection"]["overwrite"] is True
+    assert "header" not in flt["spec"]["credentialInjection"]  # Authorization: what llama.cpp reads first
