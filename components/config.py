@@ -391,6 +391,11 @@ class Retry(Strict):
     # One attempt per priority: a failing tier hands the request to the next one at once.
     attempts_per_priority: Annotated[int, Field(ge=1, le=5)] = 1
     status_codes: list[Annotated[int, Field(ge=400, le=599)]] = [429, 500, 502, 503, 504]
+    # Embedding routes fail over only when the local server could not take the request at all
+    # (connection failures, resets, 502/503/504 while it loads or restarts). Never on 4xx or 500:
+    # llama.cpp answers 500 to an input longer than its micro-batch, and re-sending that document
+    # to a remote tier would move private data off the cluster for a request that is simply too large.
+    embedding_status_codes: list[Annotated[int, Field(ge=502, le=504)]] = [502, 503, 504]
 
 
 class LlamaCppEmbeddingsPath(Strict):

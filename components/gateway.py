@@ -87,8 +87,9 @@ def backend_refs(route_backends, gateway: Gateway, stack: StackConfig, public_mo
     return refs
 
 
-def route_rules(gateway: Gateway, stack: StackConfig) -> list[dict]:
-    """Every AIGatewayRoute rule, in order: one per public model, then the catch-all."""
+def route_rules(gateway: Gateway, stack: StackConfig, kind: str = "chat") -> list[dict]:
+    """The AIGatewayRoute rules of one kind, in order: one per public model, then (chat) the catch-all.
+    Chat and embedding rules live on separate routes: their retry policies differ."""
     timing = {
         # Generation length is unbounded at the route (AI Gateway's own default is a 60 s cut);
         # streamIdleTimeout still ends a stream that goes silent.
@@ -97,6 +98,8 @@ def route_rules(gateway: Gateway, stack: StackConfig) -> list[dict]:
     }
     rules = []
     for route in gateway.routes:
+        if route.kind != kind:
+            continue
         rules.append(
             {
                 "name": rule_name(route.model),
@@ -105,7 +108,7 @@ def route_rules(gateway: Gateway, stack: StackConfig) -> list[dict]:
                 **timing,
             }
         )
-    if gateway.catch_all:
+    if gateway.catch_all and kind == "chat":
         rules.append(
             {
                 "name": "catch-all",
@@ -347,49 +350,58 @@ class InferenceGateway(pulumi.ComponentResource):
     def _ai_routes(self, name: str) -> list[k8s.apiextensions.CustomResource]:
         gw, stack = self._args.gateway, self._args.stack
         routes = []
-        for index, rules in enumerate(split_rules(route_rules(gw, stack)), start=1):
-            route_name = f"{gw.name}-routes-{index}"
-            route = self._cr(
-                f"{name}-routes-{index}",
-                AIGW,
-                "AIGatewayRoute",
-                self._meta(route_name),
-                {
-                    "parentRefs": self._parent_refs(),
-                    "rules": rules,
-                },
-            )
-            retry = gw.retry
-            # The controller generates an HTTPRoute of the same name; this policy targets it. One
-            # policy per route carries both settings: two of one kind on one target do not merge.
-            self._cr(
-                f"{name}-routes-{index}-traffic",
-                EG,
-                "BackendTrafficPolicy",
-                self._meta(route_name),
-                {
-                    "targetRefs": [_ref("gateway.networking.k8s.io", "HTTPRoute", route_name)],
-                    # A conversation stays on the pod that holds its KV cache.
-                    "loadBalancer": {
-                        "type": "ConsistentHash",
-                        "consistentHash": {"type": "Headers", "headers": [{"name": gw.session_header}]},
-                    },
-                    # Priority alone fails over only once hosts are ejected; a retry moves each
-                    # failed request to the next priority after attempts_per_priority attempts.
-                    "retry": {
-                        "numRetries": retry.num_retries,
-                        "numAttemptsPerPriority": retry.attempts_per_priority,
-                        "retryOn": {
-                            "triggers": ["connect-failure", "refused-stream", "reset", "retriable-status-codes"],
-                            "httpStatusCodes": list(retry.status_codes),
-                        },
-                        "perRetry": {"backOff": {"baseInterval": "100ms", "maxInterval": "2s"}},
-                    },
-                },
-                depends_on=[route],
-            )
-            routes.append(route)
+        # (resource prefix, rules, retried status codes); chat keeps the first landing's names.
+        groups = [("routes", route_rules(gw, stack, "chat"), gw.retry.status_codes)]
+        if embedding_routes(gw):
+            groups.append(("embedding-routes", route_rules(gw, stack, "embedding"), gw.retry.embedding_status_codes))
+        for prefix, group_rules, status_codes in groups:
+            for index, rules in enumerate(split_rules(group_rules), start=1):
+                routes.append(self._ai_route(name, f"{prefix}-{index}", rules, status_codes))
         return routes
+
+    def _ai_route(self, name: str, suffix: str, rules: list[dict], status_codes: list[int]):
+        gw = self._args.gateway
+        route_name = f"{gw.name}-{suffix}"
+        route = self._cr(
+            f"{name}-{suffix}",
+            AIGW,
+            "AIGatewayRoute",
+            self._meta(route_name),
+            {
+                "parentRefs": self._parent_refs(),
+                "rules": rules,
+            },
+        )
+        retry = gw.retry
+        # The controller generates an HTTPRoute of the same name; this policy targets it. One
+        # policy per route carries both settings: two of one kind on one target do not merge.
+        self._cr(
+            f"{name}-{suffix}-traffic",
+            EG,
+            "BackendTrafficPolicy",
+            self._meta(route_name),
+            {
+                "targetRefs": [_ref("gateway.networking.k8s.io", "HTTPRoute", route_name)],
+                # A conversation stays on the pod that holds its KV cache.
+                "loadBalancer": {
+                    "type": "ConsistentHash",
+                    "consistentHash": {"type": "Headers", "headers": [{"name": gw.session_header}]},
+                },
+                # Priority alone fails over only once hosts are ejected; a retry moves each
+                # failed request to the next priority after attempts_per_priority attempts.
+                "retry": {
+                    "numRetries": retry.num_retries,
+                    "numAttemptsPerPriority": retry.attempts_per_priority,
+                    "retryOn": {
+                        "triggers": ["connect-failure", "refused-stream", "reset", "retriable-status-codes"],
+                        "httpStatusCodes": list(status_codes),
+                    },
+                    "perRetry": {"backOff": {"baseInterval": "100ms", "maxInterval": "2s"}},
+                },
+            },
+            depends_on=[route],
+        )
+        return route
 
     def _embedding_guard(self, name: str) -> None:
         """Refuse generation requests that name an embedding model, before they reach it."""
@@ -478,7 +490,7 @@ class InferenceGateway(pulumi.ComponentResource):
                     "extensionRef": {"group": "gateway.envoyproxy.io", "kind": "HTTPRouteFilter", "name": credential},
                 }
             )
-        self._cr(
+        route = self._cr(
             f"{name}-llamacpp-embeddings",
             GWAPI,
             "HTTPRoute",
@@ -496,6 +508,20 @@ class InferenceGateway(pulumi.ComponentResource):
                 ],
             },
             depends_on=depends,
+        )
+        # Envoy Gateway sets no route-level idle timeout: the ClientTrafficPolicy's
+        # streamIdleTimeout would end a batch that takes longer than it to answer (an embeddings
+        # response arrives all at once at the end). The route's own idle limit is its request timeout.
+        self._cr(
+            f"{name}-llamacpp-embeddings-traffic",
+            EG,
+            "BackendTrafficPolicy",
+            self._meta(f"{gw.name}-llamacpp-embeddings"),
+            {
+                "targetRefs": [_ref("gateway.networking.k8s.io", "HTTPRoute", f"{gw.name}-llamacpp-embeddings")],
+                "timeout": {"http": {"streamIdleTimeout": path.timeout}},
+            },
+            depends_on=[route],
         )
 
     def _local_tier_of(self, model_key: str) -> Optional[str]:

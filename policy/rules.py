@@ -375,6 +375,45 @@ def tailnet_name_resolves(resources: list[Props], report: Report, config: Mappin
                        f"set {TAILSCALE_HOSTNAME}: {host.split('.')[0]} on its envoyService")
 
 
+def _seconds(duration: Any) -> Optional[float]:
+    """A Gateway API duration (1h, 5m, 600s, 300ms, combined) in seconds; None if unparseable."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", str(duration or ""))
+    if not parts or "".join(n + u for n, u in parts) != str(duration):
+        return None
+    scale = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def idle_outlasts_request(resources: list[Props], report: Report, config: Mapping) -> None:
+    """A route whose request may take T must not go idle-timed-out before T: the idle limit is the
+    BackendTrafficPolicy's on the route, else the ClientTrafficPolicy's on its Gateway (Envoy
+    Gateway sets no route-level idle timeout of its own)."""
+    kinds = _by_kind(resources)
+
+    def idle_by_target(kind: str, policy_kind: str) -> dict[str, float]:
+        out = {}
+        for policy in kinds.get(policy_kind, []):
+            idle = _seconds((((policy.get("spec") or {}).get("timeout") or {}).get("http") or {}).get("streamIdleTimeout"))
+            for ref in (policy.get("spec") or {}).get("targetRefs") or []:
+                if ref.get("kind") == kind and idle is not None:
+                    out[ref.get("name")] = idle
+        return out
+
+    on_route, on_gateway = idle_by_target("HTTPRoute", "BackendTrafficPolicy"), idle_by_target("Gateway", "ClientTrafficPolicy")
+    for route in kinds.get("HTTPRoute", []):
+        name = _meta(route).get("name")
+        spec = route.get("spec") or {}
+        idle = on_route.get(name)
+        if idle is None:
+            limits = [on_gateway[p.get("name")] for p in spec.get("parentRefs") or [] if p.get("name") in on_gateway]
+            idle = min(limits) if limits else None
+        for rule in spec.get("rules") or []:
+            request = _seconds((rule.get("timeouts") or {}).get("request"))
+            if idle is not None and request and idle < request:
+                report(f"HTTPRoute {name}: request timeout {request:g}s but streams idle out after {idle:g}s; "
+                       f"add a BackendTrafficPolicy on the route with timeout.http.streamIdleTimeout >= {request:g}s")
+
+
 RESOURCE_RULES = [
     Rule("pod-security-restricted", "Pods meet the restricted Pod Security Standard, read-only root included.", pod_security_restricted),
     Rule("images-pinned", "Every container image is pinned to a build tag or a digest.", images_pinned),
@@ -388,6 +427,7 @@ STACK_RULES = [
     Rule("default-deny", "Every namespace has a default-deny network policy.", default_deny, stack=True),
     Rule("embeddings-not-exposed", "An embedding model is never reachable by Ingress or a chat request.", embeddings_not_exposed, stack=True),
     Rule("gateway-requires-auth", "The gateway demands an API key, and a client certificate when mTLS is on.", gateway_requires_auth, stack=True),
+    Rule("idle-outlasts-request", "No route idles out before its own request timeout.", idle_outlasts_request, stack=True),
     Rule("tailnet-name-resolves", "A tailnet Gateway's device is named after its listener hostname.", tailnet_name_resolves, stack=True),
 ]
 

@@ -50,7 +50,7 @@ def test_every_policy_targets_an_object_that_exists(strix_run):
     ai_routes = names(strix_run, "AIGatewayRoute")
     targets = {
         ("Gateway", n) for n in gateways
-    } | {("HTTPRoute", n) for n in ai_routes} | {("Backend", n) for n in names(strix_run, "Backend")} | {
+    } | {("HTTPRoute", n) for n in ai_routes} | {("HTTPRoute", n) for n in names(strix_run, "HTTPRoute")} | {("Backend", n) for n in names(strix_run, "Backend")} | {
         ("AIServiceBackend", n) for n in names(strix_run, "AIServiceBackend")
     }
     policies = ["ClientTrafficPolicy", "SecurityPolicy", "BackendTrafficPolicy", "BackendTLSPolicy", "BackendSecurityPolicy"]
@@ -162,9 +162,18 @@ def test_local_tiers_resolve_to_the_engines_service(strix_run):
     assert service["spec"]["clusterIP"] == "None"  # headless: every ready engine pod
 
 
+def ai_route(run, name: str) -> dict:
+    (route,) = [r for r in objects(run, "AIGatewayRoute") if r["metadata"]["name"] == name]
+    return route
+
+
+def traffic_policy(run, target: str) -> dict:
+    (btp,) = [p for p in objects(run, "BackendTrafficPolicy") if p["spec"]["targetRefs"][0]["name"] == target]
+    return btp["spec"]
+
+
 def test_routing_table_priorities_and_overrides(strix_run):
-    (route,) = objects(strix_run, "AIGatewayRoute")
-    rules = route["spec"]["rules"]
+    rules = ai_route(strix_run, "inference-routes-1")["spec"]["rules"]
     table = {r["matches"][0]["headers"][0]["value"]: r["backendRefs"] for r in rules}
     flash = table["qwen/qwen3.8-flash"]
     assert [(b["name"], b["priority"]) for b in flash] == [("halogen", 0), ("nous", 1), ("openrouter", 2)]
@@ -179,7 +188,7 @@ def test_routing_table_priorities_and_overrides(strix_run):
 
 
 def test_traffic_policy_combines_affinity_and_fallback_retry(strix_run):
-    btp = only(strix_run, "BackendTrafficPolicy")["spec"]
+    btp = traffic_policy(strix_run, "inference-routes-1")
     assert btp["loadBalancer"] == {
         "type": "ConsistentHash",
         "consistentHash": {"type": "Headers", "headers": [{"name": "x-sks-session-id"}]},
@@ -191,16 +200,37 @@ def test_traffic_policy_combines_affinity_and_fallback_retry(strix_run):
     assert "timeout" not in btp["retry"].get("perRetry", {})  # would cut long generations
 
 
+def test_embeddings_never_fail_over_on_a_rejected_request(strix_run):
+    """Embedding rules have their own route and retry: a 500 from llama.cpp (input longer than its
+    micro-batch) or any 4xx stays an error instead of sending the document to a remote tier."""
+    embedding_models = {r["model"] for r in strix_values()["gateway"]["routes"] if r.get("kind") == "embedding"}
+    route = ai_route(strix_run, "inference-embedding-routes-1")
+    assert {r["matches"][0]["headers"][0]["value"] for r in route["spec"]["rules"]} == embedding_models
+    chat_rules = ai_route(strix_run, "inference-routes-1")["spec"]["rules"]
+    assert not embedding_models & {r["matches"][0]["headers"][0]["value"] for r in chat_rules}
+    retry = traffic_policy(strix_run, "inference-embedding-routes-1")["retry"]
+    assert set(retry["retryOn"]["httpStatusCodes"]) == {502, 503, 504}
+    assert 500 in traffic_policy(strix_run, "inference-routes-1")["retry"]["retryOn"]["httpStatusCodes"]
+
+
+def test_a_retried_500_on_embeddings_is_refused(strix):
+    strix["gateway"]["retry"] = {"embedding_status_codes": [500, 503]}
+    with pytest.raises(pulumi.RunError, match=r"gateway.retry.embedding_status_codes.0: Input should be greater than or equal to 502"):
+        run_strix(strix)
+
+
 def test_more_than_fifteen_rules_split_across_routes(strix):
     for i in range(20):
         strix["gateway"]["routes"].append({"model": f"acme/model-{i}", "backends": [{"tier": "openrouter"}]})
     run = run_strix(strix)
-    routes = sorted(objects(run, "AIGatewayRoute"), key=lambda r: r["metadata"]["name"])
-    assert [len(r["spec"]["rules"]) for r in routes] == [MAX_RULES_PER_ROUTE, 3 + 20 + 1 - MAX_RULES_PER_ROUTE]
+    routes = sorted((r for r in objects(run, "AIGatewayRoute") if "-routes-" in r["metadata"]["name"]
+                     and "embedding" not in r["metadata"]["name"]), key=lambda r: r["metadata"]["name"])
+    chat = len([r for r in strix["gateway"]["routes"] if r.get("kind", "chat") == "chat"])
+    assert [len(r["spec"]["rules"]) for r in routes] == [MAX_RULES_PER_ROUTE, chat + 1 - MAX_RULES_PER_ROUTE]
     assert routes[-1]["spec"]["rules"][-1]["name"] == "catch-all"
     assert all(rule["name"] != "catch-all" for rule in routes[0]["spec"]["rules"])
     btp_targets = {p["spec"]["targetRefs"][0]["name"] for p in objects(run, "BackendTrafficPolicy")}
-    assert btp_targets == {r["metadata"]["name"] for r in routes}
+    assert btp_targets == {r["metadata"]["name"] for r in objects(run, "AIGatewayRoute")} | {"inference-llamacpp-embeddings"}
     for route in routes:
         rule_names = [rule["name"] for rule in route["spec"]["rules"]]
         assert len(rule_names) == len(set(rule_names))

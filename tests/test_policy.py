@@ -72,7 +72,7 @@ def test_pack_has_every_policy_mandatory():
     assert set(BY_NAME) == {
         "pod-security-restricted", "images-pinned", "model-server-budgets", "narrow-egress", "exposure-lan-only",
         "no-inline-credentials", "default-deny", "embeddings-not-exposed", "gateway-requires-auth",
-        "hf-cache-on-weights-volume", "tailnet-name-resolves",
+        "hf-cache-on-weights-volume", "tailnet-name-resolves", "idle-outlasts-request",
     }
     assert all(p.enforcement_level.value == "mandatory" for p in POLICIES)
 
@@ -224,7 +224,7 @@ def test_embedding_model_on_ai_routes_needs_its_guard(strix_files):
 
 def test_plain_route_to_the_embedding_server_only_on_embeddings_paths(strix_files):
     objects = list(copy.deepcopy(strix_files).values())
-    route = next(m for m in objects if m["metadata"]["name"] == "inference-llamacpp-embeddings")
+    route = next(m for m in objects if m["kind"] == "HTTPRoute" and m["metadata"]["name"] == "inference-llamacpp-embeddings")
     route["spec"]["rules"][0]["matches"][0]["path"]["value"] = "/llama-cpp/"
     (message,) = stack_violations("embeddings-not-exposed", objects)
     assert "sends /llama-cpp/ to the embedding server" in message
@@ -304,3 +304,19 @@ def test_llamacpp_bypass_credential_overwrites_the_clients_authorization(strix_f
     (flt,) = [m for m in strix_files.values() if m["kind"] == "HTTPRouteFilter" and m["metadata"]["name"] == ref]
     assert flt["spec"]["credentialInjection"]["overwrite"] is True
     assert "header" not in flt["spec"]["credentialInjection"]  # Authorization: what llama.cpp reads first
+
+
+def test_embeddings_route_idles_no_sooner_than_its_request_timeout(strix_files):
+    objects = list(strix_files.values())
+    (route,) = [m for m in objects if m["kind"] == "HTTPRoute" and m["metadata"]["name"] == "inference-llamacpp-embeddings"]
+    (btp,) = [m for m in objects if m["kind"] == "BackendTrafficPolicy"
+              and m["spec"]["targetRefs"][0] == {"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "inference-llamacpp-embeddings"}]
+    assert btp["spec"]["timeout"]["http"]["streamIdleTimeout"] == route["spec"]["rules"][0]["timeouts"]["request"] == "600s"
+    assert stack_violations("idle-outlasts-request", objects) == []
+
+
+def test_the_old_shape_600s_route_under_a_300s_listener_idle_is_caught(strix_files):
+    objects = [m for m in strix_files.values() if not (
+        m["kind"] == "BackendTrafficPolicy" and m["spec"]["targetRefs"][0]["name"] == "inference-llamacpp-embeddings")]
+    (message,) = stack_violations("idle-outlasts-request", objects)
+    assert message.startswith("HTTPRoute inference-llamacpp-embeddings: request timeout 600s but streams idle out after 300s")

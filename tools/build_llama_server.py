@@ -75,7 +75,20 @@ def build(build: int = DEFAULT_BUILD) -> Path:
     src = _fetch_source(build)
     ui = src / "tools" / "ui" / "dist"
     ui.mkdir(parents=True, exist_ok=True)
-    (ui / "index.html").write_text("<!doctype html><title>llama.cpp ui stand-in</title>\n")
+    # The files the embed step requires (tools/ui/embed.cpp's required list), as minimal stand-ins.
+    stand_ins = {
+        "index.html": "<!doctype html><title>llama.cpp ui stand-in</title>\n",
+        "manifest.webmanifest": "{}\n",
+        "sw.js": "\n",
+        "build.json": '{"version": "stand-in"}\n',
+        "version.json": '{"version": "stand-in"}\n',
+        "_app/immutable/bundle.standin.js": "\n",
+        "_app/immutable/bundle.standin.css": "\n",
+        "workbox-standin.js": "\n",
+    }
+    for name, text in stand_ins.items():
+        (ui / name).parent.mkdir(parents=True, exist_ok=True)
+        (ui / name).write_text(text)
     work = cache_root() / f"llama-build-b{build}"
     jobs = str(os.cpu_count() or 2)
     _say(f"building llama-server b{build} once (CPU backend, ~20 min on 2 cores); cached at {out}")
