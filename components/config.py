@@ -472,7 +472,7 @@ TOP_LEVEL_KEYS = tuple(StackConfig.model_fields)
 _GENERATED_FLAGS = {
     "--hf-repo", "-hf", "-hfr", "--model", "-m", "--n-gpu-layers", "-ngl", "--gpu-layers", "--threads", "-t",
     "--ctx-size", "-c", "--ubatch-size", "-ub", "--cors-origins", "--host", "--port", "--api-key",
-    "--api-key-file", "--metrics", "--embeddings", "--embedding", "--no-webui", "--webui", "--parallel", "-np",
+    "--api-key-file", "--metrics", "--embeddings", "--embedding", "--no-webui", "--webui", "--no-ui", "--ui", "--parallel", "-np",
     "--cache-ram", "-cram", "--ctx-checkpoints", "-ctxcp",
 }
 

@@ -16,7 +16,7 @@ __all__ = ["EmbedServer", "ModelServerArgs"]
 
 
 class EmbedServer(ModelServerBase):
-    """llama.cpp with --embeddings and --no-webui behind a ClusterIP-only Service."""
+    """llama.cpp with --embeddings and --no-ui behind a ClusterIP-only Service."""
 
     type_name = "EmbedServer"
     role = "embedding"
@@ -26,4 +26,4 @@ class EmbedServer(ModelServerBase):
         if model.exposure is not None:
             raise ValueError(f"{model.name}: an embedding server cannot be exposed through an Ingress")
         if model.webui:
-            raise ValueError(f"{model.name}: an embedding server runs with --no-webui")
+            raise ValueError(f"{model.name}: an embedding server runs with --no-ui")

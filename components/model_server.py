@@ -60,7 +60,8 @@ def llama_args(model: ModelServer) -> list[str]:
     if model.cors_origins is not None:
         args += ["--cors-origins", model.cors_origins]
     if not model.webui:
-        args.append("--no-webui")
+        # --no-ui: the pinned build (b10731) logs --no-webui as a deprecated alias (seen running it).
+        args.append("--no-ui")
     # Explicit on purpose: the default port is moving from 8080 to 9931 across builds.
     args += ["--host", "0.0.0.0", "--port", str(model.port)]
     if model.metrics:

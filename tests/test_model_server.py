@@ -50,7 +50,7 @@ def test_chat_flags_follow_the_typed_settings(homelab_values):
     assert flag(args, "--cors-origins") == "localhost"
     assert flag(args, "--host") == "0.0.0.0"
     assert "--metrics" in args
-    assert "--embeddings" not in args and "--no-webui" not in args
+    assert "--embeddings" not in args and "--no-ui" not in args
     # Exposed through an Ingress, so the homelab chat server takes a key from a file.
     assert flag(args, "--api-key-file").startswith("/run/secrets/")
     assert not any(a == "--api-key" for a in args)  # never the key itself on the command line
@@ -74,7 +74,7 @@ def test_port_flag_matches_the_container_port(homelab_values):
 def test_embed_flags(homelab_values):
     _, model, run = build(homelab_values, "embed")
     args = container_of(run, model.name)["args"]
-    assert "--embeddings" in args and "--no-webui" in args
+    assert "--embeddings" in args and "--no-ui" in args
     assert "--cors-origins" not in args
     assert flag(args, "--ctx-size") == str(model.ctx_size)
 
