@@ -295,6 +295,9 @@ def plan(stack: StackConfig) -> Plan:
         if problem is not None:
             problems.append(problem)
             continue
+        pooling_problem = _pooling_refuses_long_inputs(key, model)
+        if pooling_problem is not None:
+            problems.append(pooling_problem)
         server = _server_plan(key, model, stack)
         _check_limit(key, model, server, problems)
         result.servers[key] = server
@@ -312,6 +315,24 @@ def plan(stack: StackConfig) -> Plan:
     if problems:
         raise CapacityError("; ".join(problems))
     return result
+
+
+# llama.cpp's default --ubatch-size (common/common.h n_ubatch).
+LLAMACPP_DEFAULT_UBATCH = 512
+
+
+def _pooling_refuses_long_inputs(key: str, model: ModelServer) -> Optional[str]:
+    """An embedding server whose pooling needs the whole input in one micro-batch (mean, cls) refuses
+    inputs longer than --ubatch-size with HTTP 500, although --ctx-size promises more."""
+    facts = facts_for(model) if model.engine == "llamacpp" and model.role == "embedding" else None
+    if facts is None or facts.pooling not in ("mean", "cls"):
+        return None
+    ubatch = model.ubatch_size or LLAMACPP_DEFAULT_UBATCH
+    if ubatch >= model.ctx_size:
+        return None
+    return (f"models.{key}.ubatch_size: {facts.pooling} pooling needs the whole input in one micro-batch, so inputs "
+            f"over {ubatch} tokens would be refused although ctx_size is {model.ctx_size}; set ubatch_size: {model.ctx_size} "
+            f"(or lower ctx_size to {ubatch})")
 
 
 def _unplannable(key: str, model: ModelServer) -> Optional[str]:

@@ -28,6 +28,8 @@ CATALOG: dict[str, ModelFacts] = {
         layers=28,
         kv_heads=8,
         head_dim=128,
+        # Last-token pooling (the model card's "last_token_pool"; pooling_type 3 in its GGUF).
+        pooling="last",
     ),
     # Qwen3-Embedding-8B: the Qwen3-8B body, dense, 36 layers, 8 KV heads x 128, 7.6B parameters.
     # Source: the Qwen3-8B config.json (num_hidden_layers 36, num_key_value_heads 8, head_dim 128).
@@ -36,6 +38,7 @@ CATALOG: dict[str, ModelFacts] = {
         layers=36,
         kv_heads=8,
         head_dim=128,
+        pooling="last",  # as the 0.6B
     ),
 }
 

@@ -237,6 +237,9 @@ class ModelFacts(Strict):
     recurrent_state_mib: Annotated[float, Field(ge=0)] = 0.0
     # Overrides the quant's table value (engines whose checkpoints are not GGUF).
     bits_per_weight: Optional[Annotated[float, Field(gt=0, le=32)]] = None
+    # Embedding models: how the server pools token vectors into one (the GGUF's pooling_type).
+    # mean and cls need the whole input in one micro-batch: llama.cpp refuses a longer input (HTTP 500).
+    pooling: Optional[Literal["none", "mean", "cls", "last", "rank"]] = None
 
 
 class OpenAIEngine(Strict):

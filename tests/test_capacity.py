@@ -219,3 +219,16 @@ def test_plan_is_a_stack_output_and_written_beside_the_manifests(tmp_path, homel
     assert written["nodes"][0]["budget_gib"] == 54.0
     assert "plan.json" not in (tmp_path / "out" / "kustomization.yaml").read_text()
     assert "iris-xe/1" in result.summary() and "decode<=" in result.summary()
+
+
+def test_mean_pooling_embedder_with_a_micro_batch_below_its_context_is_refused(homelab_values):
+    embed = next(k for k, m in homelab_values["models"].items() if m.get("role") == "embedding")
+    homelab_values["models"][embed]["facts"] = {"params_b": 0.6, "layers": 28, "kv_heads": 8, "head_dim": 128,
+                                                "pooling": "mean"}
+    homelab_values["models"][embed].pop("ubatch_size", None)
+    ctx = homelab_values["models"][embed]["ctx_size"]
+    with pytest.raises(CapacityError, match=rf"models.{embed}.ubatch_size: mean pooling .* inputs over 512 tokens "
+                                            rf"would be refused although ctx_size is {ctx}; set ubatch_size: {ctx}"):
+        plan(parse_stack(homelab_values))
+    homelab_values["models"][embed]["ubatch_size"] = ctx
+    plan(parse_stack(homelab_values))
