@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 CHECKOV_VENV := .venv-checkov
 
-.PHONY: render test bench clean
+.PHONY: render test bench clean contract
 
 # Rebuilt when the pinned requirements change; a fresh clone builds it on first use.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -33,3 +33,8 @@ clean:
 
 bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python bench/run.py
+
+# The real llama.cpp contract tests for one stack's servers (builds llama-server once, cached in
+# ~/.cache/inference-plane): `make contract STACK=my-cluster`.
+contract: $(VENV)/.installed
+	$(BIN)/python -m pytest -q tests/test_llama_contract.py -k "$(STACK)/"

@@ -1,0 +1,158 @@
+"""Start a real llama-server with a rendered container's exact arguments and check what it promises.
+
+Only what cannot exist here is changed: the model is a tiny GGUF (``-m`` in place of ``--hf-repo``:
+resolving ``--hf-repo`` offline needs the Hub's cache layout and manifest that the pinned build's
+downloader writes, which no test can produce without the network), the host is loopback, the port
+is free, the API-key file is a temp file holding a test key, and the cache paths in the environment
+point into a temp folder.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+# Lines a CPU build prints for the GPU flags (--n-gpu-layers), which the render sets on purpose.
+GPU_WARNINGS = ("no usable GPU found", "compiled without GPU support", "consult docs/build.md")
+# What llama.cpp logs for an argument it does not take or a setting it overrides.
+BAD_LOG = re.compile(r"invalid argument|unknown argument|error: |deprecated|is ignored|ignoring|disabl(ed|ing) .* because", re.I)
+TEST_KEY = "contract-test-key-1"
+# Informational lines (level I) such as the start-up hint that names --no-webui as deprecated;
+# warnings (W) and errors (E), and the argument parser's unprefixed lines, all count.
+INFO = re.compile(r"^\d+\.\d+\.\d+\.\d+ I ")
+
+
+class ContractFailure(AssertionError):
+    """A server that does not do what its rendered container promises; one line saying what."""
+
+
+@dataclass
+class Answer:
+    status: int
+    body: bytes
+    headers: dict
+
+    def json(self):
+        return json.loads(self.body)
+
+
+def request(url: str, data: Optional[dict] = None, headers: Optional[dict] = None, timeout: float = 30) -> Answer:
+    body = json.dumps(data).encode() if data is not None else None
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return Answer(r.status, r.read(), dict(r.headers))
+    except urllib.error.HTTPError as e:
+        return Answer(e.code, e.read(), dict(e.headers))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def flag_value(args: list[str], flag: str) -> Optional[str]:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def local_args(args: list[str], model: Path, port: int, key_file: Optional[Path]) -> list[str]:
+    """The rendered args with only the unavoidable substitutions."""
+    out, i = [], 0
+    while i < len(args):
+        flag = args[i]
+        if flag in ("--hf-repo", "-hf", "-hfr"):
+            out += ["-m", str(model)]
+            i += 2
+            continue
+        if flag == "--host":
+            out += [flag, "127.0.0.1"]
+            i += 2
+            continue
+        if flag == "--port":
+            out += [flag, str(port)]
+            i += 2
+            continue
+        if flag == "--api-key-file":
+            out += [flag, str(key_file)]
+            i += 2
+            continue
+        out.append(flag)
+        i += 1
+    return out
+
+
+@dataclass
+class Running:
+    base: str
+    args: list[str]
+    log: Path
+    key: Optional[str]
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextmanager
+def serve(binary: Path, container: dict, model: Path, probe_path: str, startup_seconds: float = 60) -> Iterator[Running]:
+    args = list(container.get("args") or [])
+    work = Path(tempfile.mkdtemp(prefix="llama-contract-"))
+    key_file = None
+    if "--api-key-file" in args:
+        key_file = work / "api-key"
+        key_file.write_text(TEST_KEY)
+        os.chmod(key_file, 0o440)  # the Secret volume's defaultMode
+    port = free_port()
+    env = {"PATH": "/usr/bin:/bin"}
+    for item in container.get("env") or []:
+        value = item.get("value", "")
+        # Cache paths of the pod (volumes) become folders of this run.
+        env[item["name"]] = str(work / value.lstrip("/")) if value.startswith("/") else value
+    log = work / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(binary), *local_args(args, model, port, key_file)], stdout=out,
+                                stderr=subprocess.STDOUT, env=env)
+    running = Running(f"http://127.0.0.1:{port}", args, log, TEST_KEY if key_file else None)
+    try:
+        deadline = time.monotonic() + startup_seconds
+        while True:
+            if proc.poll() is not None:
+                raise ContractFailure(f"llama-server exited with {proc.returncode} at start: {last_error(running)}")
+            try:
+                answer = request(running.base + probe_path, timeout=2)
+                if answer.status == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError, socket.timeout):
+                pass
+            if time.monotonic() > deadline:
+                raise ContractFailure(f"{probe_path} never answered 200 within {startup_seconds:.0f}s")
+            time.sleep(0.05)
+        yield running
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def last_error(running: Running) -> str:
+    lines = [l for l in running.log_text().splitlines() if l.strip()]
+    bad = [l for l in lines if BAD_LOG.search(l)]
+    return (bad or lines or ["(no output)"])[-1].strip()[:300]
+
+
+def complaints(running: Running) -> list[str]:
+    """Log lines where the server says an argument the render chose is wrong, unknown or overridden."""
+    return [l.strip() for l in running.log_text().splitlines()
+            if BAD_LOG.search(l) and not INFO.match(l) and not any(g in l for g in GPU_WARNINGS) and "unauthorized" not in l]

