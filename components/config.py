@@ -157,6 +157,15 @@ class NamespaceConfig(Strict):
 
 
 Backend = Literal["vulkan", "rocm", "cuda", "cpu"]
+# What each known device plugin can do with one GPU. ROCm's k8s-device-plugin advertises each GPU
+# exactly once (sharing is an open request upstream); Intel's plugin shares by -shared-dev-num;
+# NVIDIA's by time-slicing replicas in its config.
+DEVICE_PLUGIN_SHARING = {
+    "amd.com/gpu": "exclusive",
+    "gpu.intel.com/i915": "shared-dev-num",
+    "gpu.intel.com/xe": "shared-dev-num",
+    "nvidia.com/gpu": "time-slicing",
+}
 
 
 class NodePool(Strict):
@@ -166,8 +175,14 @@ class NodePool(Strict):
     instance_type: Optional[DnsName] = None
     # Extended resource the GPU device plugin advertises, e.g. gpu.intel.com/i915, amd.com/gpu.
     gpu_resource: Optional[Annotated[str, _matches(_LABEL_KEY, "a resource name such as gpu.intel.com/i915")]] = None
-    # Containers that may share one GPU: the device plugin's -shared-dev-num (Intel default 1).
+    # Containers that may share one GPU: the device plugin's -shared-dev-num (Intel default 1) or
+    # NVIDIA time-slicing replicas. Must be 1 where the plugin cannot share (see gpu_sharing).
     gpu_shares: Annotated[int, Field(gt=0, le=64)] = 1
+    # How the device plugin shares a GPU; None: known from gpu_resource (DEVICE_PLUGIN_SHARING).
+    gpu_sharing: Optional[Literal["exclusive", "shared-dev-num", "time-slicing"]] = None
+
+    def sharing(self) -> Optional[str]:
+        return self.gpu_sharing or DEVICE_PLUGIN_SHARING.get(self.gpu_resource or "")
     # A small cluster's pool: the planner simulates every node.
     nodes: Annotated[int, Field(gt=0, le=1000)] = 1
     # Physical memory of one node; on an APU the GPU's "VRAM" is this same pool.
@@ -560,6 +575,13 @@ def _relations(stack: StackConfig) -> list[tuple[str, str]]:
         problems.append(
             ("namespace.model_hub_egress.reason", "world egress needs a reason; prefer mode: fqdn with the hosts named")
         )
+    for pool_key, pool in stack.node_pools.items():
+        if pool.sharing() == "exclusive" and pool.gpu_shares > 1:
+            problems.append((
+                f"node_pools.{pool_key}.gpu_shares",
+                f"{pool.gpu_resource}'s device plugin gives each GPU to one container only; set gpu_shares: 1 and "
+                "run other model servers on the CPU (gpu_layers: 0) or on another pool",
+            ))
     for pool_key, users in gpu_users.items():
         pool = stack.node_pools[pool_key]
         demand = sum(stack.models[k].workload.replicas for k in users)

@@ -88,14 +88,36 @@ def test_pulumi_waits_for_the_prefetch_too(strix_run):
     assert probe["periodSeconds"] * probe["failureThreshold"] < download
 
 
-def test_embeddings_server_is_llamacpp_fully_offloaded(strix_run):
+def test_embeddings_server_is_llamacpp_on_the_cpu_beside_the_engine(strix_run):
+    """The ROCm device plugin gives each node's one GPU to one container: the engine's replica."""
     deployment = strix_run.one("Deployment", "llama-cpp")
     assert deployment.inputs["spec"]["replicas"] == 1
-    args = deployment.inputs["spec"]["template"]["spec"]["containers"][0]["args"]
+    container = deployment.inputs["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
     assert args[args.index("--hf-repo") + 1].lower().startswith("qwen/qwen3-embedding-8b")
     assert args[args.index("--hf-repo") + 1].endswith(":Q6_K")
-    assert args[args.index("--n-gpu-layers") + 1] == "999"
+    assert args[args.index("--n-gpu-layers") + 1] == "0"
     assert "--embeddings" in args
+    assert "amd.com/gpu" not in container["resources"]["limits"]
+    assert ":server-b" in container["image"]  # the CPU build, not server-vulkan
+
+
+def test_gpu_pods_fit_what_the_device_plugin_advertises(strix_run, strix):
+    """Two one-GPU nodes, exclusive devices: at most one GPU container per node, so every pod schedules."""
+    pool = strix["node_pools"]["ms-s1"]
+    gpu_pods = 0
+    for workload in [*strix_run.find("Deployment"), *strix_run.find("StatefulSet")]:
+        spec = workload.inputs["spec"]
+        wants = any("amd.com/gpu" in c["resources"]["limits"] for c in spec["template"]["spec"]["containers"])
+        gpu_pods += spec["replicas"] if wants else 0
+    assert gpu_pods == 2 <= pool["nodes"] * pool["gpu_shares"] and pool["gpu_shares"] == 1
+
+
+def test_the_old_shape_two_pods_on_one_amd_gpu_is_refused(strix):
+    strix["node_pools"]["ms-s1"]["gpu_shares"] = 2
+    with pytest.raises(pulumi.RunError, match=r"node_pools.ms-s1.gpu_shares: amd.com/gpu's device plugin gives each GPU "
+                                              r"to one container only; set gpu_shares: 1"):
+        run_strix(strix)
 
 
 def test_routing_table_is_the_seeds(strix_run):
@@ -143,7 +165,8 @@ def test_plan_fits_with_the_seeds_headroom(strix_run):
 
 
 def test_two_seventy_gib_engines_on_one_node_are_refused(strix):
-    strix["node_pools"]["ms-s1"].update(nodes=1, gpu_shares=3)
+    # A plugin that shares (set explicitly), so that only memory decides.
+    strix["node_pools"]["ms-s1"].update(nodes=1, gpu_shares=3, gpu_sharing="shared-dev-num")
     strix["models"]["flash"]["workload"]["one_per_node"] = False
     strix["models"]["flash"]["resources"].update(memory_request="70Gi", memory_limit="80Gi")
     with pytest.raises(pulumi.RunError) as caught:
