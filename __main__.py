@@ -11,11 +11,13 @@ from components.llama_server import LlamaServer
 from components.model_cache import ModelCache, ModelCacheArgs
 from components.model_server import ModelServerArgs
 from components.namespace import AINamespace, AINamespaceArgs
-from components.observability import Monitoring, MonitoringArgs
+from components.observability import Monitoring, MonitoringArgs, fallback_alerts
 
 try:
     stack = load_stack()
     capacity = plan(stack)
+    if stack.observability is not None:
+        fallback_alerts(stack)  # refused before any resource is registered
 except (ConfigError, CapacityError) as error:
     raise pulumi.RunError(str(error)) from None
 

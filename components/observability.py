@@ -9,7 +9,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from .capacity import Plan
-from .config import Observability, StackConfig
+from .config import ConfigError, Observability, StackConfig
 from .meta import PART_OF, selector, token
 from .model_server import metrics_path
 
@@ -79,24 +79,54 @@ def alert_rules(args: MonitoringArgs) -> list[dict]:
                 }
             )
     gateway = stack.gateway
-    if gateway is not None:
-        for route in gateway.routes:
-            first = gateway.tiers[route.backends[0].tier]
-            if first.local is None or len(route.backends) < 2:
-                continue
-            rules.append(
-                {
-                    "alert": alert_name(f"fallback-{route.backends[0].tier}", "") + "Active",
-                    "expr": (
-                        "sum(rate(gen_ai_server_request_duration_seconds_count"
-                        f'{{gen_ai_original_model="{route.model}", gen_ai_provider_name!~"{route.backends[0].tier}.*"}}[10m])) > 0'
-                    ),
-                    "for": obs.fallback_alert_after,
-                    "labels": {"severity": "warning", "model": route.model},
-                    "annotations": {"summary": f"{route.model} is being served by a remote fallback tier"},
-                }
-            )
+    for route, local_name, fallbacks in fallback_alerts(stack):
+        rules.append(
+            {
+                "alert": alert_name(f"fallback-{route.backends[0].tier}", "") + "Active",
+                "expr": (
+                    "sum(rate(gen_ai_server_request_duration_seconds_count"
+                    f'{{gen_ai_original_model="{route.model}", gen_ai_request_model!="{local_name}"}}[10m])) > 0'
+                ),
+                "for": obs.fallback_alert_after,
+                "labels": {"severity": "warning", "model": route.model},
+                "annotations": {
+                    "summary": f"{route.model} is not served by {route.backends[0].tier}: requests fall back to {fallbacks}"
+                },
+            }
+        )
     return rules
+
+
+def fallback_alerts(stack: StackConfig) -> list[tuple]:
+    """(route, name sent to its local first tier, fallbacks described) for every route whose first
+    tier is local and has a fallback; raises ConfigError where the alert could not tell them apart.
+
+    AI Gateway labels a request with the model name it sent upstream (gen_ai_request_model: the
+    backend's modelNameOverride); gen_ai_provider_name is the API schema ("openai") for every
+    OpenAI-compatible backend, so it cannot tell a local tier from a remote one."""
+    from .gateway import backend_refs
+
+    gateway = stack.gateway
+    found, problems = [], []
+    for index, route in enumerate(gateway.routes if gateway is not None else []):
+        first = gateway.tiers[route.backends[0].tier]
+        if first.local is None or len(route.backends) < 2:
+            continue
+        sent = [ref.get("modelNameOverride") or route.model for ref in backend_refs(route.backends, gateway, stack, route.model)]
+        local_name, fallback_names = sent[0], sent[1:]
+        if local_name in fallback_names:
+            other = route.backends[1 + fallback_names.index(local_name)].tier
+            problems.append((
+                f"gateway.routes.{index}.backends.0.model",
+                f"tier {route.backends[0].tier} is sent {local_name!r}, as tier {other} is, so the fallback alert "
+                "cannot tell them apart; give the local tier a distinct model name (llama.cpp answers any)",
+            ))
+            continue
+        fallbacks = ", ".join(f"{b.tier} ({'local' if gateway.tiers[b.tier].local else 'remote'})" for b in route.backends[1:])
+        found.append((route, local_name, fallbacks))
+    if problems:
+        raise ConfigError(problems)
+    return found
 
 
 class Monitoring(pulumi.ComponentResource):

@@ -104,6 +104,10 @@ def test_rendered_server_keeps_its_promises(binary, models, case):
         assert request(running.base + probe_path(container)).status == 200
         endpoint = "/v1/chat/completions" if role == "chat" else "/v1/embeddings"
         body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1} if role == "chat" else {"input": "x"}
+        # The gateway sends a local tier its own model name (the fallback alert relies on it):
+        # single-model llama.cpp must answer whatever name it is sent.
+        body["model"] = "name-the-gateway-sends"
+        assert request(running.base + endpoint, body, auth(running)).status == 200
         if running.key:
             assert request(running.base + endpoint, body).status == 401
             assert request(running.base + endpoint, body, {"Authorization": "Bearer wrong"}).status == 401

@@ -180,3 +180,30 @@ def test_more_replicas_than_nodes_with_one_per_node(strix):
     strix["models"]["flash"]["workload"]["replicas"] = 3
     with pytest.raises(pulumi.RunError, match=r"models.flash.workload.replicas: 3 replicas, one per node, but node pool ms-s1 has 2"):
         run_strix(strix)
+
+
+def _fallback_alerts(run) -> dict:
+    rules = [r for rule in run.find("VMRule") for g in rule.inputs["spec"]["groups"] for r in g["rules"]]
+    return {r["labels"]["model"]: r for r in rules if r["alert"].startswith("Fallback")}
+
+
+def test_fallback_alerts_match_what_the_gateway_emits(strix_run):
+    """AI Gateway sets gen_ai_provider_name to the schema (openai) for every tier here, so alerts key
+    on gen_ai_request_model: the name each backend was sent (its modelNameOverride)."""
+    alerts = _fallback_alerts(strix_run)
+    assert set(alerts) == {"qwen/qwen3.8-flash", "qwen/qwen3-embedding-8b"}
+    sent_to_local = {"qwen/qwen3.8-flash": "qwen38-flash-next-w4b", "qwen/qwen3-embedding-8b": "qwen3-embedding-8b-local"}
+    for model, alert in alerts.items():
+        assert "gen_ai_provider_name" not in alert["expr"]
+        assert f'gen_ai_original_model="{model}", gen_ai_request_model!="{sent_to_local[model]}"' in alert["expr"]
+    assert alerts["qwen/qwen3-embedding-8b"]["annotations"]["summary"] == (
+        "qwen/qwen3-embedding-8b is not served by llama-cpp: requests fall back to nous (remote), openrouter (remote)")
+
+
+def test_a_local_tier_sent_the_same_name_as_a_remote_one_is_refused(strix):
+    route = next(r for r in strix["gateway"]["routes"] if r.get("kind") == "embedding")
+    route["backends"][0] = {"tier": "llama-cpp"}  # the first landing: the public name, as openrouter gets
+    with pytest.raises(pulumi.RunError, match=r"gateway.routes.2.backends.0.model: tier llama-cpp is sent "
+                                              r"'qwen/qwen3-embedding-8b', as tier openrouter is, so the fallback alert cannot tell them apart; "
+                                              r"give the local tier a distinct model name"):
+        run_strix(strix)
