@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from policy.rules import PINNED_IMAGE
 
-from .meta import one_line
+from .meta import OFFLINE_SECRET_PLACEHOLDER, one_line
 from .quantity import parse_quantity
 
 PROJECT = "inference-plane"
@@ -818,8 +818,8 @@ def load_stack() -> StackConfig:
         by_value: dict[str, str] = {}
         for client, settings in stack.gateway.clients.items():
             value = values.get(settings.key_config) if settings.key_config else None
-            if value is None:
-                continue
+            if value is None or value == OFFLINE_SECRET_PLACEHOLDER:
+                continue  # offline, every secret reads the same placeholder: their real values differ
             if value in by_value:
                 problems.append(
                     (

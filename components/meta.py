@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Optional
 
 TOKEN_PREFIX = "inference-plane:index"
+# What the offline render passes for a `secure:` config value, which only the Pulumi CLI can decrypt.
+OFFLINE_SECRET_PLACEHOLDER = "offline-render-placeholder"
 NAME_LABEL = "app.kubernetes.io/name"
 PART_OF = {"app.kubernetes.io/part-of": "inference-plane", "app.kubernetes.io/managed-by": "pulumi"}
 

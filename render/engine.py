@@ -20,8 +20,7 @@ import yaml
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 PROGRAM = PROJECT_DIR / "__main__.py"
 PROJECT = "inference-plane"
-# What stands in for a `secure:` config value, which only the Pulumi CLI can decrypt.
-SECRET_PLACEHOLDER = "offline-render-placeholder"
+from components.meta import OFFLINE_SECRET_PLACEHOLDER as SECRET_PLACEHOLDER  # noqa: E402
 
 
 @dataclass

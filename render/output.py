@@ -73,8 +73,10 @@ class RenderResult:
                 f"  {endpoint}"
             )
         lines.extend(plan_tables(self.run.outputs.get("capacity_plan")))
-        if any(m["kind"] == "Secret" for m in self.files.values()):
-            lines.append(f"  Secret values are not rendered: they read {SECRET_TEXT!r}")
+        secrets = sum(1 for m in self.files.values() if m["kind"] == "Secret")
+        if secrets:
+            lines.append(f"  {secrets} Secret(s) are not in the folder (values live in Pulumi only): "
+                         f"create them before kubectl apply -k, as {self.out / SECRETS_FILE} says")
         return "\n".join(lines)
 
 
@@ -101,6 +103,28 @@ def plan_tables(plan: dict | None) -> list[str]:
             f"{(f'{bound:.1f}tok/s' if bound else '-'):>10}"
         )
     return lines
+
+
+SECRETS_FILE = "SECRETS.md"
+
+
+def secrets_to_create(stack: str, secrets: list[dict[str, Any]]) -> str:
+    """What to create before `kubectl apply -k`: one command per Secret, values left to the user."""
+    lines = [
+        f"# Secrets to create before applying this folder (stack {stack})",
+        "",
+        "`pulumi up` creates these itself. This folder holds no Secret objects: their values are Pulumi",
+        "secrets, never written here. Before `kubectl apply -k .`, create each one with its real value",
+        "(or the equivalent SealedSecret / SOPS-encrypted Secret in your GitOps repository):",
+        "",
+    ]
+    for secret in sorted(secrets, key=lambda m: (m["metadata"].get("namespace", ""), m["metadata"]["name"])):
+        meta = secret["metadata"]
+        keys = sorted({*(secret.get("stringData") or {}), *(secret.get("data") or {})})
+        literals = " ".join(f"--from-literal={k}=<{k}>" for k in keys)
+        lines += [f"- `{meta['name']}` in namespace `{meta.get('namespace', 'default')}` (keys: {', '.join(keys)})", "",
+                  f"      kubectl -n {meta.get('namespace', 'default')} create secret generic {meta['name']} {literals}", ""]
+    return "\n".join(lines)
 
 
 def _kustomization(files: dict[str, dict[str, Any]]) -> str:
@@ -142,9 +166,15 @@ def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> Rend
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     staging.chmod(0o755)
     try:
-        for name, manifest in files.items():
+        # Secrets stay out of the folder a GitOps tool applies: their values exist only in Pulumi's
+        # state, and a placeholder applied as a credential would become the credential.
+        applied = {n: m for n, m in files.items() if m["kind"] != "Secret"}
+        for name, manifest in applied.items():
             (staging / name).write_text(dump(manifest))
-        (staging / "kustomization.yaml").write_text(_kustomization(files))
+        (staging / "kustomization.yaml").write_text(_kustomization(applied))
+        secrets = [m for m in files.values() if m["kind"] == "Secret"]
+        if secrets:
+            (staging / SECRETS_FILE).write_text(secrets_to_create(stack, secrets))
         if run.outputs.get("capacity_plan"):
             (staging / "plan.json").write_text(json.dumps(run.outputs["capacity_plan"], indent=2, sort_keys=True) + "\n")
         (staging / MARKER).write_text(f"rendered by inference-plane from Pulumi.{stack}.yaml; do not edit\n")

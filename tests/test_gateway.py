@@ -358,3 +358,18 @@ def test_gateway_fronted_llama_server_without_any_key(strix):
     del strix["models"]["embed"]["api_key"]
     with pytest.raises(pulumi.RunError, match=r"models.embed.api_key: required: the gateway reaches this server"):
         run_strix(strix)
+
+
+def test_clients_with_their_own_secure_keys_render_offline(tmp_path, strix):
+    """Offline every `secure:` value reads the same placeholder; that is not two equal keys."""
+    import yaml
+
+    from render.output import render_stack
+
+    strix["gateway"]["clients"] = {"a": {"key_config": "key_a"}, "b": {"key_config": "key_b"}}
+    config = {f"inference-plane:{k}": v for k, v in strix.items()}
+    for key in [*STRIX_SECRETS, "key_a", "key_b"]:
+        config[f"inference-plane:{key}"] = {"secure": "v1:bm90LWRlY3J5cHRhYmxl"}
+    (tmp_path / "Pulumi.two.yaml").write_text(yaml.safe_dump({"config": config}))
+    result = render_stack("two", tmp_path / "out", project_dir=tmp_path)
+    assert set(result.run.outputs["client_api_keys"]) == {"a", "b"}

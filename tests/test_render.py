@@ -32,7 +32,7 @@ def test_there_are_stacks():
 def test_every_stack_renders_and_validates_strictly(tmp_path, stack):
     result = render_stack(stack, tmp_path / "out")
     written = sorted(p.name for p in (tmp_path / "out").glob("*.yaml") if p.name != "kustomization.yaml")
-    assert written == sorted(result.files)
+    assert written == sorted(n for n, m in result.files.items() if m["kind"] != "Secret")  # Secrets: SECRETS.md
     for name in written:
         manifest = yaml.safe_load((tmp_path / "out" / name).read_text())
         validate(name, manifest, result.run.config.cluster.kubernetes_version)
@@ -128,16 +128,25 @@ def test_secret_values_never_reach_manifests_or_plain_outputs(homelab_values):
     assert SECRET not in repr(plain_outputs)
 
 
-def test_rendered_secret_files_say_so(tmp_path):
-    values = homelab_plain_values()
-    values["models"]["chat"]["api_key"] = {"secret_name": "llama-api-key", "from_config": "chat_api_key"}
-    config = {f"inference-plane:{k}": v for k, v in values.items()}
-    config["inference-plane:chat_api_key"] = {"secure": "v1:bm90LWRlY3J5cHRhYmxlLWhlcmU="}
-    (tmp_path / "Pulumi.keyed.yaml").write_text(yaml.safe_dump({"config": config}))
-    result = render_stack("keyed", tmp_path / "out", project_dir=tmp_path)
-    secret = yaml.safe_load((tmp_path / "out" / "secret_ai_llama-api-key.yaml").read_text())
-    assert secret["stringData"] == {"api-keys": SECRET_TEXT}
-    assert "Secret values are not rendered" in result.summary()
+def test_rendered_folder_holds_no_placeholder_credential(tmp_path):
+    """The folder is safe to `kubectl apply -k`: no Secret with a placeholder value; SECRETS.md says
+    what to create first, by name, namespace and key."""
+    result = render_stack("strix-halo", tmp_path / "out")
+    out = tmp_path / "out"
+    secrets = [m for m in result.files.values() if m["kind"] == "Secret"]
+    assert len(secrets) >= 5
+    listed = yaml.safe_load((out / "kustomization.yaml").read_text())["resources"]
+    assert all(yaml.safe_load((out / name).read_text())["kind"] != "Secret" for name in listed)
+    assert sorted(p.name for p in out.glob("*.yaml")) == sorted([*listed, "kustomization.yaml"])
+    for path in out.iterdir():
+        if path.is_file():
+            assert SECRET_TEXT not in path.read_text() and "offline-render-placeholder" not in path.read_text()
+    guide = (out / "SECRETS.md").read_text()
+    for secret in secrets:
+        meta = secret["metadata"]
+        keys = " ".join(f"--from-literal={k}=<{k}>" for k in sorted(secret["stringData"]))
+        assert f"kubectl -n {meta['namespace']} create secret generic {meta['name']} {keys}" in guide
+    assert f"{len(secrets)} Secret(s) are not in the folder" in result.summary()
 
 
 def test_cli_error_is_one_line_and_non_zero(tmp_path):
