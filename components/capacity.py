@@ -140,8 +140,9 @@ def estimate_resident(model: ModelServer, backend: Backend) -> MemoryEstimate:
 
 
 def decode_bound_tok_s(model: ModelServer, facts: Optional[ModelFacts], pool: NodePool) -> Optional[float]:
-    """Upper bound on decode speed: bandwidth / bytes read per token (active parameters for MoE)."""
-    if pool.memory_bandwidth_gbs is None or facts is None:
+    """Upper bound on decode speed: bandwidth / bytes read per token (active parameters for MoE).
+    None for embedding servers: they do not decode."""
+    if pool.memory_bandwidth_gbs is None or facts is None or model.role == "embedding":
         return None
     active = facts.active_params_b or facts.params_b
     bytes_per_token = active * 1e9 * model_bits(model, facts) / 8

@@ -52,9 +52,11 @@ class RenderResult:
         plans = (self.run.outputs.get("capacity_plan") or {}).get("servers", {})
         key_of = {model.name: key for key, model in self.run.config.models.items()}
         lines.append("  model servers:")
-        for manifest in self.files.values():
-            if manifest["kind"] not in ("Deployment", "StatefulSet"):
-                continue
+        # The same order as the capacity table: the stack's models, as configured.
+        order = {model.name: i for i, model in enumerate(self.run.config.models.values())}
+        workloads = sorted((m for m in self.files.values() if m["kind"] in ("Deployment", "StatefulSet")),
+                           key=lambda m: order.get(m["metadata"]["name"], len(order)))
+        for manifest in workloads:
             container = manifest["spec"]["template"]["spec"]["containers"][0]
             resources = container.get("resources", {})
             requests, limits = resources.get("requests", {}), resources.get("limits", {})
@@ -69,7 +71,7 @@ class RenderResult:
             replicas = manifest["spec"].get("replicas", 1)
             lines.append(
                 f"    {name:<16} {manifest['kind']} x{replicas}  memory {requests.get('memory', '-')}/"
-                f"{limits.get('memory', '-')}  gpu {', '.join(gpus) or 'none'}  startup {budget_min:.0f} min{waited}"
+                f"{limits.get('memory', '-')} (request/limit)  gpu {', '.join(gpus) or 'none'}  startup {budget_min:.0f} min{waited}"
                 f"  {endpoint}"
             )
         lines.extend(plan_tables(self.run.outputs.get("capacity_plan")))
@@ -88,20 +90,23 @@ def plan_tables(plan: dict | None) -> list[str]:
     for node in plan["nodes"]:
         where = f"{node['pool']}/{node['node'] + 1}"
         lines.append(f"    {where:<22}{node['budget_gib']:>8.1f}{node['planned_gib']:>9.1f}{node['free_gib']:>8.1f}")
-    lines.append(
-        f"    {'server':<22}{'weights':>8}{'KV':>6}{'state':>7}{'backend':>8}{'caches':>7}{'total':>7}"
-        f"{'request':>9}{'limit':>7}{'startup':>9}{'decode<=':>10}"
-    )
+    header = ["server", "weights", "KV", "state", "backend", "caches", "total", "mem request", "mem limit",
+              "startup", "decode <="]
+    rows = []
     for server in plan["servers"].values():
         e = server["estimate"]
         bound = server["decode_bound_tok_s"]
-        lines.append(
-            f"    {server['name']:<22}{e['weights_gib']:>8.1f}{e['kv_gib']:>6.2f}{e['recurrent_gib']:>7.2f}"
-            f"{e['overhead_gib']:>8.1f}{e['host_caches_gib']:>7.1f}{e['total_gib']:>7.1f}"
-            f"{server['memory_request']:>9}{server['memory_limit']:>7}"
-            f"{server['budget']['startup_seconds'] / 60:>7.0f}min"
-            f"{(f'{bound:.1f}tok/s' if bound else '-'):>10}"
-        )
+        rows.append([
+            server["name"], f"{e['weights_gib']:.1f}", f"{e['kv_gib']:.2f}", f"{e['recurrent_gib']:.2f}",
+            f"{e['overhead_gib']:.1f}", f"{e['host_caches_gib']:.1f}", f"{e['total_gib']:.1f}",
+            server["memory_request"], server["memory_limit"], f"{server['budget']['startup_seconds'] / 60:.0f} min",
+            f"{bound:.1f} tok/s" if bound else "-",
+        ])
+    # Columns as wide as their widest cell, two spaces apart: aligned whatever the figures.
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("    " + "  ".join(cells).rstrip())
     return lines
 
 

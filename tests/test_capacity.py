@@ -218,7 +218,7 @@ def test_plan_is_a_stack_output_and_written_beside_the_manifests(tmp_path, homel
     assert "capacity_plan" not in homelab_run.secret_outputs
     assert written["nodes"][0]["budget_gib"] == 54.0
     assert "plan.json" not in (tmp_path / "out" / "kustomization.yaml").read_text()
-    assert "iris-xe/1" in result.summary() and "decode<=" in result.summary()
+    assert "iris-xe/1" in result.summary() and "decode <=" in result.summary()
 
 
 def test_mean_pooling_embedder_with_a_micro_batch_below_its_context_is_refused(homelab_values):

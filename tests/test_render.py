@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 
@@ -169,3 +170,31 @@ def test_cli_renders_and_summarises(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "llama-server" in proc.stdout and "memory 24Gi/32Gi" in proc.stdout
     assert "https://llm.renner.uno" in proc.stdout and "gpu.intel.com/i915=1" in proc.stdout
+
+
+def test_summary_reads_at_a_glance(tmp_path):
+    result = render_stack("strix-halo", tmp_path / "out")
+    lines = result.summary().splitlines()
+    servers = [l.split()[0] for l in lines[lines.index("  model servers:") + 1:] if "(request/limit)" in l]
+    header = next(i for i, l in enumerate(lines) if l.split()[:2] == ["server", "weights"])
+    table = [l.split()[0] for l in lines[header + 1:header + 1 + len(servers)]]
+    assert servers == table == [m.name for m in result.run.config.models.values()]
+    # Every column lines up: each cell of a row ends where its header ends.
+    rows = lines[header:header + 1 + len(servers)]
+    ends = lambda row: [m.end() for m in re.finditer(r"\S+(?: \S+)*", row)]  # noqa: E731
+    assert all(ends(row)[1:] == ends(rows[0])[1:] for row in rows)
+    plan = result.run.outputs["capacity_plan"]["servers"]
+    embedding = [k for k, m in result.run.config.models.items() if m.role == "embedding"]
+    assert embedding and all(plan[k]["decode_bound_tok_s"] is None for k in embedding)
+
+
+def test_decode_column_stays_apart_past_100_tok_s():
+    from render.output import plan_tables
+
+    plan = {"nodes": [], "servers": {"x": {
+        "name": "x", "memory_request": "1Gi", "memory_limit": "2Gi", "decode_bound_tok_s": 107.5,
+        "budget": {"startup_seconds": 600},
+        "estimate": {k: 0.1 for k in ("weights_gib", "kv_gib", "recurrent_gib", "overhead_gib", "host_caches_gib", "total_gib")},
+    }}}
+    row = plan_tables(plan)[-1]
+    assert row.endswith("  10 min  107.5 tok/s")
