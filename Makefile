@@ -11,9 +11,10 @@ CHECKOV_VENV := .venv-checkov
 
 # Rebuilt when the pinned requirements change; a fresh clone builds it on first use.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
-	touch $@
+	@echo "==> creating $(VENV) and installing $$(cat requirements.txt requirements-dev.txt | grep -cE '^[A-Za-z]') pinned packages (about 1 min on a fresh machine)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
 
 render: $(VENV)/.installed
 	$(BIN)/python -m render $(STACK) --out $(OUT)
@@ -21,11 +22,14 @@ render: $(VENV)/.installed
 # checkov, the second opinion on the rendered manifests, in its own environment: its dependency
 # pins clash with Pulumi's.
 $(CHECKOV_VENV)/.installed: requirements-checkov.txt
-	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
-	touch $@
+	@echo "==> installing the manifest scanner (checkov) in $(CHECKOV_VENV) (about 1 min on a fresh machine)"
+	@test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	@$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
+	@touch $@
 
 test: $(VENV)/.installed $(CHECKOV_VENV)/.installed
+	@test -x $(HOME)/.cache/inference-plane/llama-server-b10729/bin/llama-server || \
+		echo "==> building llama.cpp's llama-server once for the contract tests (about 20 min on 2 cores; cached in ~/.cache/inference-plane)"
 	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -q
 
 clean:
