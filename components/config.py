@@ -14,7 +14,7 @@ import re
 import typing
 from typing import Annotated, Any, Literal, Mapping, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from policy.rules import PINNED_IMAGE
 
@@ -89,8 +89,13 @@ HttpPath = Annotated[str, Field(pattern=r"^/[A-Za-z0-9._~/-]*$")]
 PinnedImage = Annotated[
     str, _matches(_PINNED_IMAGE, "a pinned image: registry/name:<build or version tag, e.g. b10731> or @sha256:<digest>")
 ]
-Memory = Annotated[str, AfterValidator(_memory)]
-Cpu = Annotated[str, AfterValidator(_cpu)]
+def _number_as_quantity(value: Any) -> Any:
+    """`pulumi config set --path x.cpu_limit 6` stores the number 6: a whole number is the quantity "6"."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+Memory = Annotated[str, BeforeValidator(_number_as_quantity), AfterValidator(_memory)]
+Cpu = Annotated[str, BeforeValidator(_number_as_quantity), AfterValidator(_cpu)]
 Labels = Annotated[dict[str, str], AfterValidator(_labels)]
 ConfigKey = Annotated[str, _matches(_CONFIG_KEY, "a config key name (lower-case, digits, '_')")]
 Positive = Annotated[int, Field(gt=0)]

@@ -189,3 +189,13 @@ def test_a_trailing_newline_is_not_a_valid_name(homelab_values, field, value):
     # `$` in a Python regex also matches before a final newline; the checks match the whole value.
     homelab_values["models"]["chat"][field] = value
     assert rejection(homelab_values).problems[0][0] == f"models.chat.{field}"
+
+
+def test_whole_numbers_from_pulumi_config_set_path_are_quantities(homelab_values):
+    """`pulumi config set --path models.chat.resources.cpu_limit 6` writes the number 6."""
+    homelab_values["models"]["chat"].setdefault("resources", {}).update(cpu_request=2, cpu_limit=6)
+    stack = parse_stack(homelab_values)
+    assert (stack.models["chat"].resources.cpu_request, stack.models["chat"].resources.cpu_limit) == ("2", "6")
+    homelab_values["models"]["chat"]["resources"]["cpu_limit"] = True
+    with pytest.raises(ConfigError, match=r"models.chat.resources.cpu_limit: "):
+        parse_stack(homelab_values)
