@@ -10,6 +10,8 @@ connection while downloading) until its weights are resident, which is what the 
 
 from __future__ import annotations
 
+import hashlib
+
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
@@ -97,6 +99,13 @@ CHECKOV_WAIVERS = {
 CILIUM_WAIVER = {
     "CKV2_K8S_6": "governed by the namespace's CiliumNetworkPolicy (endpointSelector {}), which checkov does not read",
 }
+
+
+KEY_FINGERPRINT_ANNOTATION = "inference-plane/api-key-fingerprint"
+
+
+def key_fingerprint(key: str) -> str:
+    return hashlib.scrypt(key.encode(), salt=b"inference-plane/api-key", n=2**14, r=8, p=1, dklen=8).hex()
 
 
 def checkov_waivers(cni: str, pod: bool = False) -> dict[str, str]:
@@ -293,7 +302,14 @@ class ModelServerBase(pulumi.ComponentResource):
         template_meta: dict = {"labels": labels(model.name, component)}
         pod_waivers = checkov_waivers(args.cluster.cni, pod=True)
         if pod_waivers:
-            template_meta["annotations"] = pod_waivers
+            template_meta["annotations"] = dict(pod_waivers)
+        if self.api_key_secret is not None:
+            # llama.cpp reads --api-key-file once, at start: a rotated key must restart the pods, so
+            # the pod template carries a fingerprint of the key (scrypt, so a weak key is not cheap to
+            # guess from it; not secret, so the Deployment's state stays readable).
+            template_meta.setdefault("annotations", {})[KEY_FINGERPRINT_ANNOTATION] = pulumi.Output.unsecret(
+                pulumi.Output.from_input(args.api_key_value).apply(key_fingerprint)
+            )
         template = {
             "metadata": template_meta,
             "spec": pod_spec(model, args.node_pool, args.cache, args.plan),

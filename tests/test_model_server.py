@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from components.capacity import plan
@@ -9,6 +11,7 @@ from components.config import parse_stack
 from components.embed_server import EmbedServer
 from components.llama_server import LlamaServer
 from components.model_server import ModelServerArgs
+from conftest import run_values
 from render.engine import run_program
 
 
@@ -307,3 +310,17 @@ def test_component_tokens_and_parents(homelab_values):
     for resource in run.kubernetes():
         assert resource.parent == component.urn
         assert resource.name.startswith(model.name)
+
+
+def test_rotating_the_api_key_restarts_the_server(homelab_values):
+    """llama.cpp reads --api-key-file once: a new key must change the pod template (a rollout)."""
+    from components.model_server import KEY_FINGERPRINT_ANNOTATION, key_fingerprint
+
+    def template_annotation(key: str) -> str:
+        run = run_values(copy.deepcopy(homelab_values), secrets={"llama_api_key": key})
+        deployment = run.one("Deployment", "llama-server").inputs
+        return deployment["spec"]["template"]["metadata"]["annotations"][KEY_FINGERPRINT_ANNOTATION]
+
+    old, new = template_annotation("key-one-4e2a"), template_annotation("key-two-9b1c")
+    assert old == key_fingerprint("key-one-4e2a") and new == key_fingerprint("key-two-9b1c") and old != new
+    assert "key-one" not in old and len(old) == 16
