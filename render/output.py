@@ -75,6 +75,8 @@ class RenderResult:
                 f"  {endpoint}"
             )
         lines.extend(plan_tables(self.run.outputs.get("capacity_plan")))
+        if (self.out / "plan.svg").exists():
+            lines.append(f"  plan picture: {self.out / 'plan.svg'}")
         secrets = sum(1 for m in self.files.values() if m["kind"] == "Secret")
         if secrets:
             lines.append(f"  {secrets} Secret(s) are not in the folder (values live in Pulumi only): "
@@ -182,6 +184,9 @@ def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> Rend
             (staging / SECRETS_FILE).write_text(secrets_to_create(stack, secrets))
         if run.outputs.get("capacity_plan"):
             (staging / "plan.json").write_text(json.dumps(run.outputs["capacity_plan"], indent=2, sort_keys=True) + "\n")
+            from .picture import plan_svg
+
+            (staging / "plan.svg").write_text(plan_svg(run.outputs["capacity_plan"]))
         (staging / MARKER).write_text(f"rendered by inference-plane from Pulumi.{stack}.yaml; do not edit\n")
         if out.exists():
             retired = out.with_name(f".{out.name}.old")

@@ -1,0 +1,60 @@
+"""The capacity plan drawn per node, as an SVG written beside plan.json (no drawing library needed).
+
+One bar per node, as wide as the node's budget (allocatable less reserved): for each model server
+placed there its weights, KV and recurrent state, backend working set and host caches, then the
+margin its memory limit adds over the estimate; what is left is headroom. Every rectangle carries
+its figures (data-node, data-server, data-part, data-gib) so a test can check them against the plan.
+"""
+from __future__ import annotations
+
+from xml.sax.saxutils import escape
+
+PARTS = (  # (part, estimate fields, colour)
+    ("weights", ("weights_gib",), "#4e79a7"),
+    ("kv+state", ("kv_gib", "recurrent_gib"), "#f28e2b"),
+    ("backend", ("overhead_gib",), "#e15759"),
+    ("caches", ("host_caches_gib",), "#76b7b2"),
+    ("limit margin", (), "#bab0ac"),
+)
+HEADROOM = "#d4edda"
+WIDTH, LABEL, BAR, GAP, TOP = 900, 150, 28, 22, 40
+
+
+def plan_svg(plan: dict) -> str:
+    nodes = plan["nodes"]
+    servers = {s["name"]: s for s in plan["servers"].values()}
+    scale = (WIDTH - LABEL - 20) / max((n["budget_gib"] for n in nodes), default=1)
+    height = TOP + len(nodes) * (BAR + GAP) + 40
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="12">',
+           f'<text x="10" y="20" font-size="14">capacity plan per node (GiB; bar = budget, allocatable less reserved)</text>']
+    for row, node in enumerate(nodes):
+        y = TOP + row * (BAR + GAP)
+        where = f"{node['pool']}/{node['node'] + 1}"
+        out.append(f'<text x="10" y="{y + BAR / 2 + 4}">{escape(where)}</text>')
+        x = float(LABEL)
+        for name, limit in node["workloads"].items():
+            estimate = servers[name]["estimate"] if name in servers else {}
+            sizes = [(part, sum(estimate.get(f, 0.0) for f in fields), colour) for part, fields, colour in PARTS[:-1]]
+            sizes.append((PARTS[-1][0], max(limit - sum(s for _, s, _ in sizes), 0.0), PARTS[-1][2]))
+            for part, gib, colour in sizes:
+                if gib <= 0:
+                    continue
+                out.append(f'<rect x="{x:.2f}" y="{y}" width="{gib * scale:.2f}" height="{BAR}" fill="{colour}" '
+                           f'data-node="{escape(where)}" data-server="{escape(name)}" data-part="{part}" data-gib="{gib:.3f}">'
+                           f'<title>{escape(name)} {part}: {gib:.1f} GiB</title></rect>')
+                x += gib * scale
+            out.append(f'<line x1="{x:.2f}" y1="{y}" x2="{x:.2f}" y2="{y + BAR}" stroke="#333"/>')
+        free = node["free_gib"]
+        if free > 0:
+            out.append(f'<rect x="{x:.2f}" y="{y}" width="{free * scale:.2f}" height="{BAR}" fill="{HEADROOM}" '
+                       f'data-node="{escape(where)}" data-part="headroom" data-gib="{free:.3f}"><title>headroom: {free:.1f} GiB</title></rect>')
+        out.append(f'<rect x="{LABEL}" y="{y}" width="{node["budget_gib"] * scale:.2f}" height="{BAR}" fill="none" stroke="#333" '
+                   f'data-node="{escape(where)}" data-part="budget" data-gib="{node["budget_gib"]:.3f}"/>')
+        out.append(f'<text x="{LABEL}" y="{y + BAR + 14}">{node["planned_gib"]:.1f} planned of {node["budget_gib"]:.1f}, '
+                   f'{free:.1f} free</text>')
+    legend_y = TOP + len(nodes) * (BAR + GAP) + 10
+    for i, (part, _, colour) in enumerate([*PARTS, ("headroom", (), HEADROOM)]):
+        out.append(f'<rect x="{10 + i * 130}" y="{legend_y}" width="12" height="12" fill="{colour}"/>'
+                   f'<text x="{26 + i * 130}" y="{legend_y + 11}">{part}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
