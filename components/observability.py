@@ -78,7 +78,6 @@ def alert_rules(args: MonitoringArgs) -> list[dict]:
                     "annotations": {"summary": f"requests wait for a free slot on {model.name}"},
                 }
             )
-    gateway = stack.gateway
     for route, local_name, fallbacks in fallback_alerts(stack):
         rules.append(
             {
