@@ -93,7 +93,9 @@ if stack.gateway is not None:
             client_keys=client_keys,
             provider_keys=upstream_keys(gw),
         ),
-        opts=pulumi.ResourceOptions(depends_on=[namespace, *servers.values()]),
+        # Not on the model servers: the gateway's objects name their Services by DNS name, and
+        # waiting for strix-halo's engine (an hour's cold start) would delay the whole gateway.
+        opts=pulumi.ResourceOptions(depends_on=[namespace]),
     )
     endpoints["gateway"] = {"url": gateway.endpoint}
     # Clients' keys, for handing out: a secret output, never shown in plain text.
