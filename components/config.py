@@ -496,7 +496,7 @@ _GENERATED_FLAGS = {
     "--hf-repo", "-hf", "-hfr", "--model", "-m", "--n-gpu-layers", "-ngl", "--gpu-layers", "--threads", "-t",
     "--ctx-size", "-c", "--ubatch-size", "-ub", "--cors-origins", "--host", "--port", "--api-key",
     "--api-key-file", "--metrics", "--embeddings", "--embedding", "--no-webui", "--webui", "--no-ui", "--ui", "--parallel", "-np",
-    "--cache-ram", "-cram", "--ctx-checkpoints", "-ctxcp",
+    "--cache-ram", "-cram", "--ctx-checkpoints", "-ctxcp", "--pooling",
 }
 
 

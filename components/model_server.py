@@ -21,7 +21,7 @@ import pulumi_kubernetes as k8s
 from policy.rules import COLD_START_ANNOTATION, HEALTH_ANNOTATION
 
 from .budget import StartupBudget
-from .capacity import ServerPlan
+from .capacity import ServerPlan, facts_for
 from .config import ClusterConfig, ModelCache, ModelServer, NodePool
 from .meta import labels, metadata, selector, token
 
@@ -49,6 +49,11 @@ def llama_args(model: ModelServer) -> list[str]:
     args = ["--hf-repo", model.hf_repo]
     if model.role == "embedding":
         args.append("--embeddings")  # serves POST /v1/embeddings
+        facts = facts_for(model)
+        if facts is not None and facts.pooling is not None:
+            # Explicit: the pooling the planner checked the micro-batch against is the one that runs,
+            # whatever a re-uploaded GGUF declares.
+            args += ["--pooling", facts.pooling]
     args += ["--n-gpu-layers", str(model.gpu_layers), "--threads", str(model.threads), "--ctx-size", str(model.ctx_size)]
     if model.ubatch_size is not None:
         args += ["--ubatch-size", str(model.ubatch_size)]

@@ -141,13 +141,17 @@ def test_a_misspelt_flag_fails_with_the_servers_own_words(binary, models):
 
 
 def test_a_mean_pooling_embedder_refuses_a_long_input(binary, models):
-    """What the planner's pooling check prevents: mean pooling with the default 512-token micro-batch."""
+    """What the planner's pooling check prevents: mean pooling with the default 512-token micro-batch.
+    (The rendered --pooling is what runs: left at the catalog's `last`, this same mean-pooling GGUF
+    embeds the long input.)"""
     stack, key, container, scrape, role, pooling = next(c for c in servers() if c[4] == "embedding")
     container = copy.deepcopy(container)
     args = container["args"]
     if "--ubatch-size" in args:
         del args[args.index("--ubatch-size"):args.index("--ubatch-size") + 2]
     args[args.index("--ctx-size") + 1] = "2048"
+    if "--pooling" in args:
+        args[args.index("--pooling") + 1] = "mean"
     with serve(binary, container, models["mean"], probe_path(container)) as running:
         with pytest.raises(ContractFailure, match=r"was refused with 500"):
             check_role(running, "embedding")
