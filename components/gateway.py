@@ -19,7 +19,7 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from policy.rules import MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAME
+from policy.rules import MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAME, tailnet_device
 
 from .config import Gateway, Route, StackConfig
 from .meta import PART_OF, token
@@ -62,7 +62,7 @@ def _envoy_service(gw: Gateway) -> dict:
         # The tailnet operator names the device after this annotation, else <namespace>-<service>,
         # and Envoy Gateway names the Service envoy-<ns>-<gateway>-<hash>: without it nothing
         # answers at the listener's hostname.
-        service["annotations"] = {TAILSCALE_HOSTNAME: gw.hostname.split(".")[0]}
+        service["annotations"] = {TAILSCALE_HOSTNAME: tailnet_device(gw.hostname)}
     return service
 
 

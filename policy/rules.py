@@ -29,6 +29,11 @@ MTLS_ANNOTATION = "inference-plane/mtls"
 # after this Service annotation (else <namespace>-<service>).
 TAILSCALE_CLASS = "tailscale"
 TAILSCALE_HOSTNAME = "tailscale.com/hostname"
+
+
+def tailnet_device(hostname: str) -> str:
+    """The tailnet device that answers at a MagicDNS name: its first label (MagicDNS adds the suffix)."""
+    return hostname.split(".")[0]
 MODEL_SERVER_COMPONENTS = ("chat", "embeddings")
 CREDENTIAL_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.I)
 
@@ -369,10 +374,10 @@ def tailnet_name_resolves(resources: list[Props], report: Report, config: Mappin
         device = (service.get("annotations") or {}).get(TAILSCALE_HOSTNAME)
         for listener in spec.get("listeners") or []:
             host = listener.get("hostname")
-            if host and host.split(".")[0] != device:
+            if host and tailnet_device(host) != device:
                 named = f"names the device {device!r}" if device else f"has no {TAILSCALE_HOSTNAME} annotation"
                 report(f"Gateway {_meta(gateway).get('name')} listens on {host} but EnvoyProxy {ref.get('name')} {named}; "
-                       f"set {TAILSCALE_HOSTNAME}: {host.split('.')[0]} on its envoyService")
+                       f"set {TAILSCALE_HOSTNAME}: {tailnet_device(host)} on its envoyService")
 
 
 def _seconds(duration: Any) -> Optional[float]:

@@ -17,10 +17,11 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import yaml
 
+from components.meta import OFFLINE_SECRET_PLACEHOLDER as SECRET_PLACEHOLDER
+
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 PROGRAM = PROJECT_DIR / "__main__.py"
 PROJECT = "inference-plane"
-from components.meta import OFFLINE_SECRET_PLACEHOLDER as SECRET_PLACEHOLDER  # noqa: E402
 
 
 @dataclass

@@ -13,8 +13,10 @@ from typing import Any
 import yaml
 
 from .engine import PROJECT_DIR, ProgramRun, StackFileError, run_stack
-from .manifests import SECRET_TEXT, dump, manifests
+from .manifests import dump, manifests
+from .picture import node_label, plan_svg
 from .validate import ManifestError, validate_all
+from components.meta import one_line
 from policy.rules import RESOURCE_RULES, STACK_RULES, run_rules
 
 
@@ -28,8 +30,6 @@ MARKER = ".inference-plane-render"
 
 class RenderError(Exception):
     def __init__(self, message: str, exit_code: int = 1):
-        from components.meta import one_line
-
         super().__init__(one_line(message))
         self.exit_code = exit_code
 
@@ -90,7 +90,7 @@ def plan_tables(plan: dict | None) -> list[str]:
         return []
     lines = ["  capacity plan (GiB):", f"    {'pool/node':<22}{'budget':>8}{'planned':>9}{'free':>8}"]
     for node in plan["nodes"]:
-        where = f"{node['pool']}/{node['node'] + 1}"
+        where = node_label(node)
         lines.append(f"    {where:<22}{node['budget_gib']:>8.1f}{node['planned_gib']:>9.1f}{node['free_gib']:>8.1f}")
     header = ["server", "weights", "KV", "state", "backend", "caches", "total", "mem request", "mem limit",
               "startup", "decode <="]
@@ -184,8 +184,6 @@ def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> Rend
             (staging / SECRETS_FILE).write_text(secrets_to_create(stack, secrets))
         if run.outputs.get("capacity_plan"):
             (staging / "plan.json").write_text(json.dumps(run.outputs["capacity_plan"], indent=2, sort_keys=True) + "\n")
-            from .picture import plan_svg
-
             (staging / "plan.svg").write_text(plan_svg(run.outputs["capacity_plan"]))
         (staging / MARKER).write_text(f"rendered by inference-plane from Pulumi.{stack}.yaml; do not edit\n")
         if out.exists():

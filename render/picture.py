@@ -20,6 +20,11 @@ HEADROOM = "#d4edda"
 WIDTH, LABEL, BAR, GAP, TOP = 900, 150, 28, 22, 40
 
 
+def node_label(node: dict) -> str:
+    """How a planned node is named in the summary and the picture: <pool>/<1-based index>."""
+    return f"{node['pool']}/{node['node'] + 1}"
+
+
 def plan_svg(plan: dict) -> str:
     nodes = plan["nodes"]
     servers = {s["name"]: s for s in plan["servers"].values()}
@@ -29,7 +34,7 @@ def plan_svg(plan: dict) -> str:
            f'<text x="10" y="20" font-size="14">capacity plan per node (GiB; bar = budget, allocatable less reserved)</text>']
     for row, node in enumerate(nodes):
         y = TOP + row * (BAR + GAP)
-        where = f"{node['pool']}/{node['node'] + 1}"
+        where = node_label(node)
         out.append(f'<text x="10" y="{y + BAR / 2 + 4}">{escape(where)}</text>')
         x = float(LABEL)
         for name, limit in node["workloads"].items():
