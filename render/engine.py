@@ -38,6 +38,12 @@ class Registered:
     custom_timeouts: dict[str, str] = field(default_factory=dict)
     retain_on_delete: bool = False
     protect: bool = False
+    delete_before_replace: bool = False
+    ignore_changes: list[str] = field(default_factory=list)
+    replace_on_changes: list[str] = field(default_factory=list)
+    # Earlier identities this resource answers to (ResourceOptions.aliases): each a dict with
+    # "urn", or the spec's parts that are set ("name", "type", "parent_urn", "no_parent").
+    aliases: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def is_kubernetes(self) -> bool:
@@ -121,6 +127,14 @@ def config_from_mapping(config: dict[str, Any]) -> tuple[dict[str, str], list[st
     return values, secret_keys
 
 
+def _alias(alias: Any) -> dict[str, Any]:
+    if alias.HasField("urn"):
+        return {"urn": alias.urn}
+    spec = alias.spec
+    parts = {"name": spec.name, "type": spec.type, "parent_urn": spec.parentUrn, "no_parent": spec.noParent}
+    return {k: v for k, v in parts.items() if v}
+
+
 def _run(
     config: dict[str, str], secret_keys: list[str], stack: str, program: Union[Path, Callable[[], Any]]
 ) -> ProgramRun:
@@ -159,6 +173,10 @@ def _run(
                         },
                         retain_on_delete=bool(request.retainOnDelete),
                         protect=bool(request.protect),
+                        delete_before_replace=bool(request.deleteBeforeReplace),
+                        ignore_changes=list(request.ignoreChanges),
+                        replace_on_changes=list(request.replaceOnChanges),
+                        aliases=[_alias(a) for a in request.aliases] + [{"urn": u} for u in request.aliasURNs],
                     )
                 )
             return response
