@@ -1,114 +1,126 @@
-"""inference-plane: one stack per cluster. Reads the stack's config, builds the components."""
+"""inference-plane: one stack per cluster. Reads the stack's config and builds the components.
+
+``pulumi up`` runs this file as ``__main__``; the offline render (``python -m render``) loads it
+and calls ``main()`` under Pulumi's mock engine, so both run exactly this wiring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
 
 import pulumi
 
-from components.capacity import CapacityError, plan
-from components.config import ConfigError, PodPeer, load_stack
+from common.errors import Problems
 from components.embed_server import EmbedServer
-from components.engine import InferenceEngine
-from components.gateway import InferenceGateway, InferenceGatewayArgs, derived_client_key
+from components.gateway import InferenceGateway, InferenceGatewayArgs, client_keys, envoy_peer, upstream_keys
+from components.inference_engine import InferenceEngine
 from components.llama_server import LlamaServer
 from components.model_cache import ModelCache, ModelCacheArgs
-from components.model_server import ModelServerArgs
+from components.model_server import ModelServerArgs, ModelServerBase
+from components.monitoring import Monitoring, MonitoringArgs, fallback_alerts
 from components.namespace import AINamespace, AINamespaceArgs
-from components.observability import Monitoring, MonitoringArgs, fallback_alerts
+from config import StackConfig, load_stack
+from planning.capacity import CapacityPlan, plan_capacity
 
-try:
-    stack = load_stack()
-    capacity = plan(stack)
-    if stack.observability is not None:
-        fallback_alerts(stack)  # refused before any resource is registered
-except (ConfigError, CapacityError) as error:
-    raise pulumi.RunError(str(error)) from None
 
-config = pulumi.Config()
-ns_name = stack.namespace.name
-envoy = None
-if stack.gateway is not None:
-    envoy = PodPeer(
-        namespace=stack.gateway.envoy_namespace,
-        pod_labels={"app.kubernetes.io/name": "envoy", "gateway.envoyproxy.io/owning-gateway-name": stack.gateway.name},
-    )
-namespace = AINamespace(ns_name, AINamespaceArgs(namespace=stack.namespace, cluster=stack.cluster, gateway=envoy))
-cache = ModelCache(
-    stack.model_cache.claim_name,
-    ModelCacheArgs(cache=stack.model_cache, namespace=ns_name),
-    opts=pulumi.ResourceOptions(depends_on=[namespace]),
-)
+@dataclass
+class Built:
+    """What one run of the program built, for the stack outputs and the offline render."""
 
-servers = {}
-for key, model in stack.models.items():
+    stack: StackConfig
+    capacity: CapacityPlan
+    servers: dict[str, ModelServerBase] = field(default_factory=dict)
+    gateway: Optional[InferenceGateway] = None
+
+
+def server_component(model) -> type[ModelServerBase]:
     if model.engine == "openai":
-        component = InferenceEngine
-    else:
-        component = EmbedServer if model.role == "embedding" else LlamaServer
-    api_key = model.api_key
-    servers[key] = component(
-        model.name,
-        ModelServerArgs(
-            model=model,
-            namespace=ns_name,
-            node_pool=stack.node_pools[model.node_pool],
-            cache=stack.model_cache,
-            cluster=stack.cluster,
-            plan=capacity.servers[key],
-            api_key_value=config.require_secret(api_key.from_config) if api_key and api_key.from_config else None,
-        ),
-        opts=pulumi.ResourceOptions(depends_on=[namespace, cache]),
+        return InferenceEngine
+    return EmbedServer if model.role == "embedding" else LlamaServer
+
+
+def check(stack: StackConfig) -> CapacityPlan:
+    """Everything that can be refused is refused here, before any resource is registered."""
+    capacity = plan_capacity(stack)
+    if stack.observability is not None:
+        fallback_alerts(stack)
+    return capacity
+
+
+def build(stack: StackConfig, capacity: CapacityPlan, secret=None) -> Built:
+    """Register the stack's resources. ``secret(key)`` reads a secret config value (default: the
+    Pulumi config of the running stack)."""
+    config = pulumi.Config()
+    secret = secret or config.require_secret
+    built = Built(stack=stack, capacity=capacity)
+    ns_name = stack.namespace.name
+    gateway_peer = envoy_peer(stack.gateway) if stack.gateway is not None else None
+    # Components are named by what never changes with an edit (a role, a config key); the names
+    # they had before are kept as aliases, so stacks already up keep their resources.
+    namespace = AINamespace(
+        "namespace", AINamespaceArgs(namespace=stack.namespace, cluster=stack.cluster, gateway=gateway_peer)
     )
-
-endpoints = {
-    key: {"url": server.url, **({"external_url": server.external_url} if server.external_url else {})}
-    for key, server in servers.items()
-}
-
-def upstream_keys(gw):
-    """The key the gateway sends to each tier: a provider's, or a local llama.cpp server's own."""
-    keys = {}
-    for tier, settings in gw.tiers.items():
-        if settings.remote is not None and settings.remote.api_key_config:
-            keys[tier] = config.require_secret(settings.remote.api_key_config)
-        elif settings.local is not None:
-            api_key = stack.models[settings.local].api_key
-            if api_key is not None and api_key.from_config:
-                keys[tier] = config.require_secret(api_key.from_config)
-    return keys
-
-
-if stack.gateway is not None:
-    gw = stack.gateway
-    client_keys = {}
-    for client, settings in gw.clients.items():
-        if settings.key_config:
-            client_keys[client] = config.require_secret(settings.key_config)
-        else:
-            master = config.require_secret(gw.master_key_config)
-            client_keys[client] = master.apply(lambda value, c=client: derived_client_key(value, c))
-    gateway = InferenceGateway(
-        gw.name,
-        InferenceGatewayArgs(
-            gateway=gw,
-            stack=stack,
-            namespace=ns_name,
-            client_keys=client_keys,
-            provider_keys=upstream_keys(gw),
-        ),
-        # Not on the model servers: the gateway's objects name their Services by DNS name, and
-        # waiting for strix-halo's engine (an hour's cold start) would delay the whole gateway.
+    cache = ModelCache(
+        "model-cache",
+        ModelCacheArgs(cache=stack.model_cache, namespace=ns_name),
         opts=pulumi.ResourceOptions(depends_on=[namespace]),
     )
-    endpoints["gateway"] = {"url": gateway.endpoint}
-    # Clients' keys, for handing out: a secret output, never shown in plain text.
-    pulumi.export("client_api_keys", pulumi.Output.secret(pulumi.Output.all(**client_keys)))
+    for key, model in stack.models.items():
+        api_key = model.api_key
+        built.servers[key] = server_component(model)(
+            key,
+            ModelServerArgs(
+                model=model,
+                namespace=ns_name,
+                node_pool=stack.node_pools[model.node_pool],
+                cache=stack.model_cache,
+                cluster=stack.cluster,
+                plan=capacity.servers[key],
+                api_key_value=secret(api_key.from_config) if api_key and api_key.from_config else None,
+            ),
+            opts=pulumi.ResourceOptions(depends_on=[namespace, cache]),
+        )
+    endpoints = {
+        key: {"url": server.url, **({"external_url": server.external_url} if server.external_url else {})}
+        for key, server in built.servers.items()
+    }
+    if stack.gateway is not None:
+        gw = stack.gateway
+        keys = client_keys(gw, secret)
+        built.gateway = InferenceGateway(
+            "gateway",
+            InferenceGatewayArgs(
+                gateway=gw, stack=stack, namespace=ns_name, client_keys=keys, provider_keys=upstream_keys(gw, stack, secret)
+            ),
+            # Not on the model servers: the gateway's objects name their Services by DNS name, and
+            # waiting for strix-halo's engine (an hour's cold start) would delay the whole gateway.
+            opts=pulumi.ResourceOptions(depends_on=[namespace]),
+        )
+        endpoints["gateway"] = {"url": built.gateway.endpoint}
+        # Clients' keys, for handing out: a secret output, never shown in plain text.
+        pulumi.export("client_api_keys", pulumi.Output.secret(pulumi.Output.all(**keys)))
+    if stack.observability is not None:
+        Monitoring(
+            "monitoring",
+            MonitoringArgs(observability=stack.observability, stack=stack, plan=capacity, namespace=ns_name),
+            opts=pulumi.ResourceOptions(depends_on=[namespace]),
+        )
+    pulumi.export("namespace", namespace.name)
+    pulumi.export("capacity_plan", capacity.to_dict())
+    pulumi.export("model_cache", cache.claim_name)
+    pulumi.export("endpoints", endpoints)
+    return built
 
-if stack.observability is not None:
-    Monitoring(
-        "monitoring",
-        MonitoringArgs(observability=stack.observability, stack=stack, plan=capacity, namespace=ns_name),
-        opts=pulumi.ResourceOptions(depends_on=[namespace]),
-    )
 
-pulumi.export("namespace", namespace.name)
-pulumi.export("capacity_plan", capacity.to_dict())
-pulumi.export("model_cache", cache.claim_name)
-pulumi.export("endpoints", endpoints)
+def main() -> Built:
+    try:
+        stack = load_stack()
+        capacity = check(stack)
+    except Problems as error:
+        raise pulumi.RunError(str(error)) from None
+    return build(stack, capacity)
+
+
+if __name__ == "__main__":
+    main()

@@ -9,7 +9,8 @@ it out is to keep it off every chat-facing endpoint.
 
 from __future__ import annotations
 
-from .config import ModelServer
+from config.types import ModelServer
+
 from .model_server import ModelServerArgs, ModelServerBase
 
 __all__ = ["EmbedServer", "ModelServerArgs"]

@@ -16,13 +16,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from typing import Callable
+
 import pulumi
 import pulumi_kubernetes as k8s
 
+from common.constants import ENVOY_OWNING_GATEWAY_LABEL, ENVOY_POD_LABELS, PART_OF, service_fqdn
+from config.types import GatewayConfig, PodPeer, Route, StackConfig
+from engines import engine_of
 from policy.rules import MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAME, tailnet_device
 
-from .config import Gateway, Route, StackConfig
-from .meta import PART_OF, token
+from .meta import token
 
 AIGW = "aigateway.envoyproxy.io/v1beta1"
 EG = "gateway.envoyproxy.io/v1alpha1"
@@ -40,6 +44,40 @@ def derived_client_key(master: str, client: str) -> str:
     return "sk-infer-" + hmac.new(master.encode(), client.encode(), hashlib.sha256).hexdigest()[:40]
 
 
+SecretReader = Callable[[str], pulumi.Output[str]]
+
+
+def envoy_peer(gw: GatewayConfig) -> PodPeer:
+    """The gateway's Envoy pods, which call the model servers (admitted by the namespace's policy)."""
+    return PodPeer(namespace=gw.envoy_namespace, pod_labels={**ENVOY_POD_LABELS, ENVOY_OWNING_GATEWAY_LABEL: gw.name})
+
+
+def client_keys(gw: GatewayConfig, secret: SecretReader) -> dict[str, pulumi.Output[str]]:
+    """Each client's API key: its own secret config key, or derived from the master key."""
+    keys = {}
+    for client, settings in gw.clients.items():
+        if settings.key_config:
+            keys[client] = secret(settings.key_config)
+        elif gw.master_key_config:
+            keys[client] = secret(gw.master_key_config).apply(lambda value, c=client: derived_client_key(value, c))
+        else:  # refused by GatewayConfig.problems
+            raise ValueError(f"gateway client {client}: no key_config and no master_key_config")
+    return keys
+
+
+def upstream_keys(gw: GatewayConfig, stack: StackConfig, secret: SecretReader) -> dict[str, pulumi.Output[str]]:
+    """The key the gateway sends to each tier: a provider's, or a local llama.cpp server's own."""
+    keys = {}
+    for tier, settings in gw.tiers.items():
+        if settings.remote is not None and settings.remote.api_key_config:
+            keys[tier] = secret(settings.remote.api_key_config)
+        elif settings.local is not None:
+            api_key = stack.models[settings.local].api_key
+            if api_key is not None and api_key.from_config:
+                keys[tier] = secret(api_key.from_config)
+    return keys
+
+
 def rule_name(model: str) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
     return slug or "model"
@@ -47,7 +85,7 @@ def rule_name(model: str) -> str:
 
 @dataclass(frozen=True)
 class InferenceGatewayArgs:
-    gateway: Gateway
+    gateway: GatewayConfig
     stack: StackConfig
     namespace: str
     # client id -> API key, and tier -> the key the gateway sends upstream (a remote provider's,
@@ -56,7 +94,7 @@ class InferenceGatewayArgs:
     provider_keys: dict[str, pulumi.Input[str]] = field(default_factory=dict)
 
 
-def _envoy_service(gw: Gateway) -> dict:
+def _envoy_service(gw: GatewayConfig) -> dict:
     service: dict = {"type": "LoadBalancer", "loadBalancerClass": gw.load_balancer_class}
     if gw.load_balancer_class == TAILSCALE_CLASS:
         # The tailnet operator names the device after this annotation, else <namespace>-<service>,
@@ -70,7 +108,7 @@ def _ref(group: str, kind: str, name: str) -> dict:
     return {"group": group, "kind": kind, "name": name}
 
 
-def backend_refs(route_backends, gateway: Gateway, stack: StackConfig, public_model: Optional[str]) -> list[dict]:
+def backend_refs(route_backends, gateway: GatewayConfig, stack: StackConfig, public_model: Optional[str]) -> list[dict]:
     """Priority-ordered backendRefs; each tier gets the model name it knows the model by."""
     refs = []
     for priority, backend in enumerate(route_backends):
@@ -79,7 +117,7 @@ def backend_refs(route_backends, gateway: Gateway, stack: StackConfig, public_mo
         tier = gateway.tiers[tier_name]
         if override is None and tier.local is not None and public_model is not None:
             local = stack.models[tier.local]
-            override = local.openai.served_model if local.openai is not None else public_model
+            override = engine_of(local).served_model(local, public_model)
         ref: dict = {"name": tier_name, "priority": priority}
         if override is not None and override != public_model:
             ref["modelNameOverride"] = override
@@ -87,7 +125,7 @@ def backend_refs(route_backends, gateway: Gateway, stack: StackConfig, public_mo
     return refs
 
 
-def route_rules(gateway: Gateway, stack: StackConfig, kind: str = "chat") -> list[dict]:
+def route_rules(gateway: GatewayConfig, stack: StackConfig, kind: str = "chat") -> list[dict]:
     """The AIGatewayRoute rules of one kind, in order: one per public model, then (chat) the catch-all.
     Chat and embedding rules live on separate routes: their retry policies differ."""
     timing = {
@@ -126,7 +164,7 @@ def split_rules(rules: list[dict]) -> list[list[dict]]:
     return [rules[i : i + MAX_RULES_PER_ROUTE] for i in range(0, len(rules), MAX_RULES_PER_ROUTE)] or [[]]
 
 
-def embedding_routes(gateway: Gateway) -> list[Route]:
+def embedding_routes(gateway: GatewayConfig) -> list[Route]:
     return [r for r in gateway.routes if r.kind == "embedding"]
 
 
@@ -138,6 +176,15 @@ class InferenceGateway(pulumi.ComponentResource):
     endpoint: pulumi.Output[str]
 
     def __init__(self, name: str, args: InferenceGatewayArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        missing = sorted(set(args.gateway.clients) - set(args.client_keys))
+        if missing:  # checked before anything is registered
+            raise ValueError(f"no API key value for gateway clients: {', '.join(missing)}")
+        missing = sorted(t for t, tier in args.gateway.tiers.items() if tier.remote is not None and t not in args.provider_keys)
+        if missing:
+            raise ValueError(f"no provider key value for tiers: {', '.join(missing)}")
+        if args.gateway.name != name:
+            # Stacks brought up before the component was named "gateway" know it by the Gateway's name.
+            opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(aliases=[pulumi.Alias(name=args.gateway.name)]))
         super().__init__(token("InferenceGateway"), name, None, opts)
         self._args = args
         gw, ns = args.gateway, args.namespace
@@ -266,9 +313,6 @@ class InferenceGateway(pulumi.ComponentResource):
 
     def _api_keys(self, name: str, gateway_ref: dict) -> None:
         gw = self._args.gateway
-        missing = sorted(set(gw.clients) - set(self._args.client_keys))
-        if missing:
-            raise ValueError(f"no API key value for gateway clients: {', '.join(missing)}")
         secret_name = f"{gw.name}-api-keys"
         secret = self._secret(f"{name}-api-keys", secret_name, {c: self._args.client_keys[c] for c in sorted(gw.clients)})
         self._cr(
@@ -298,11 +342,12 @@ class InferenceGateway(pulumi.ComponentResource):
                 model = stack.models[tier.local]
                 # The engine's Service by FQDN (headless for a StatefulSet: every ready pod). All
                 # tiers of a chain are FQDN endpoints so they share one cluster and its priorities.
-                endpoint = {"fqdn": {"hostname": f"{model.name}.{ns}.svc.cluster.local", "port": model.port}}
+                endpoint = {"fqdn": {"hostname": service_fqdn(model.name, ns), "port": model.port}}
                 prefix = "/v1"
             else:
                 remote = tier.remote
-                assert remote is not None
+                if remote is None:  # refused by GatewayConfig.problems
+                    raise ValueError(f"tier {tier_name}: neither local nor remote")
                 endpoint = {"fqdn": {"hostname": remote.host, "port": remote.port}}
                 prefix = remote.prefix
             backend = self._cr(f"{name}-backend-{tier_name}", EG, "Backend", self._meta(tier_name), {"endpoints": [endpoint]})
@@ -329,8 +374,6 @@ class InferenceGateway(pulumi.ComponentResource):
                 },
                 depends_on=[backend],
             )
-            if tier.remote is not None and tier_name not in self._args.provider_keys:
-                raise ValueError(f"no provider key value for tier {tier_name}")
             if tier_name in self._args.provider_keys:
                 key_secret = f"{tier_name}-provider-key"
                 secret = self._secret(f"{name}-provider-key-{tier_name}", key_secret, {"apiKey": self._args.provider_keys[tier_name]})

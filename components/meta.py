@@ -1,20 +1,10 @@
-"""Names, labels and type tokens shared by every component."""
+"""Labels, metadata and type tokens every component builds its objects with."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-TOKEN_PREFIX = "inference-plane:index"
-# What the offline render passes for a `secure:` config value, which only the Pulumi CLI can decrypt.
-OFFLINE_SECRET_PLACEHOLDER = "offline-render-placeholder"
-NAME_LABEL = "app.kubernetes.io/name"
-PART_OF = {"app.kubernetes.io/part-of": "inference-plane", "app.kubernetes.io/managed-by": "pulumi"}
-
-
-def one_line(text: str) -> str:
-    """An error message as exactly one printable line: control characters, line breaks and lone
-    surrogates (which a stack value can hold) are shown escaped, never echoed raw."""
-    return "".join(c if c.isprintable() and not 0xD800 <= ord(c) <= 0xDFFF else repr(c)[1:-1] for c in text)
+from common.constants import NAME_LABEL, PART_OF, TOKEN_PREFIX
 
 
 def token(type_name: str) -> str:

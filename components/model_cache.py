@@ -8,7 +8,8 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .config import ModelCache as ModelCacheConfig
+from config.types import ModelCacheConfig
+
 from .meta import metadata, token
 
 
@@ -25,8 +26,11 @@ class ModelCache(pulumi.ComponentResource):
     claim_name: pulumi.Output[str]
 
     def __init__(self, name: str, args: ModelCacheArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(token("ModelCache"), name, None, opts)
         cache = args.cache
+        if cache.claim_name != name:
+            # Stacks brought up before the component was named "model-cache" know it by the claim's name.
+            opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(aliases=[pulumi.Alias(name=cache.claim_name)]))
+        super().__init__(token("ModelCache"), name, None, opts)
         self.claim = k8s.core.v1.PersistentVolumeClaim(
             name,
             metadata=metadata(
@@ -43,8 +47,17 @@ class ModelCache(pulumi.ComponentResource):
                 "storageClassName": cache.storage_class,
                 "resources": {"requests": {"storage": cache.size}},
             },
-            # Weights take an hour to download: neither a destroy nor a refactor deletes them.
-            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True, protect=cache.protect),
+            # Weights take an hour to download: a destroy, a rename or a move leaves the claim in
+            # place (the namespace around it is retained too, see AINamespace). A claim's class and
+            # access mode cannot change in place: the provider would replace it delete-first, the
+            # retained delete would do nothing and the create would collide with the old claim,
+            # wedging every later update. They are fixed at creation; see the README to move a cache.
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                retain_on_delete=True,
+                protect=cache.protect,
+                ignore_changes=["spec.storageClassName", "spec.accessModes"],
+            ),
         )
         self.claim_name = self.claim.metadata.apply(lambda m: m["name"])
         self.register_outputs({"claim_name": self.claim_name})

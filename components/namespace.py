@@ -8,10 +8,11 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
+from common.constants import PART_OF
+from config.types import ClusterConfig, NamespaceConfig, PodPeer
 from policy.rules import WORLD_EGRESS_WAIVER
 
-from .config import ClusterConfig, NamespaceConfig, PodPeer
-from .meta import PART_OF, token
+from .meta import token
 
 # ICMP that must pass for path-MTU discovery, unreachables and IPv6 neighbour discovery: the
 # CT-related path did not pass related ICMP empirically, so the seed allows these types explicitly.
@@ -140,15 +141,22 @@ class AINamespace(pulumi.ComponentResource):
     name: pulumi.Output[str]
 
     def __init__(self, name: str, args: AINamespaceArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(token("AINamespace"), name, None, opts)
         ns, cluster = args.namespace, args.cluster
-        child = pulumi.ResourceOptions(parent=self)
+        if ns.name != name:
+            # Stacks brought up before the component was named "namespace" know it by the namespace's name.
+            opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(aliases=[pulumi.Alias(name=ns.name)]))
+        super().__init__(token("AINamespace"), name, None, opts)
         labels = {
             **PART_OF,
             "pod-security.kubernetes.io/enforce": ns.pod_security,
             "pod-security.kubernetes.io/warn": ns.pod_security,
         }
-        self.namespace = k8s.core.v1.Namespace(name, metadata={"name": ns.name, "labels": labels}, opts=child)
+        # Retained: deleting a namespace deletes every object in it, the retained model caches
+        # included. A destroy or a move to another namespace leaves it (and the weights) in place;
+        # delete it with kubectl once the weights are no longer wanted.
+        self.namespace = k8s.core.v1.Namespace(
+            name, metadata={"name": ns.name, "labels": labels}, opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True)
+        )
         after_ns = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
         policy_meta: dict = {"name": POLICY_NAME, "namespace": ns.name, "labels": dict(PART_OF)}
         if ns.model_hub_egress.mode == "world":

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .engine import PROJECT_DIR
+from .mock_engine import PROJECT_DIR
 from .output import RenderError, render_stack
 
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import yaml
 
-from .engine import PROJECT_DIR, ProgramRun, StackFileError, run_stack
+from .mock_engine import PROJECT_DIR, ProgramRun, StackFileError, run_stack
 from .manifests import dump, manifests
 from .picture import node_label, plan_svg
 from .validate import ManifestError, validate_all
-from components.meta import one_line
+from common.errors import one_line
 from policy.rules import RESOURCE_RULES, STACK_RULES, run_rules
 
 
@@ -91,7 +91,7 @@ def plan_tables(plan: dict | None) -> list[str]:
     lines = ["  capacity plan (GiB):", f"    {'pool/node':<22}{'budget':>8}{'planned':>9}{'free':>8}"]
     for node in plan["nodes"]:
         where = node_label(node)
-        lines.append(f"    {where:<22}{node['budget_gib']:>8.1f}{node['planned_gib']:>9.1f}{node['free_gib']:>8.1f}")
+        lines.append(f"    {where:<22}{node['offers_gib']:>8.1f}{node['planned_gib']:>9.1f}{node['free_gib']:>8.1f}")
     header = ["server", "weights", "KV", "state", "backend", "caches", "total", "mem request", "mem limit",
               "startup", "decode <="]
     rows = []
@@ -146,8 +146,8 @@ def _kustomization(files: dict[str, dict[str, Any]]) -> str:
 def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> RenderResult:
     import pulumi
 
-    from components.capacity import CapacityError
-    from components.config import ConfigError
+    from common.errors import CapacityError
+    from config import ConfigError
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).exists())):

@@ -28,7 +28,7 @@ def node_label(node: dict) -> str:
 def plan_svg(plan: dict) -> str:
     nodes = plan["nodes"]
     servers = {s["name"]: s for s in plan["servers"].values()}
-    scale = (WIDTH - LABEL - 20) / max((n["budget_gib"] for n in nodes), default=1)
+    scale = (WIDTH - LABEL - 20) / max((n["offers_gib"] for n in nodes), default=1)
     height = TOP + len(nodes) * (BAR + GAP) + 40
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="12">',
            f'<text x="10" y="20" font-size="14">capacity plan per node (GiB; bar = budget, allocatable less reserved)</text>']
@@ -53,9 +53,9 @@ def plan_svg(plan: dict) -> str:
         if free > 0:
             out.append(f'<rect x="{x:.2f}" y="{y}" width="{free * scale:.2f}" height="{BAR}" fill="{HEADROOM}" '
                        f'data-node="{escape(where)}" data-part="headroom" data-gib="{free:.3f}"><title>headroom: {free:.1f} GiB</title></rect>')
-        out.append(f'<rect x="{LABEL}" y="{y}" width="{node["budget_gib"] * scale:.2f}" height="{BAR}" fill="none" stroke="#333" '
-                   f'data-node="{escape(where)}" data-part="budget" data-gib="{node["budget_gib"]:.3f}"/>')
-        out.append(f'<text x="{LABEL}" y="{y + BAR + 14}">{node["planned_gib"]:.1f} planned of {node["budget_gib"]:.1f}, '
+        out.append(f'<rect x="{LABEL}" y="{y}" width="{node["offers_gib"] * scale:.2f}" height="{BAR}" fill="none" stroke="#333" '
+                   f'data-node="{escape(where)}" data-part="offers" data-gib="{node["offers_gib"]:.3f}"/>')
+        out.append(f'<text x="{LABEL}" y="{y + BAR + 14}">{node["planned_gib"]:.1f} planned of {node["offers_gib"]:.1f}, '
                    f'{free:.1f} free</text>')
     legend_y = TOP + len(nodes) * (BAR + GAP) + 10
     for i, (part, _, colour) in enumerate([*PARTS, ("headroom", (), HEADROOM)]):

@@ -10,16 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components.capacity import (
-    BACKEND_OVERHEAD,
-    CapacityError,
-    _place,
-    decode_bound_tok_s,
-    estimate_memory,
-    facts_for,
-    plan,
-)
-from components.config import ModelFacts, parse_stack
+from common.errors import CapacityError
+from planning.capacity import _place, decode_bound_tok_s
+from planning.capacity import plan_capacity as plan
+from planning.catalog import facts_for
+from planning.memory import BACKEND_OVERHEAD
+from planning.memory import llamacpp_estimate as estimate_memory
+from config import parse_stack
+from config.types import ModelFacts
 from conftest import homelab_plain_values, run_values, stack_values
 from render.output import render_stack
 
@@ -146,8 +144,8 @@ def test_more_replicas_never_lower_the_per_node_need(nodes, replicas, need):
     server = dataclasses.replace(base, replicas=replicas, estimate=dataclasses.replace(
         base.estimate, weights_gib=need, kv_gib=0, recurrent_gib=0, overhead_gib=0, host_caches_gib=0),
         memory_request="1Gi")
-    fewer = _place(stack, {"chat": server})
-    more = _place(stack, {"chat": dataclasses.replace(server, replicas=replicas + 1)})
+    fewer, _ = _place(stack, {"chat": server})
+    more, _ = _place(stack, {"chat": dataclasses.replace(server, replicas=replicas + 1)})
     assert max(n.planned_gib for n in more) >= max(n.planned_gib for n in fewer)
     assert sum(n.planned_gib for n in more) == pytest.approx(sum(n.planned_gib for n in fewer) + need)
 
@@ -216,7 +214,7 @@ def test_plan_is_a_stack_output_and_written_beside_the_manifests(tmp_path, homel
     written = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert written == homelab_run.outputs["capacity_plan"]
     assert "capacity_plan" not in homelab_run.secret_outputs
-    assert written["nodes"][0]["budget_gib"] == 54.0
+    assert written["nodes"][0]["offers_gib"] == 54.0
     assert "plan.json" not in (tmp_path / "out" / "kustomization.yaml").read_text()
     assert "iris-xe/1" in result.summary() and "decode <=" in result.summary()
 

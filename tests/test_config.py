@@ -5,7 +5,7 @@ from __future__ import annotations
 import pulumi
 import pytest
 
-from components.config import ConfigError, parse_stack
+from config import ConfigError, parse_stack
 from conftest import run_values
 
 

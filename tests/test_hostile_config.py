@@ -15,8 +15,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from components.capacity import CapacityError, plan
-from components.config import ConfigError, parse_stack
+from common.errors import CapacityError
+from planning.capacity import plan_capacity as plan
+from config import ConfigError, parse_stack
 from conftest import homelab_plain_values, stack_values, strix_values
 from render.output import RenderError, render_stack
 

@@ -30,8 +30,8 @@ POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 @lru_cache(maxsize=None)
 def servers() -> list[tuple[str, str, dict, dict | None, str, str | None]]:
     """(stack, model key, container, scrape endpoint, role, pooling) for every llama.cpp server."""
-    from components.capacity import facts_for
-    from render.engine import run_stack
+    from planning.catalog import facts_for
+    from render.mock_engine import run_stack
     from render.manifests import manifests
 
     found = []
@@ -126,7 +126,7 @@ def test_rendered_server_keeps_its_promises(binary, models, case):
 
 
 def test_the_suite_covers_every_llamacpp_server_of_every_stack():
-    from render.engine import run_stack
+    from render.mock_engine import run_stack
 
     expected = {(s, k) for s in STACKS for k, m in run_stack(s).config.models.items() if m.engine == "llamacpp"}
     assert {(c[0], c[1]) for c in servers()} == expected and len(expected) >= 3

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from components.config import parse_stack
+from config import parse_stack
 from components.model_cache import ModelCache, ModelCacheArgs
 from conftest import homelab_plain_values
-from render.engine import run_program
+from render.mock_engine import run_program
 
 
 def build(values: dict):

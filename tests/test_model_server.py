@@ -6,13 +6,13 @@ import copy
 
 import pytest
 
-from components.capacity import plan
-from components.config import parse_stack
+from planning.capacity import plan_capacity as plan
+from config import parse_stack
 from components.embed_server import EmbedServer
 from components.llama_server import LlamaServer
 from components.model_server import ModelServerArgs
 from conftest import run_values
-from render.engine import run_program
+from render.mock_engine import run_program
 
 
 def build(values: dict, key: str, api_key_value: str | None = None):
@@ -314,7 +314,7 @@ def test_component_tokens_and_parents(homelab_values):
 
 def test_rotating_the_api_key_restarts_the_server(homelab_values):
     """llama.cpp reads --api-key-file once: a new key must change the pod template (a rollout)."""
-    from components.model_server import KEY_FINGERPRINT_ANNOTATION, key_fingerprint
+    from components.pod import KEY_FINGERPRINT_ANNOTATION, key_fingerprint
 
     def template_annotation(key: str) -> str:
         run = run_values(copy.deepcopy(homelab_values), secrets={"llama_api_key": key})

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from components.config import parse_stack
+from config import parse_stack
 from components.namespace import ICMP_V4_TYPES, ICMP_V6_TYPES, AINamespace, AINamespaceArgs
-from render.engine import run_program
+from render.mock_engine import run_program
 
 
 def build(values: dict):

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from components.config import ConfigError, parse_stack
+from config import ConfigError, parse_stack
 from conftest import homelab_plain_values
 from render.output import RenderError, render_stack
 

@@ -213,16 +213,16 @@ def test_plan_picture_draws_the_plans_figures(tmp_path, stack):
     for node in plan["nodes"]:
         where = f"{node['pool']}/{node['node'] + 1}"
         mine = [r for r in rects if r.get("data-node") == where]
-        (budget,) = [r for r in mine if r.get("data-part") == "budget"]
-        assert float(budget.get("data-gib")) == pytest.approx(node["budget_gib"], abs=1e-3)
-        scale = float(budget.get("width")) / node["budget_gib"]
+        (budget,) = [r for r in mine if r.get("data-part") == "offers"]
+        assert float(budget.get("data-gib")) == pytest.approx(node["offers_gib"], abs=1e-3)
+        scale = float(budget.get("width")) / node["offers_gib"]
         for name, limit in node["workloads"].items():
             parts = {r.get("data-part"): float(r.get("data-gib")) for r in mine if r.get("data-server") == name}
             assert sum(parts.values()) == pytest.approx(limit, abs=1e-2)  # the pod's memory limit
             assert parts["weights"] == pytest.approx(servers[name]["estimate"]["weights_gib"], abs=1e-3)
         headroom = [float(r.get("data-gib")) for r in mine if r.get("data-part") == "headroom"]
         assert sum(headroom) == pytest.approx(max(node["free_gib"], 0), abs=1e-3)
-        drawn = sum(float(r.get("width")) for r in mine if r.get("data-part") not in ("budget",))
+        drawn = sum(float(r.get("width")) for r in mine if r.get("data-part") not in ("offers",))
         assert drawn == pytest.approx(float(budget.get("width")), rel=1e-3)  # bars fill the budget exactly
         assert scale > 0
     assert f"plan picture: {tmp_path / 'out' / 'plan.svg'}" in result.summary()

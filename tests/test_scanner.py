@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from components.model_server import CHECKOV_WAIVERS, CILIUM_WAIVER
+from components.pod import CHECKOV_WAIVERS, CILIUM_WAIVER
 from conftest import ROOT, STACKS
 from render.output import render_stack
 

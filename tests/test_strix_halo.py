@@ -9,7 +9,7 @@ from __future__ import annotations
 import pulumi
 import pytest
 
-from components.model_server import HF_CACHE
+from components.pod import HF_CACHE
 from conftest import run_strix
 
 
@@ -158,7 +158,7 @@ def test_plan_fits_with_the_seeds_headroom(strix_run):
     plan = strix_run.outputs["capacity_plan"]
     flash = plan["servers"]["flash"]
     assert flash["estimate"]["total_gib"] <= 80
-    assert all(node["budget_gib"] <= 116 for node in plan["nodes"])
+    assert all(node["offers_gib"] <= 116 for node in plan["nodes"])
     placed = [n["workloads"] for n in plan["nodes"]]
     assert all("halogen-flash" in w for w in placed)  # one on each node
     assert plan["nodes"][0]["free_gib"] >= 0 and plan["nodes"][1]["free_gib"] >= 0

@@ -17,11 +17,11 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import yaml
 
-from components.meta import OFFLINE_SECRET_PLACEHOLDER as SECRET_PLACEHOLDER
+from common.constants import OFFLINE_SECRET_PLACEHOLDER as SECRET_PLACEHOLDER
+from common.constants import PROJECT
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 PROGRAM = PROJECT_DIR / "__main__.py"
-PROJECT = "inference-plane"
 
 
 @dataclass
@@ -56,7 +56,7 @@ class ProgramRun:
     resources: list[Registered]
     outputs: dict[str, Any]
     secret_outputs: set[str]
-    # The validated stack config the program built from (its module-level ``stack``).
+    # The validated stack config the program built from (``main()``'s result).
     config: Any = None
     # Everything the program logged through the engine.
     logs: list[str] = field(default_factory=list)
@@ -195,14 +195,15 @@ def _run(
     pulumi.runtime.set_mocks(
         recorder, project=PROJECT, stack=stack, preview=False, monitor=RecordingMonitor(recorder), logger=logger
     )
-    program_globals: dict[str, Any] = {}
+    result: dict[str, Any] = {}
     if callable(program):
         # A test builds components directly, without the stack's __main__.
-        _sync_await(run_pulumi_func(lambda: program_globals.update(program() or {})))
+        _sync_await(run_pulumi_func(lambda: result.update(program() or {})))
     else:
-        _sync_await(
-            run_pulumi_func(lambda: program_globals.update(runpy.run_path(str(program), run_name="__main__")))
-        )
+        # The program's own entry point, as `pulumi up` reaches it (under another module name, so
+        # that loading it does not run it).
+        entry = runpy.run_path(str(program), run_name="inference_plane_program")["main"]
+        _sync_await(run_pulumi_func(lambda: result.update(built=entry())))
     root = settings.get_root_resource()
     outputs: dict[str, Any] = {}
     secret_outputs: set[str] = set()
@@ -217,7 +218,7 @@ def _run(
         resources=registered,
         outputs=outputs,
         secret_outputs=secret_outputs,
-        config=program_globals.get("stack"),
+        config=result["built"].stack if "built" in result else result.get("stack"),
         logs=logs,
     )
 

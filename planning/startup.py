@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .config import Startup
 from .quantity import MIB, parse_quantity
+
+if TYPE_CHECKING:
+    from config.types import Startup
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,7 @@ class StartupBudget:
         return self.probe_period_seconds * self.probe_failure_threshold
 
 
-def startup_budget(weights: str, startup: Startup, prefetched: bool = False) -> StartupBudget:
+def startup_budget(weights: str, startup: "Startup", prefetched: bool = False) -> StartupBudget:
     """The budget for a cold start. ``prefetched``: an init container downloads before the
     engine starts, so the startup probe (which starts with the engine) only covers the load."""
     size_mib = float(parse_quantity(weights)) / MIB
@@ -46,3 +49,14 @@ def startup_budget(weights: str, startup: Startup, prefetched: bool = False) -> 
         probe_failure_threshold=threshold,
         wait_seconds=before_probe + threshold * period + period,
     )
+
+
+def rollout_waits(budget: StartupBudget, kind: str, replicas: int) -> tuple[int, int]:
+    """(create, update) seconds a rollout may take. A Deployment's replicas share one cache, so
+    one download serves them all. A StatefulSet's replicas start together (Parallel) and each
+    downloads into its own claim over one uplink, so a first start takes every download in a row;
+    an update rolls one pod at a time, each possibly fetching a new revision at the full rate."""
+    if kind != "StatefulSet":
+        return budget.wait_seconds, budget.wait_seconds
+    create = budget.wait_seconds + (replicas - 1) * budget.download_seconds
+    return create, replicas * budget.wait_seconds

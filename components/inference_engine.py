@@ -6,7 +6,8 @@ paths, typically a StatefulSet with one replica per node and weights prefetched 
 
 from __future__ import annotations
 
-from .config import ModelServer
+from config.types import ModelServer
+
 from .model_server import ModelServerArgs, ModelServerBase
 
 __all__ = ["InferenceEngine", "ModelServerArgs"]
@@ -17,5 +18,5 @@ class InferenceEngine(ModelServerBase):
     role = None
 
     def _check(self, model: ModelServer) -> None:
-        if model.engine != "openai" or model.openai is None:
+        if model.engine != "openai":
             raise ValueError(f"{model.name}: InferenceEngine runs engine 'openai'; use LlamaServer for llama.cpp")

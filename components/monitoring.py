@@ -8,10 +8,14 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .capacity import Plan
-from .config import ConfigError, Observability, StackConfig
-from .meta import PART_OF, selector, token
-from .model_server import metrics_path
+from common.constants import ENVOY_OWNING_GATEWAY_LABEL, PART_OF
+from common.errors import ConfigError
+from config.types import Observability, StackConfig
+from engines import engine_of
+from planning.capacity import CapacityPlan
+from planning.startup import rollout_waits
+
+from .meta import selector, token
 
 VM = "operator.victoriametrics.com/v1beta1"
 # The AI gateway's ext_proc serves its GenAI metrics on this container port of the Envoy pods.
@@ -22,7 +26,7 @@ AIGW_METRICS_PORT = "aigw-admin"
 class MonitoringArgs:
     observability: Observability
     stack: StackConfig
-    plan: Plan
+    plan: CapacityPlan
     namespace: str
 
 
@@ -41,7 +45,8 @@ def alert_rules(args: MonitoringArgs) -> list[dict]:
     for key, model in stack.models.items():
         where = f'namespace="{ns}", service="{model.name}"'
         server = args.plan.servers[key]
-        if metrics_path(model) is not None:
+        engine = engine_of(model)
+        if engine.metrics_path(model) is not None:
             rules.append(
                 {
                     "alert": alert_name(model.name, "Down"),
@@ -63,12 +68,12 @@ def alert_rules(args: MonitoringArgs) -> list[dict]:
                 "alert": alert_name(model.name, "NotReady"),
                 "expr": f"{ready} < {wanted}",
                 # Longer than a cold start may take: past this, it is not loading, it is stuck.
-                "for": _minutes(server.budget.wait_seconds),
+                "for": _minutes(rollout_waits(server.budget, kind, model.workload.replicas)[0]),
                 "labels": {"severity": "warning"},
                 "annotations": {"summary": f"{model.name} has been unready for longer than its start-up budget"},
             }
         )
-        if model.engine == "llamacpp" and model.metrics:
+        if engine.reports_queue(model):
             rules.append(
                 {
                     "alert": alert_name(model.name, "Queuing"),
@@ -135,7 +140,7 @@ class Monitoring(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         labels = dict(PART_OF)
         for model in stack.models.values():
-            path = metrics_path(model)
+            path = engine_of(model).metrics_path(model)
             if path is None:
                 continue
             endpoint: dict = {"port": "http", "path": path, "interval": obs.scrape_interval}
@@ -158,7 +163,7 @@ class Monitoring(pulumi.ComponentResource):
                 metadata={"name": f"{stack.gateway.name}-ai-gateway", "namespace": ns, "labels": labels},
                 spec={
                     "namespaceSelector": {"matchNames": [stack.gateway.envoy_namespace]},
-                    "selector": {"matchLabels": {"gateway.envoyproxy.io/owning-gateway-name": stack.gateway.name}},
+                    "selector": {"matchLabels": {ENVOY_OWNING_GATEWAY_LABEL: stack.gateway.name}},
                     "podMetricsEndpoints": [{"port": AIGW_METRICS_PORT, "path": "/metrics", "interval": obs.scrape_interval}],
                 },
                 opts=child,

@@ -1,0 +1,1 @@
+"""Facts and helpers every part of the program shares (config, planning, components, render)."""

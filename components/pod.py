@@ -1,0 +1,175 @@
+"""The pod of a model server: its container, probes sized for a cold start, where the weights
+are mounted, the optional prefetch init container, and the security every container gets."""
+
+from __future__ import annotations
+
+import hashlib
+
+from config.types import ModelCacheConfig, ModelServer, NodePool
+from engines import engine_of
+from engines.llamacpp import API_KEY_DIR
+from planning.capacity import ServerPlan
+
+from .meta import selector
+
+RUN_AS = 1000  # any non-root UID; the cache volume is made group-writable for it through fsGroup
+HF_HOME_DIR = "/home/engine"  # HOME for engines: the Hugging Face cache defaults to $HOME/.cache/huggingface
+HF_CACHE = f"{HF_HOME_DIR}/.cache/huggingface"
+SCRATCH = "/tmp"
+# Init and sidecar containers get requests and limits too: an unbounded init container can
+# still OOM the node while 100 GiB of weights stream through the page cache.
+PREFETCH_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
+# Read-only root: every path a container writes is a volume (the weights, /tmp), so nothing an
+# attacker drops survives a restart and the image cannot be modified in place.
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+}
+SCRATCH_VOLUME = {"name": "scratch", "mountPath": SCRATCH}
+# Mesa's and RADV's shader caches, and anything else that honours XDG, land on the scratch volume.
+SCRATCH_ENV = [{"name": "XDG_CACHE_HOME", "value": f"{SCRATCH}/cache"}]
+# Checks of the external scanner (checkov) that do not fit these workloads, each with its reason;
+# written on the workload and its pods as checkov.io/skipN annotations, and listed in the README.
+CHECKOV_WAIVERS = {
+    "CKV_K8S_43": "pinned to a build tag that the config validates; a digest is accepted where wanted",
+    "CKV_K8S_15": "pinned tags never move, so Always would only make every restart depend on the registry",
+    "CKV_K8S_40": "UID 1000 owns the model cache (the seed's CephFS volume); fsGroup, not the UID, grants access",
+}
+CILIUM_WAIVER = {
+    "CKV2_K8S_6": "governed by the namespace's CiliumNetworkPolicy (endpointSelector {}), which checkov does not read",
+}
+
+
+KEY_FINGERPRINT_ANNOTATION = "inference-plane/api-key-fingerprint"
+
+
+def key_fingerprint(key: str) -> str:
+    return hashlib.scrypt(key.encode(), salt=b"inference-plane/api-key", n=2**14, r=8, p=1, dklen=8).hex()
+
+
+def checkov_waivers(cni: str, pod: bool = False) -> dict[str, str]:
+    """The skip annotations: on the workload all of them, on its pods only the network-policy one
+    (checkov judges that check on the pod; fewer pod annotations, fewer rollouts when one changes)."""
+    waivers = {} if pod else dict(CHECKOV_WAIVERS)
+    if cni == "cilium":
+        waivers.update(CILIUM_WAIVER)
+    return {f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(sorted(waivers.items()), 1)}
+
+
+def _probe(path: str, period: int, **extra: int) -> dict:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, **extra}
+
+
+def _cache_mount(model: ModelServer, cache: ModelCacheConfig) -> tuple[dict, list[dict]]:
+    """Where the weights live for this server: its volume mount and environment."""
+    if model.workload.cache_volume is not None:
+        # Prefetched into a claim per replica at the default Hugging Face cache path; the engine
+        # itself never downloads (HF_HUB_OFFLINE) and makes no outbound connections.
+        # HF_HOME explicitly: huggingface_hub derives it from XDG_CACHE_HOME when unset, and
+        # XDG_CACHE_HOME points at the scratch volume (SCRATCH_ENV), where no weights are.
+        env = [{"name": "HOME", "value": HF_HOME_DIR}, {"name": "HF_HOME", "value": HF_CACHE},
+               {"name": "HF_HUB_OFFLINE", "value": "1"}]
+        return {"name": "weights", "mountPath": HF_CACHE}, env
+    # Where --hf-repo caches the weights: on the shared volume the download is a one-time cost,
+    # and the server stays off a home directory it cannot write as a non-root UID.
+    return {"name": "models", "mountPath": cache.mount_path}, [{"name": "LLAMA_CACHE", "value": cache.mount_path}]
+
+
+def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan) -> dict:
+    budget = plan.budget
+    requests: dict[str, str] = {"cpu": model.resources.cpu_request, "memory": plan.memory_request}
+    limits: dict[str, str] = {"cpu": model.resources.cpu_limit, "memory": plan.memory_limit}
+    if model.uses_gpu(pool):
+        requests[pool.gpu_resource] = limits[pool.gpu_resource] = "1"
+    mount, env = _cache_mount(model, cache)
+    env = env + SCRATCH_ENV
+    mounts = [mount, SCRATCH_VOLUME]
+    if model.api_key is not None:
+        mounts.append({"name": "api-key", "mountPath": API_KEY_DIR, "readOnly": True})
+    engine = engine_of(model)
+    env += engine.env(model)
+    health = engine.health_path(model)
+    return {
+        "name": model.name,
+        "image": model.image,
+        "args": engine.args(model),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": model.port, "protocol": "TCP"}],
+        "securityContext": dict(CONTAINER_SECURITY),
+        "resources": {"requests": requests, "limits": limits},
+        # Sized for a cold start: the download (unless prefetched) plus the load; then liveness.
+        "startupProbe": _probe(health, budget.probe_period_seconds, failureThreshold=budget.probe_failure_threshold),
+        "readinessProbe": _probe(health, budget.probe_period_seconds),
+        # Generous: a long prompt keeps the server busy, and a restart costs a full model load.
+        "livenessProbe": _probe(health, 30, timeoutSeconds=10, failureThreshold=6),
+        "volumeMounts": mounts,
+    }
+
+
+def prefetch_container(model: ModelServer) -> dict:
+    prefetch = model.prefetch
+    if prefetch is None:
+        raise ValueError(f"{model.name}: no prefetch settings")
+    return {
+        "name": "prefetch",
+        "image": prefetch.image,
+        "command": list(prefetch.command),
+        "env": [
+            {"name": "HF_REPO", "value": prefetch.repo},
+            {"name": "HF_REVISION", "value": prefetch.revision},
+            {"name": "HOME", "value": HF_HOME_DIR},
+            # The same cache as the engine reads (see _cache_mount), never derived from XDG_CACHE_HOME.
+            {"name": "HF_HOME", "value": HF_CACHE},
+            {"name": "PYTHONUSERBASE", "value": f"{SCRATCH}/pip"},
+        ],
+        "securityContext": dict(CONTAINER_SECURITY),
+        "resources": PREFETCH_RESOURCES,
+        "volumeMounts": [{"name": "weights", "mountPath": HF_CACHE}, SCRATCH_VOLUME],
+    }
+
+
+def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan) -> dict:
+    security: dict = {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        # Makes the cache volume group-writable so the weights can be cached.
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if pool.supplemental_groups:
+        # The device nodes are root:render and root:video; a non-root process needs the groups.
+        security["supplementalGroups"] = list(pool.supplemental_groups)
+    volumes: list[dict] = []
+    if model.workload.cache_volume is None:
+        volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": cache.claim_name}})
+    if model.api_key is not None:
+        volumes.append(
+            {"name": "api-key", "secret": {"secretName": model.api_key.secret_name, "defaultMode": 0o440}}
+        )
+    spec: dict = {
+        # The server never talks to the API server.
+        "automountServiceAccountToken": False,
+        # Service links put <SERVICE>_PORT variables into the environment, and llama-server reads
+        # LLAMA_ARG_* variables as flags: keep the environment to what is set here.
+        "enableServiceLinks": False,
+        "securityContext": security,
+        "containers": [container_spec(model, pool, cache, plan)],
+    }
+    if model.prefetch is not None:
+        spec["initContainers"] = [prefetch_container(model)]
+    volumes.append({"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}})
+    spec["volumes"] = volumes
+    if pool.instance_type:
+        spec["nodeSelector"] = {"node.kubernetes.io/instance-type": pool.instance_type}
+    if model.workload.one_per_node:
+        # One engine per node: two would fight over one GPU and one pool of unified memory.
+        spec["affinity"] = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": selector(model.name)}, "topologyKey": "kubernetes.io/hostname"}
+                ]
+            }
+        }
+    return spec

@@ -1,0 +1,26 @@
+"""Defaults that encode a lesson, each with its reason. Small defaults sit on their fields."""
+
+from __future__ import annotations
+
+# Hugging Face serves repo metadata from huggingface.co and the files from its CDN and Xet
+# storage hosts (cdn-lfs*.hf.co, cas-bridge.xethub.hf.co), so all of them are needed.
+MODEL_HUB_HOSTS = ["huggingface.co", "*.huggingface.co", "hf.co", "*.hf.co", "*.xethub.hf.co"]
+
+# What each known device plugin can do with one GPU. ROCm's k8s-device-plugin advertises each GPU
+# exactly once (sharing is an open request upstream); Intel's plugin shares by -shared-dev-num;
+# NVIDIA's by time-slicing replicas in its config.
+DEVICE_PLUGIN_SHARING = {
+    "amd.com/gpu": "exclusive",
+    "gpu.intel.com/i915": "shared-dev-num",
+    "gpu.intel.com/xe": "shared-dev-num",
+    "nvidia.com/gpu": "time-slicing",
+}
+
+# The prefetch init container: installs the Hugging Face CLI, then downloads (skipping files it has).
+PREFETCH_COMMAND = [
+    "sh",
+    "-c",
+    'pip install --quiet --no-cache-dir --user "huggingface_hub[hf_xet]==0.35.3" && '
+    'exec "$PYTHONUSERBASE/bin/hf" download "$HF_REPO" --revision "$HF_REVISION"',
+]
+PREFETCH_IMAGE = "docker.io/library/python:3.12.11-slim-bookworm"

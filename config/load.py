@@ -1,0 +1,89 @@
+"""Reading the running stack's config from the Pulumi engine: the program's boundary."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from typing import Any
+
+from common.constants import OFFLINE_SECRET_PLACEHOLDER, PROJECT
+from common.errors import ConfigError
+
+from .types import TOP_LEVEL_KEYS, StackConfig
+from .validation import parse_stack, path_part
+
+
+def read_pulumi_config() -> tuple[dict[str, Any], set[str]]:
+    """Every config value in this project's namespace, decoded, and the keys that are secret.
+
+    The only place that touches the SDK's private state: ``pulumi.Config`` reads one known key
+    at a time and cannot list them, but unknown keys (typos) must be reported, so the whole
+    mapping is read from the runtime (``CONFIG``, ``_SECRET_KEYS``) and from the environment the
+    language host sets (``get_config_env`` / ``get_config_secret_keys_env``). Checked against
+    pulumi 3.272 (requirements.txt pins it)."""
+    from pulumi.runtime import config as runtime_config
+
+    values: dict[str, Any] = {}
+    merged = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    prefix = f"{PROJECT}:"
+    for full_key, text in merged.items():
+        if not full_key.startswith(prefix):
+            continue
+        key = full_key[len(prefix):]
+        try:
+            values[key] = json.loads(text) if isinstance(text, str) and text[:1] in "[{" else text
+        except json.JSONDecodeError:
+            raise ConfigError([(key, "is not valid JSON structured config")]) from None
+    secret = {
+        k[len(prefix):]
+        for k in (*runtime_config.get_config_secret_keys_env(), *runtime_config._SECRET_KEYS.get())
+        if k.startswith(prefix)
+    }
+    return values, secret
+
+
+def load_stack() -> StackConfig:
+    """Read and validate the running stack's config."""
+    values, secret_keys = read_pulumi_config()
+    structured = {k: v for k, v in values.items() if k in TOP_LEVEL_KEYS}
+    stack = parse_stack(structured)
+    problems = _secret_key_problems(stack, values, secret_keys)
+    for key in sorted(set(structured) & secret_keys):
+        problems.append((key, "structured config must not be secret; keep credentials in their own keys"))
+    if problems:
+        raise ConfigError(problems)
+    return stack
+
+
+def _secret_key_problems(stack: StackConfig, values: dict[str, Any], secret_keys: set[str]) -> list[tuple[str, str]]:
+    allowed_secrets = stack.secret_config_keys()
+    problems: list[tuple[str, str]] = []
+    for key in sorted(set(values) - set(TOP_LEVEL_KEYS)):
+        if key in allowed_secrets:
+            continue
+        near = difflib.get_close_matches(key, [*TOP_LEVEL_KEYS, *allowed_secrets], n=1, cutoff=0.6)
+        if near:
+            problems.append((path_part(key), f"unknown config key; did you mean {near[0]}?"))
+        elif key in secret_keys:
+            # Typically left behind when a section that named it (the gateway, an api_key) was removed.
+            problems.append((path_part(key), f"a secret no setting names any more; remove it: pulumi config rm {key}"))
+        else:
+            problems.append((path_part(key), f"unknown config key; known keys: {', '.join(TOP_LEVEL_KEYS)}"))
+    for key in sorted(allowed_secrets):
+        if key not in values:
+            problems.append((key, f"not set; run: pulumi config set --secret {key} <value>"))
+        elif key not in secret_keys:
+            problems.append((key, f"holds a credential in plain text; run: pulumi config set --secret {key} <value>"))
+    if stack.gateway is not None:
+        by_value: dict[str, str] = {}
+        for client, settings in stack.gateway.clients.items():
+            value = values.get(settings.key_config) if settings.key_config else None
+            if value is None or value == OFFLINE_SECRET_PLACEHOLDER:
+                continue  # offline, every secret reads the same placeholder: their real values differ
+            if value in by_value:
+                problems.append((
+                    f"gateway.clients.{client}.key_config",
+                    f"{settings.key_config} holds the same key as client {by_value[value]}'s; give each client its own",
+                ))
+            by_value[value] = client
+    return problems

@@ -1,0 +1,713 @@
+"""The stack's configuration types. Each top-level field of ``StackConfig`` is one Pulumi config
+key in the project's namespace (``inference-plane:models``, ``inference-plane:cluster`` ...), so
+``pulumi config set --path 'models.chat.ctx_size' 16384`` reaches any field.
+
+Every field says what it is for in its ``description`` (the README's reference is generated from
+these). Checks between fields live beside the fields, as ``problems()`` methods returning
+``(config path, message with the fix)`` pairs; ``validation.parse_stack`` runs them once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional
+
+from pydantic import Field
+
+from planning.quantity import parse_quantity
+
+from .defaults import DEVICE_PLUGIN_SHARING, MODEL_HUB_HOSTS, PREFETCH_COMMAND, PREFETCH_IMAGE
+from .values import (
+    Args,
+    ConfigKey,
+    Cpu,
+    DnsLabel,
+    DnsName,
+    Duration,
+    FqdnPattern,
+    HfRepo,
+    Hostname,
+    HttpPath,
+    Labels,
+    Memory,
+    PinnedImage,
+    Positive,
+    Reason,
+    RepoId,
+    ResourceName,
+    Strict,
+)
+
+Problem = tuple[str, str]
+
+
+def _doc(text: str, **constraints) -> object:
+    return Field(description=text, **constraints)
+
+
+# --- cluster -------------------------------------------------------------------------------------
+
+
+class PodPeer(Strict):
+    """A set of pods in another namespace that the inference namespace talks to."""
+
+    namespace: DnsLabel = _doc("The peer's namespace.")
+    pod_labels: Labels = _doc("Labels selecting the peer's pods; empty: every pod in the namespace.", default={})
+
+
+class IngressController(Strict):
+    """The cluster's ingress controller: its class and where its pods run (for the network policy)."""
+
+    class_name: DnsName = _doc("The IngressClass the chat endpoint's Ingress names.", default="traefik")
+    namespace: DnsLabel = _doc("Namespace of the controller's pods, admitted by the network policy.", default="ingress")
+    pod_labels: Labels = _doc("Labels of the controller's pods.", default={"app.kubernetes.io/name": "traefik"})
+
+
+class ClusterConfig(Strict):
+    """What the program needs to know about the cluster it deploys to."""
+
+    kubernetes_version: Annotated[str, Field(pattern=r"^1\.[0-9]{2}$")] = _doc(
+        "Every rendered manifest is checked against this Kubernetes version's schemas.", default="1.33"
+    )
+    cni: Literal["cilium", "networkpolicy"] = _doc(
+        "cilium: CiliumNetworkPolicy (ICMP, host entities and host names expressible); networkpolicy: plain NetworkPolicy.",
+        default="cilium",
+    )
+    ingress: IngressController = _doc("The ingress controller that serves an exposed chat endpoint.", default=IngressController())
+    cert_manager_issuer: DnsName = _doc("The cert-manager ClusterIssuer for every TLS certificate.", default="letsencrypt-cluster")
+    monitoring: Optional[PodPeer] = _doc(
+        "The pods that scrape /metrics; null when the cluster runs no monitoring.", default=PodPeer(namespace="monitoring")
+    )
+    storage: Optional[PodPeer] = _doc(
+        "Where the model cache's storage daemons live (CephFS: rook-ceph); null for node-local storage.",
+        default=PodPeer(namespace="rook-ceph"),
+    )
+    dns: PodPeer = _doc(
+        "The cluster DNS pods (egress on port 53).",
+        default=PodPeer(namespace="kube-system", pod_labels={"k8s-app": "kube-dns"}),
+    )
+    public_dns_label: Optional[str] = _doc(
+        "A label that makes external-dns publish a record on the internet. The program never sets it and refuses "
+        "any exposure that asks for it: the llama.cpp API stays LAN-only.",
+        default=None,
+    )
+
+
+class ModelHubEgress(Strict):
+    """Where model servers may connect to download weights."""
+
+    mode: Literal["fqdn", "world"] = _doc(
+        "fqdn: only the named hosts (Cilium toFQDNs). world: any address on 443, which needs a reason. Image "
+        "pulls are the kubelet's, not the pod's, so pods need nothing else from the internet.",
+        default="fqdn",
+    )
+    hosts: list[FqdnPattern] = _doc(
+        "The model hub's hosts: Hugging Face serves metadata from huggingface.co and files from its CDN and Xet hosts.",
+        default=MODEL_HUB_HOSTS,
+        min_length=1,
+    )
+    reason: Optional[Reason] = _doc(
+        "Required with mode world: why the hosts cannot be named (recorded on the policy object).", default=None
+    )
+
+    def problems(self, path: str) -> list[Problem]:
+        if self.mode == "world" and self.reason is None:
+            return [(f"{path}.reason", "world egress needs a reason; prefer mode: fqdn with the hosts named")]
+        return []
+
+
+class NamespaceConfig(Strict):
+    """The namespace the model servers (and the gateway's objects) live in."""
+
+    name: DnsLabel = _doc("The namespace's name.", default="ai")
+    pod_security: Literal["restricted", "baseline", "privileged"] = _doc(
+        "Pod Security level enforced: the pods need no privilege, the GPU comes in through the device-plugin API.",
+        default="restricted",
+    )
+    model_hub_egress: ModelHubEgress = _doc("Egress for weight downloads.", default=ModelHubEgress())
+
+
+# --- nodes, storage, start-up --------------------------------------------------------------------
+
+
+GpuBackend = Literal["vulkan", "rocm", "cuda", "cpu"]
+
+
+class NodePool(Strict):
+    """Identical nodes that model servers are placed on."""
+
+    instance_type: Optional[DnsName] = _doc(
+        "node.kubernetes.io/instance-type of the nodes; null when the GPU resource alone places the pods.", default=None
+    )
+    gpu_resource: Optional[ResourceName] = _doc(
+        "Extended resource the GPU device plugin advertises, e.g. gpu.intel.com/i915, amd.com/gpu.", default=None
+    )
+    gpu_shares: Annotated[int, Field(gt=0, le=64)] = _doc(
+        "Containers that may share one GPU: the device plugin's -shared-dev-num (Intel, default 1) or NVIDIA "
+        "time-slicing replicas. Must be 1 where the plugin cannot share (see gpu_sharing).",
+        default=1,
+    )
+    gpu_sharing: Optional[Literal["exclusive", "shared-dev-num", "time-slicing"]] = _doc(
+        "How the device plugin shares a GPU; null: known from gpu_resource.", default=None
+    )
+    nodes: Annotated[int, Field(gt=0, le=1000)] = _doc("Nodes in the pool: the planner simulates every one.", default=1)
+    memory: Memory = _doc("Physical memory of one node; on an APU the GPU's memory is this same pool.")
+    allocatable: Memory = _doc("What the kubelet offers pods on one node (capacity less system and kube reservations).")
+    reserved: Memory = _doc(
+        "Held on each node by workloads this program does not manage (storage daemons, DNS ...).", default="0Gi"
+    )
+    memory_bandwidth_gbs: Optional[Annotated[float, Field(gt=0)]] = _doc(
+        "Sustained memory bandwidth of one node in GB/s, for the decode-speed bound; null: not shown.", default=None
+    )
+    backend: GpuBackend = _doc("The GPU backend the servers' images use; sets the default memory overhead.", default="vulkan")
+    supplemental_groups: list[Annotated[int, Field(ge=0)]] = _doc(
+        "Numeric GIDs of the host's render/video groups, for non-root access to /dev/dri and /dev/kfd.", default=[]
+    )
+
+    def sharing(self) -> Optional[str]:
+        return self.gpu_sharing or DEVICE_PLUGIN_SHARING.get(self.gpu_resource or "")
+
+    def problems(self, path: str) -> list[Problem]:
+        if self.sharing() == "exclusive" and self.gpu_shares > 1:
+            return [(
+                f"{path}.gpu_shares",
+                f"{self.gpu_resource}'s device plugin gives each GPU to one container only; set gpu_shares: 1 and "
+                "run other model servers on the CPU (gpu_layers: 0) or on another pool",
+            )]
+        return []
+
+
+class ModelCacheConfig(Strict):
+    """The shared volume that holds downloaded weights (the ModelCache component)."""
+
+    claim_name: DnsName = _doc("The PersistentVolumeClaim's name.", default="llama-server-models")
+    storage_class: DnsName = _doc("The claim's storage class.")
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] = _doc(
+        "ReadWriteMany so both servers, a second replica or a benchmark Job mount the same weights.",
+        default="ReadWriteMany",
+    )
+    size: Memory = _doc("The claim's size.", default="40Gi")
+    mount_path: Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]*$")] = _doc(
+        "Where the servers mount it (llama.cpp's LLAMA_CACHE).", default="/models"
+    )
+    protect: bool = _doc("Refuse `pulumi destroy` outright. The claim is always retained on delete either way.", default=False)
+
+
+class Startup(Strict):
+    """How long a cold start may take, from which probes and Pulumi's wait are derived."""
+
+    download_mib_per_s: Annotated[float, Field(ge=0.1, le=100_000)] = _doc(
+        "Sustained download rate from the model hub; the seed's 40 min for ~19 GiB assumes about this.", default=8.5
+    )
+    load_mib_per_s: Annotated[float, Field(ge=0.1, le=100_000)] = _doc(
+        "Reading the weights back off the cache volume and onto the GPU.", default=200.0
+    )
+    min_seconds: Annotated[int, Field(gt=0, le=86_400)] = _doc(
+        "Never less: image pull on a cold node and Vulkan start-up alone can take minutes.", default=600
+    )
+    probe_period_seconds: Annotated[int, Field(gt=0, le=3600)] = _doc("The probes' period.", default=10)
+    image_pull_seconds: Annotated[int, Field(gt=0, le=86_400)] = _doc(
+        "Pulling the server image (~1-2 GiB) before the container, and its startup clock, starts.", default=600
+    )
+
+
+# --- model servers -------------------------------------------------------------------------------
+
+
+class Resources(Strict):
+    """CPU and memory of a model server's container. Memory is planned (see the capacity plan)."""
+
+    cpu_request: Cpu = _doc("CPU request.")
+    cpu_limit: Cpu = _doc("CPU limit.")
+    memory_request: Optional[Memory] = _doc("null: derived from the memory estimate; when set, checked against it.", default=None)
+    memory_limit: Optional[Memory] = _doc("null: the estimate plus 10%; when set, checked against the estimate.", default=None)
+    accepted_risk: Optional[Reason] = _doc(
+        "A limit below the estimate is refused unless this says why the risk is accepted.", default=None
+    )
+
+    def problems(self, path: str) -> list[Problem]:
+        problems = []
+        if self.memory_request and self.memory_limit:
+            if parse_quantity(self.memory_request) > parse_quantity(self.memory_limit):
+                problems.append((f"{path}.memory_request", "is larger than memory_limit"))
+        if parse_quantity(self.cpu_request) > parse_quantity(self.cpu_limit):
+            problems.append((f"{path}.cpu_request", "is larger than cpu_limit"))
+        return problems
+
+
+class ModelFacts(Strict):
+    """What the memory model needs to know about a model's architecture."""
+
+    params_b: Annotated[float, Field(gt=0)] = _doc("Parameters, in billions.")
+    active_params_b: Optional[Annotated[float, Field(gt=0)]] = _doc(
+        "Parameters read per token, for mixture-of-experts; null: dense (all of them).", default=None
+    )
+    layers: Positive = _doc("Transformer blocks.")
+    full_attention_layers: Optional[Positive] = _doc(
+        "Layers with a KV cache; hybrid models (Gated DeltaNet, Mamba) have fewer than layers. null: all.", default=None
+    )
+    kv_heads: Positive = _doc("Key/value heads per attention layer.")
+    head_dim: Positive = _doc("Dimension of one head.")
+    recurrent_state_mib: Annotated[float, Field(ge=0)] = _doc(
+        "Fixed-size recurrent state per slot (hybrid models), independent of context.", default=0.0
+    )
+    bits_per_weight: Optional[Annotated[float, Field(gt=0, le=32)]] = _doc(
+        "Overrides the quant's table value (checkpoints that are not GGUF).", default=None
+    )
+    pooling: Optional[Literal["none", "mean", "cls", "last", "rank"]] = _doc(
+        "Embedding models: how token vectors are pooled into one (the GGUF's pooling_type). mean and cls need the "
+        "whole input in one micro-batch: llama.cpp refuses a longer input (HTTP 500).",
+        default=None,
+    )
+
+
+class OpenAIEngine(Strict):
+    """Any other OpenAI-compatible server: its own image, arguments, port and paths."""
+
+    args: Args = _doc("The engine's command-line arguments.", default=[])
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = _doc(
+        "Environment variables for the engine.", default={}
+    )
+    health_path: HttpPath = _doc("Path that answers 200 only once the model is loaded (the probes').", default="/health")
+    metrics_path: Optional[HttpPath] = _doc("Prometheus metrics path; null: not scraped.", default="/metrics")
+    served_model: Annotated[str, Field(min_length=1, max_length=200)] = _doc(
+        "The model name the engine serves, sent upstream by the gateway (modelNameOverride)."
+    )
+    resident_memory: Memory = _doc("What the engine locks in memory, weights and KV pool together, as measured on the node.")
+
+
+class Prefetch(Strict):
+    """An init container that downloads the weights before the engine starts (idempotent)."""
+
+    repo: RepoId = _doc("The Hugging Face repo to download.")
+    revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9._/-]+$")] = _doc("Branch, tag or commit.", default="main")
+    image: PinnedImage = _doc("The init container's image (needs Python and pip).", default=PREFETCH_IMAGE)
+    command: list[str] = _doc(
+        "Runs with HF_REPO, HF_REVISION, HOME, HF_HOME and PYTHONUSERBASE set; must skip files it already has.",
+        default=PREFETCH_COMMAND,
+        min_length=1,
+    )
+
+
+class CacheVolume(Strict):
+    """A claim per replica (StatefulSet volumeClaimTemplates) for the prefetched weights."""
+
+    storage_class: DnsName = _doc("Storage class of each replica's claim (node-local is typical).")
+    size: Memory = _doc("Size of each replica's claim.")
+
+
+class Workload(Strict):
+    """How a model server's pods are run."""
+
+    kind: Literal["Deployment", "StatefulSet"] = _doc(
+        "Deployment (shared cache) or StatefulSet (a claim per replica).", default="Deployment"
+    )
+    replicas: Annotated[int, Field(gt=0, le=100)] = _doc("Pods.", default=1)
+    one_per_node: bool = _doc("Required pod anti-affinity on kubernetes.io/hostname: at most one replica per node.", default=False)
+    cache_volume: Optional[CacheVolume] = _doc("A claim per replica for prefetched weights (StatefulSet only).", default=None)
+    vpa_update_mode: Optional[Literal["Off", "Initial", "Recreate", "Auto"]] = _doc(
+        "A VerticalPodAutoscaler that may manage CPU only: memory stays pinned (the seed's #2711).", default=None
+    )
+
+    def problems(self, path: str, pool_key: str, pool: Optional[NodePool]) -> list[Problem]:
+        problems = []
+        if self.cache_volume is not None and self.kind != "StatefulSet":
+            problems.append((f"{path}.cache_volume", "a claim per replica needs kind: StatefulSet"))
+        if pool is not None and self.one_per_node and self.replicas > pool.nodes:
+            problems.append((
+                f"{path}.replicas",
+                f"{self.replicas} replicas, one per node, but node pool {pool_key} has {pool.nodes} nodes",
+            ))
+        return problems
+
+
+class Exposure(Strict):
+    """An Ingress for the chat endpoint: LAN-only, TLS from cert-manager."""
+
+    host: Hostname = _doc("The LAN host name.")
+    tls_secret: DnsName = _doc("The Secret cert-manager writes the certificate to.")
+
+
+class ApiKey(Strict):
+    """llama.cpp's --api-key-file, read from a Kubernetes Secret."""
+
+    secret_name: DnsName = _doc("The Secret holding the key file.")
+    secret_key: Annotated[str, Field(pattern=r"^[-._a-zA-Z0-9]+$")] = _doc("The key file's name in the Secret.", default="api-keys")
+    from_config: Optional[ConfigKey] = _doc(
+        "A Pulumi secret config key whose value (one key per line) becomes that Secret; null: the Secret is "
+        "created outside this program.",
+        default=None,
+    )
+
+
+# Settings only llama.cpp reads: an openai engine carrying any of them is refused, not ignored.
+LLAMACPP_ONLY = ("hf_repo", "api_key", "extra_args", "ubatch_size", "parallel", "cache_ram_mib", "ctx_checkpoints")
+
+
+class ModelServer(Strict):
+    """One model server: llama.cpp in single-model mode, or another OpenAI-compatible engine."""
+
+    role: Literal["chat", "embedding"] = _doc("chat, or embedding (never behind an Ingress or a chat route).")
+    name: DnsLabel = _doc("Name of the workload, its Service and its pods' app.kubernetes.io/name.")
+    engine: Literal["llamacpp", "openai"] = _doc(
+        "llamacpp (settings below) or openai (any OpenAI-compatible server, settings under `openai`).", default="llamacpp"
+    )
+    hf_repo: Optional[HfRepo] = _doc("llama.cpp's --hf-repo (org/Model-GGUF:QUANT); required for llamacpp.", default=None)
+    openai: Optional[OpenAIEngine] = _doc("The engine's settings; required for engine openai, refused otherwise.", default=None)
+    prefetch: Optional[Prefetch] = _doc("Download the weights in an init container before the engine starts.", default=None)
+    workload: Workload = _doc("How the pods are run.", default=Workload())
+    backend: Optional[GpuBackend] = _doc("Overrides the node pool's backend for this server's image.", default=None)
+    image: PinnedImage = _doc("The server image, pinned to a build tag or digest.")
+    node_pool: DnsLabel = _doc("The node_pools key this server runs on.")
+    weights: Optional[Memory] = _doc(
+        "Size of the weights download; null: parameters x the quant's bits per weight.", default=None
+    )
+    facts: Optional[ModelFacts] = _doc("Architecture facts; null: taken from the catalog by hf_repo.", default=None)
+    gpu_layers: Annotated[int, Field(ge=0, le=999)] = _doc("--n-gpu-layers; 0 runs on the CPU and requests no GPU.", default=99)
+    threads: Annotated[int, Field(gt=0, le=1024)] = _doc("--threads.", default=4)
+    ctx_size: Annotated[int, Field(gt=0, le=4_194_304)] = _doc("--ctx-size: the context shared by all slots.", default=4096)
+    ubatch_size: Optional[Annotated[int, Field(gt=0, le=65536)]] = _doc(
+        "--ubatch-size; null: llama.cpp's 512.", default=None
+    )
+    parallel: Optional[Annotated[int, Field(gt=0, le=256)]] = _doc(
+        "Slots (--parallel); null: the server's auto, 4 slots sharing one KV pool.", default=None
+    )
+    cache_ram_mib: Optional[Annotated[int, Field(ge=0, le=1_048_576)]] = _doc(
+        "Host-RAM prompt cache (--cache-ram, MiB); null: llama.cpp's default of 8192, counted in full.", default=None
+    )
+    ctx_checkpoints: Optional[Annotated[int, Field(ge=0, le=1024)]] = _doc(
+        "Context checkpoints per slot (--ctx-checkpoints); null: llama.cpp's 32, each a full copy of a hybrid "
+        "model's recurrent state in host RAM.",
+        default=None,
+    )
+    cors_origins: Optional[Annotated[str, Field(min_length=1, max_length=1000)]] = _doc(
+        "--cors-origins; without it the server allows every origin, so any page a LAN browser visits could call the API.",
+        default="localhost",
+    )
+    webui: bool = _doc("Serve llama.cpp's WebUI (chat servers only).", default=True)
+    metrics: bool = _doc("--metrics, scraped by the monitoring stack.", default=True)
+    port: Annotated[int, Field(ge=1024, le=65535)] = _doc(
+        "The container port, always passed explicitly: llama.cpp's default moves across builds.", default=8080
+    )
+    resources: Resources = _doc("CPU and memory.")
+    exposure: Optional[Exposure] = _doc("An Ingress on the LAN (chat servers only).", default=None)
+    api_key: Optional[ApiKey] = _doc("llama.cpp's API key; required once anything outside the namespace reaches it.", default=None)
+    extra_args: Args = _doc("More llama.cpp flags; flags generated from the fields above are refused here.", default=[])
+
+    def problems(self, path: str, pools: dict[str, NodePool]) -> list[Problem]:
+        """What this server's own fields, its engine and its node pool say about each other."""
+        from engines import engine_of
+
+        problems = engine_of(self).config_problems(self, path)
+        pool = pools.get(self.node_pool)
+        if pool is None:
+            problems.append((f"{path}.node_pool", f"no node pool {self.node_pool!r}; defined: {', '.join(pools)}"))
+        elif self.gpu_layers > 0 and pool.gpu_resource is None:
+            problems.append((
+                f"node_pools.{self.node_pool}.gpu_resource",
+                f"{path} offloads {self.gpu_layers} layers to a GPU, so its node pool must name the GPU resource "
+                "(e.g. gpu.intel.com/i915), or set gpu_layers: 0",
+            ))
+        if self.role == "embedding":
+            if self.exposure is not None:
+                problems.append((
+                    f"{path}.exposure",
+                    "an embedding model must not be exposed: asked to chat it answers fluent nonsense "
+                    "('capital capital ...') instead of an error; remove exposure and call it in-cluster",
+                ))
+            if self.webui:
+                problems.append((f"{path}.webui", "an embedding server has no use for the WebUI; set webui: false"))
+        if self.prefetch is not None and self.workload.cache_volume is None:
+            problems.append((f"{path}.prefetch", "prefetched weights need workload.cache_volume to land in"))
+        problems += self.workload.problems(f"{path}.workload", self.node_pool, pool)
+        problems += self.resources.problems(f"{path}.resources")
+        return problems
+
+    def uses_gpu(self, pool: NodePool) -> bool:
+        return self.gpu_layers > 0 and pool.gpu_resource is not None
+
+
+# --- the gateway ---------------------------------------------------------------------------------
+
+
+class RemoteProvider(Strict):
+    """An OpenAI-compatible provider on the internet, reached over TLS with its own key."""
+
+    host: Hostname = _doc("The provider's API host.")
+    port: Annotated[int, Field(ge=1, le=65535)] = _doc("The provider's TLS port.", default=443)
+    prefix: HttpPath = _doc("Path before /chat/completions: /v1 for most, /api/v1 for OpenRouter.", default="/v1")
+    api_key_config: Optional[ConfigKey] = _doc("The Pulumi secret config key holding the provider's API key.", default=None)
+
+
+class Tier(Strict):
+    """Where a route's backend lives: one of this stack's model servers, or a remote provider."""
+
+    local: Optional[DnsLabel] = _doc("A models key.", default=None)
+    remote: Optional[RemoteProvider] = _doc("A provider on the internet.", default=None)
+
+
+class RouteBackend(Strict):
+    """One priority of a route."""
+
+    tier: DnsLabel = _doc("A gateway.tiers key.")
+    model: Optional[Annotated[str, Field(min_length=1, max_length=200)]] = _doc(
+        "The model name sent to this tier; null: the local engine's served name, or the public name.", default=None
+    )
+
+
+class Route(Strict):
+    """One public model name, tried on its backends in order (priority 0, 1, ...)."""
+
+    model: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:/@-]+$")] = _doc(
+        "The public model name clients send."
+    )
+    kind: Literal["chat", "embedding"] = _doc("chat or embedding: their retry policies differ.", default="chat")
+    backends: Annotated[list[RouteBackend], Field(min_length=1, max_length=16)] = _doc("Tiers, in priority order.")
+
+
+class ApiClient(Strict):
+    """A client of the gateway."""
+
+    key_config: Optional[ConfigKey] = _doc(
+        "A Pulumi secret config key holding this client's key; null: derived from the master key.", default=None
+    )
+
+
+class Retry(Strict):
+    """How a failed request moves to the next priority."""
+
+    num_retries: Annotated[int, Field(ge=0, le=10)] = _doc("Retries after the first attempt.", default=3)
+    attempts_per_priority: Annotated[int, Field(ge=1, le=5)] = _doc(
+        "Attempts per priority: 1 hands a failing tier's request to the next one at once.", default=1
+    )
+    status_codes: list[Annotated[int, Field(ge=400, le=599)]] = _doc(
+        "Chat routes: upstream statuses that are retried.", default=[429, 500, 502, 503, 504]
+    )
+    embedding_status_codes: list[Annotated[int, Field(ge=502, le=504)]] = _doc(
+        "Embedding routes fail over only when the local server could not take the request (502/503/504 while it "
+        "loads or restarts), never on 500: llama.cpp answers 500 to an input longer than its micro-batch, and "
+        "re-sending that document to a remote tier would move private data off the cluster.",
+        default=[502, 503, 504],
+    )
+
+
+class LlamaCppEmbeddingsPath(Strict):
+    """A plain HTTPRoute straight to a llama.cpp embedding server, bypassing the AI gateway."""
+
+    model: DnsLabel = _doc("The models key of a llama.cpp embedding server.")
+    path: HttpPath = _doc("The path prefix on the gateway.", default="/llama-cpp/v1/embeddings")
+    timeout: Duration = _doc("A whole document batch can take minutes on an iGPU.", default="600s")
+
+
+class GatewayConfig(Strict):
+    """Envoy AI Gateway in front of the model servers (the InferenceGateway component)."""
+
+    name: DnsLabel = _doc("The Gateway's name; prefixes its objects.", default="inference")
+    class_name: DnsLabel = _doc("The GatewayClass.", default="envoy-ai-gateway")
+    create_class: bool = _doc("Create the GatewayClass (false when the cluster already has it).", default=True)
+    hostname: Hostname = _doc("The listener's host name (on the tailnet: the MagicDNS name).")
+    port: Annotated[int, Field(ge=1, le=65535)] = _doc("The HTTPS listener's port.", default=443)
+    tls_secret: DnsName = _doc("The Secret cert-manager writes the listener's certificate to.")
+    load_balancer_class: Annotated[str, Field(min_length=1)] = _doc(
+        "The Envoy Service's load-balancer class: tailscale keeps it on the tailnet, never a public LB.", default="tailscale"
+    )
+    envoy_namespace: DnsLabel = _doc("Where Envoy Gateway runs the Envoy pods.", default="envoy-gateway-system")
+    client_ca_secret: Optional[DnsName] = _doc(
+        "Secret or ConfigMap with ca.crt: clients must present a certificate it signed. null: no mTLS.", default=None
+    )
+    buffer_limit: Memory = _doc("Envoy Gateway's default of 32 KiB rejects ordinary chat payloads with 413.", default="50Mi")
+    stream_idle_timeout: Duration = _doc(
+        "Ends a stream that sends nothing for this long; generation length itself is unbounded.", default="300s"
+    )
+    api_key_header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] = _doc("The header clients send their key in.", default="x-api-key")
+    clients: Annotated[dict[DnsLabel, ApiClient], Field(min_length=1)] = _doc("Who may call the gateway.")
+    master_key_config: Optional[ConfigKey] = _doc(
+        "Pulumi secret config key from which clients without key_config get their keys (HMAC).", default=None
+    )
+    tiers: Annotated[dict[DnsLabel, Tier], Field(min_length=1)] = _doc("Where requests can go.")
+    routes: list[Route] = _doc("Public model names and their tiers.", default=[])
+    catch_all: list[DnsLabel] = _doc(
+        "Tiers tried, in order, for any model no route names; the model name passes through.", default=[]
+    )
+    session_header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] = _doc(
+        "Requests with one value stay on one pod (its KV cache).", default="x-sks-session-id"
+    )
+    retry: Retry = _doc("Failover between priorities.", default=Retry())
+    llamacpp_embeddings: Optional[LlamaCppEmbeddingsPath] = _doc("A direct path to a llama.cpp embedding server.", default=None)
+
+    def local_models(self) -> set[str]:
+        """The models keys the gateway's Envoy pods reach (and must authenticate to)."""
+        reached = {t.local for t in self.tiers.values() if t.local}
+        if self.llamacpp_embeddings is not None:
+            reached.add(self.llamacpp_embeddings.model)
+        return reached
+
+    def secret_config_keys(self) -> set[str]:
+        keys = {c.key_config for c in self.clients.values() if c.key_config}
+        keys |= {t.remote.api_key_config for t in self.tiers.values() if t.remote and t.remote.api_key_config}
+        if self.master_key_config:
+            keys.add(self.master_key_config)
+        return keys
+
+    def problems(self, models: dict[str, ModelServer]) -> list[Problem]:
+        problems: list[Problem] = []
+        for name, tier in self.tiers.items():
+            path = f"gateway.tiers.{name}"
+            if (tier.local is None) == (tier.remote is None):
+                problems.append((path, "set exactly one of local (a models key) or remote (a provider)"))
+            elif tier.local is not None and tier.local not in models:
+                problems.append((f"{path}.local", f"no model server {tier.local!r}; defined: {', '.join(models)}"))
+            elif tier.remote is not None and tier.remote.api_key_config is None:
+                problems.append(
+                    (f"{path}.remote.api_key_config", "a remote tier needs its provider key: name a Pulumi secret config key")
+                )
+
+        def role_of(tier_name: str) -> Optional[str]:
+            tier = self.tiers.get(tier_name)
+            if tier is None or tier.local is None or tier.local not in models:
+                return None
+            return models[tier.local].role
+
+        seen: dict[str, int] = {}
+        for index, route in enumerate(self.routes):
+            path = f"gateway.routes[{index}]"
+            if route.model in seen:
+                problems.append((f"{path}.model", f"{route.model!r} is already routed by gateway.routes[{seen[route.model]}]"))
+            seen[route.model] = index
+            tiers = [b.tier for b in route.backends]
+            if len(set(tiers)) != len(tiers):
+                problems.append((f"{path}.backends", "a tier appears twice; each tier is one priority"))
+            for b_index, backend in enumerate(route.backends):
+                where = f"{path}.backends[{b_index}].tier"
+                if backend.tier not in self.tiers:
+                    problems.append((where, f"no tier {backend.tier!r}; defined: {', '.join(self.tiers)}"))
+                    continue
+                role = role_of(backend.tier)
+                if role == "embedding" and route.kind == "chat":
+                    problems.append((
+                        where,
+                        f"{backend.tier} serves an embedding model; a chat route to it answers nonsense "
+                        "('capital capital ...'); use kind: embedding or another tier",
+                    ))
+                if role == "chat" and route.kind == "embedding":
+                    problems.append((where, f"{backend.tier} serves a chat model, not embeddings"))
+        for index, tier_name in enumerate(self.catch_all):
+            if tier_name not in self.tiers:
+                problems.append((f"gateway.catch_all[{index}]", f"no tier {tier_name!r}; defined: {', '.join(self.tiers)}"))
+            elif role_of(tier_name) == "embedding":
+                problems.append((f"gateway.catch_all[{index}]", f"{tier_name} serves an embedding model; it cannot take any model"))
+        if not self.routes and not self.catch_all:
+            problems.append(("gateway.routes", "the gateway routes nothing: add routes or catch_all"))
+        owners: dict[str, str] = {}
+        for client, settings in self.clients.items():
+            if settings.key_config is None and self.master_key_config is None:
+                problems.append(
+                    (f"gateway.clients.{client}.key_config", "set it, or gateway.master_key_config to derive the key")
+                )
+            elif settings.key_config is not None:
+                if settings.key_config in owners:
+                    problems.append((
+                        f"gateway.clients.{client}.key_config",
+                        f"{settings.key_config} is already the key of client {owners[settings.key_config]}; "
+                        "one key per client identity",
+                    ))
+                owners[settings.key_config] = client
+        if self.llamacpp_embeddings is not None:
+            target = models.get(self.llamacpp_embeddings.model)
+            if target is None or target.role != "embedding" or target.engine != "llamacpp":
+                problems.append(("gateway.llamacpp_embeddings.model", "must name a llama.cpp embedding server in models"))
+        return problems
+
+
+class Observability(Strict):
+    """VictoriaMetrics operator objects: scrapes and alert rules."""
+
+    scrape_interval: Duration = _doc("How often /metrics is scraped.", default="60s")
+    queue_alert_after: Duration = _doc("Requests waiting for a free slot this long mean the server is saturated.", default="5m")
+    fallback_alert_after: Duration = _doc("Traffic falling back to another tier for this long alerts.", default="15m")
+
+
+# --- the stack -----------------------------------------------------------------------------------
+
+
+class StackConfig(Strict):
+    """One cluster's inference plane. Each field is one Pulumi config key."""
+
+    cluster: ClusterConfig = _doc("The cluster.", default=ClusterConfig())
+    namespace: NamespaceConfig = _doc("The namespace everything lives in.", default=NamespaceConfig())
+    node_pools: Annotated[dict[DnsLabel, NodePool], Field(min_length=1)] = _doc("Where model servers run.")
+    model_cache: ModelCacheConfig = _doc("The shared weights volume.")
+    startup: Startup = _doc("Cold-start budgets.", default=Startup())
+    models: Annotated[dict[DnsLabel, ModelServer], Field(min_length=1)] = _doc("The model servers, by key.")
+    gateway: Optional[GatewayConfig] = _doc("Envoy AI Gateway in front of the servers; null: none.", default=None)
+    observability: Optional[Observability] = _doc("Scrapes and alerts; null: none.", default=None)
+
+    def secret_config_keys(self) -> set[str]:
+        """The config keys that must hold Pulumi secrets (credentials)."""
+        keys = {m.api_key.from_config for m in self.models.values() if m.api_key and m.api_key.from_config}
+        if self.gateway is not None:
+            keys |= self.gateway.secret_config_keys()
+        return keys
+
+    def problems(self) -> list[Problem]:
+        """Checks between fields that no single field's type can express."""
+        problems: list[Problem] = []
+        names: dict[str, str] = {}
+        hosts: dict[str, str] = {}
+        for key, model in self.models.items():
+            path = f"models.{key}"
+            if model.name in names:
+                problems.append((f"{path}.name", f"{model.name!r} is already the name of models.{names[model.name]}"))
+            names[model.name] = key
+            if model.exposure is not None:
+                if model.exposure.host in hosts:
+                    problems.append(
+                        (f"{path}.exposure.host", f"{model.exposure.host} is already exposed by models.{hosts[model.exposure.host]}")
+                    )
+                hosts[model.exposure.host] = key
+            problems += model.problems(path, self.node_pools)
+        problems += self.namespace.model_hub_egress.problems("namespace.model_hub_egress")
+        for pool_key, pool in self.node_pools.items():
+            problems += pool.problems(f"node_pools.{pool_key}")
+        problems += self._gpu_demand()
+        if self.gateway is not None:
+            problems += self.gateway.problems(self.models)
+        problems += self._api_keys()
+        return problems
+
+    def _gpu_demand(self) -> list[Problem]:
+        problems = []
+        for pool_key, pool in self.node_pools.items():
+            users = [k for k, m in self.models.items() if m.node_pool == pool_key and m.uses_gpu(pool)]
+            demand = sum(self.models[k].workload.replicas for k in users)
+            if demand > pool.gpu_shares * pool.nodes:
+                problems.append((
+                    f"node_pools.{pool_key}.gpu_shares",
+                    f"{demand} model server pods ({', '.join(users)}) each request {pool.gpu_resource}, but the pool "
+                    f"offers {pool.gpu_shares * pool.nodes}; raise the device plugin's -shared-dev-num and gpu_shares",
+                ))
+        return problems
+
+    def _api_keys(self) -> list[Problem]:
+        """llama.cpp's API is unauthenticated unless given a key: required once anything outside its
+        namespace (an Ingress, the gateway's Envoy pods) can reach it."""
+        problems: list[Problem] = []
+        gateway_reaches = self.gateway.local_models() if self.gateway is not None else set()
+        for key, model in self.models.items():
+            if model.engine != "llamacpp" or (model.role == "embedding" and model.exposure is not None):
+                continue  # an exposed embedding server is refused outright, key or not
+            if model.api_key is None and (model.exposure is not None or key in gateway_reaches):
+                via = "its Ingress" if model.exposure is not None else "the gateway"
+                problems.append((
+                    f"models.{key}.api_key",
+                    f"required: {via} reaches this server from outside its namespace; "
+                    "set api_key: {secret_name: ..., from_config: <secret config key>}",
+                ))
+            elif key in gateway_reaches and model.api_key is not None and model.api_key.from_config is None:
+                problems.append((
+                    f"models.{key}.api_key.from_config",
+                    "the gateway must send this server's key, so the key has to come from Pulumi config",
+                ))
+        return problems
+
+
+TOP_LEVEL_KEYS = tuple(StackConfig.model_fields)

@@ -1,0 +1,82 @@
+"""Validation: the user's values become a ``StackConfig`` here, or every problem is reported in
+one line (path, what is wrong, the fix). Nothing else in the program checks user input."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import typing
+from typing import Any, Mapping
+
+from pydantic import ValidationError
+
+from common.errors import ConfigError
+
+from .types import StackConfig
+
+
+def path_part(part: Any) -> str:
+    """A path segment as the user typed it, or quoted when it holds anything unusual."""
+    text = str(part)
+    return text if re.fullmatch(r"[A-Za-z0-9_./:-]{1,80}", text) else repr(text)[:80]
+
+
+def _keys_at(loc: tuple) -> list[str]:
+    """The field names valid at a config path (for "did you mean"): walks the models' annotations,
+    through Optional/Annotated, dict values and list items (whose key or index is the next part)."""
+
+    def unwrap(annotation: Any) -> tuple[Any, bool]:
+        """(a model class or None, whether a dict key / list index comes first)."""
+        while getattr(annotation, "model_fields", None) is None:
+            origin, args = typing.get_origin(annotation), [a for a in typing.get_args(annotation) if a is not type(None)]
+            if origin in (dict, list):
+                inner, _ = unwrap(args[-1]) if args else (None, False)
+                return inner, True
+            if not args:
+                return None, False
+            annotation = args[0]
+        return annotation, False
+
+    current, keyed = StackConfig, False
+    for part in loc:
+        if current is None:
+            return []
+        if keyed:
+            keyed = False
+            continue
+        field = current.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return []
+        current, keyed = unwrap(field.annotation)
+    return [] if current is None or keyed else list(current.model_fields)
+
+
+def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
+    path = ".".join(path_part(part) for part in error["loc"]) or "(stack)"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        near = difflib.get_close_matches(str(error["loc"][-1]), _keys_at(error["loc"][:-1]), n=1, cutoff=0.6)
+        return path, f"unknown key; did you mean {near[0]}?" if near else "unknown key; remove it or check its spelling"
+    if kind == "missing":
+        return path, "required; set it"
+    message = error["msg"].removeprefix("Value error, ")
+    value = error.get("input")
+    if kind not in ("model_type", "dict_type") and isinstance(value, (str, int, float, bool)):
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        if shown not in message:
+            message = f"{message} (got {shown})"
+    if len(message) > 300:
+        message = message[:297] + "..."
+    return path, message
+
+
+def parse_stack(raw: Mapping[str, Any]) -> StackConfig:
+    """Validate a stack's config values (top-level key -> decoded value); raise ConfigError."""
+    try:
+        stack = StackConfig.model_validate(dict(raw))
+    except ValidationError as exc:
+        raise ConfigError([_describe(e) for e in exc.errors()]) from None
+    problems = stack.problems()
+    if problems:
+        raise ConfigError(problems)
+    return stack

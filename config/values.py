@@ -1,0 +1,84 @@
+"""Value types: what a single field may hold. Relations between fields live on the models
+(types.py); reading Pulumi config lives in load.py."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from planning.quantity import parse_quantity
+from policy.rules import PINNED_IMAGE
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
+_FQDN_PATTERN = re.compile(r"^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_HF_REPO = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*:[A-Za-z0-9_]+$")
+_DURATION = re.compile(r"^([0-9]+(ms|s|m|h))+$")
+_CONFIG_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def matches(pattern: re.Pattern[str], what: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise ValueError(f"{value!r} is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _memory(value: str) -> str:
+    parse_quantity(value)
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti)", value):
+        raise ValueError(f"{value!r}: write memory with a binary suffix, e.g. 24Gi or 512Mi")
+    return value
+
+
+def _cpu(value: str) -> str:
+    if not re.fullmatch(r"([0-9]+m|[0-9]+(\.[0-9]+)?)", value):
+        raise ValueError(f"{value!r} is not a CPU quantity (examples: 500m, 2)")
+    return value
+
+
+def _labels(value: dict[str, str]) -> dict[str, str]:
+    for key, label in value.items():
+        if not LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(label):
+            raise ValueError(f"{key}={label!r} is not a valid Kubernetes label")
+    return value
+
+
+def _number_as_quantity(value: Any) -> Any:
+    """`pulumi config set --path x.cpu_limit 6` stores the number 6: a whole number is the quantity "6"."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+DnsLabel = Annotated[str, matches(_DNS_LABEL, "a DNS label (lower-case letters, digits, '-', at most 63)")]
+DnsName = Annotated[str, matches(_DNS_NAME, "a DNS subdomain name (lower-case letters, digits, '-', '.')")]
+Hostname = Annotated[str, matches(_HOSTNAME, "a fully qualified host name such as llm.example.org")]
+FqdnPattern = Annotated[str, matches(_FQDN_PATTERN, "a host name or a '*.' wildcard host name")]
+HfRepo = Annotated[str, matches(_HF_REPO, "a Hugging Face repo with a quant, such as org/Model-GGUF:Q4_K_M")]
+RepoId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*$")]
+Duration = Annotated[str, matches(_DURATION, "a duration such as 600s, 5m or 1h")]
+HttpPath = Annotated[str, Field(pattern=r"^/[A-Za-z0-9._~/-]*$")]
+# The policy pack's definition of a pinned image, so that config and policy never disagree.
+PinnedImage = Annotated[
+    str, matches(PINNED_IMAGE, "a pinned image: registry/name:<build or version tag, e.g. b10731> or @sha256:<digest>")
+]
+Memory = Annotated[str, BeforeValidator(_number_as_quantity), AfterValidator(_memory)]
+Cpu = Annotated[str, BeforeValidator(_number_as_quantity), AfterValidator(_cpu)]
+Labels = Annotated[dict[str, str], AfterValidator(_labels)]
+ConfigKey = Annotated[str, matches(_CONFIG_KEY, "a config key name (lower-case, digits, '_')")]
+ResourceName = Annotated[str, matches(LABEL_KEY, "a resource name such as gpu.intel.com/i915")]
+Positive = Annotated[int, Field(gt=0)]
+Reason = Annotated[str, Field(min_length=10, max_length=300)]
+Args = Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)]
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors, types are not coerced, and a validated config never changes."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)

@@ -1,0 +1,141 @@
+"""llama.cpp's llama-server in single-model mode: the flags generated from typed settings, its
+paths, and its memory model. Behaviours relied on here are checked against a real server built
+from the pinned release (tests/test_llama_contract.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH
+from planning.catalog import facts_for, repo_of
+from planning.memory import DEFAULT_UBATCH, MemoryEstimate, llamacpp_estimate, model_bits, quant_of
+
+if TYPE_CHECKING:
+    from config.types import GpuBackend, ModelFacts, ModelServer
+
+Problem = tuple[str, str]
+
+# Where the API key Secret is mounted; --api-key-file names a file in it.
+API_KEY_DIR = "/run/secrets/llama-api-key"
+
+# Every flag args() generates, with its aliases: extra_args may not set them again (llama.cpp
+# takes the last occurrence, so a duplicate would silently override the planned value).
+GENERATED_FLAGS = frozenset({
+    "--hf-repo", "-hf", "-hfr", "--model", "-m", "--n-gpu-layers", "-ngl", "--gpu-layers", "--threads", "-t",
+    "--ctx-size", "-c", "--ubatch-size", "-ub", "--cors-origins", "--host", "--port", "--api-key",
+    "--api-key-file", "--metrics", "--embeddings", "--embedding", "--no-webui", "--webui", "--no-ui", "--ui",
+    "--parallel", "-np", "--cache-ram", "-cram", "--ctx-checkpoints", "-ctxcp", "--pooling",
+})
+
+
+class LlamaCpp:
+    name = "llamacpp"
+
+    def config_problems(self, model: "ModelServer", path: str) -> list[Problem]:
+        problems: list[Problem] = []
+        if model.hf_repo is None:
+            problems.append((f"{path}.hf_repo", "required for engine llamacpp (org/Model-GGUF:QUANT)"))
+        if model.openai is not None:
+            problems.append((
+                f"{path}.openai",
+                "engine llamacpp does not read an openai block; remove it, or set engine: openai to run another server",
+            ))
+        if model.ubatch_size is not None and model.ubatch_size > model.ctx_size:
+            problems.append((f"{path}.ubatch_size", f"{model.ubatch_size} exceeds ctx_size {model.ctx_size}"))
+        for index, arg in enumerate(model.extra_args):
+            if arg.split("=", 1)[0] in GENERATED_FLAGS:
+                problems.append(
+                    (f"{path}.extra_args[{index}]", f"{arg} is generated from a typed field; set that field instead")
+                )
+        return problems
+
+    def plan_problems(self, key: str, model: "ModelServer", facts: Optional["ModelFacts"]) -> list[Problem]:
+        """Why the server's memory cannot be planned, or its promise cannot be kept."""
+        if facts is None:
+            return [(
+                f"models.{key}.facts",
+                f"no architecture facts for {repo_of(model.hf_repo or '')}; give params_b, layers, kv_heads and "
+                "head_dim so its memory can be planned",
+            )]
+        if model.weights is None:
+            try:
+                model_bits(model, facts)
+            except KeyError:
+                return [(
+                    f"models.{key}.weights",
+                    f"quant {quant_of(model.hf_repo or ':?')} has no known bits per weight; set weights to the GGUF's size",
+                )]
+        return self._pooling_problems(key, model, facts)
+
+    @staticmethod
+    def _pooling_problems(key: str, model: "ModelServer", facts: "ModelFacts") -> list[Problem]:
+        """Pooling that needs the whole input in one micro-batch (mean, cls) makes the server refuse
+        inputs longer than --ubatch-size with HTTP 500, although --ctx-size promises more."""
+        if model.role != "embedding" or facts.pooling not in ("mean", "cls"):
+            return []
+        ubatch = model.ubatch_size or DEFAULT_UBATCH
+        if ubatch >= model.ctx_size:
+            return []
+        return [(
+            f"models.{key}.ubatch_size",
+            f"{facts.pooling} pooling needs the whole input in one micro-batch, so inputs over {ubatch} tokens would "
+            f"be refused although ctx_size is {model.ctx_size}; set ubatch_size: {model.ctx_size} (or lower ctx_size "
+            f"to {ubatch})",
+        )]
+
+    def args(self, model: "ModelServer") -> list[str]:
+        """llama-server's command line, generated from the typed settings."""
+        if model.hf_repo is None:  # refused by config_problems before anything is built
+            raise ValueError(f"{model.name}: engine llamacpp needs hf_repo")
+        args = ["--hf-repo", model.hf_repo]
+        if model.role == "embedding":
+            args.append("--embeddings")  # serves POST /v1/embeddings
+            facts = facts_for(model)
+            if facts is not None and facts.pooling is not None:
+                # Explicit: the pooling the planner checked the micro-batch against is the one that
+                # runs, whatever a re-uploaded GGUF declares.
+                args += ["--pooling", facts.pooling]
+        args += ["--n-gpu-layers", str(model.gpu_layers), "--threads", str(model.threads), "--ctx-size", str(model.ctx_size)]
+        if model.ubatch_size is not None:
+            args += ["--ubatch-size", str(model.ubatch_size)]
+        # Slots and host-RAM caches are set whenever the config sets them, so the plan counts what runs.
+        if model.parallel is not None:
+            args += ["--parallel", str(model.parallel)]
+        if model.cache_ram_mib is not None:
+            args += ["--cache-ram", str(model.cache_ram_mib)]
+        if model.ctx_checkpoints is not None:
+            args += ["--ctx-checkpoints", str(model.ctx_checkpoints)]
+        if model.cors_origins is not None:
+            args += ["--cors-origins", model.cors_origins]
+        if not model.webui:
+            # --no-ui: the pinned build (b10731) logs --no-webui as a deprecated alias (seen running it).
+            args.append("--no-ui")
+        # Explicit on purpose: the default port is moving from 8080 to 9931 across builds.
+        args += ["--host", "0.0.0.0", "--port", str(model.port)]
+        if model.metrics:
+            args.append("--metrics")
+        if model.api_key is not None:
+            args += ["--api-key-file", f"{API_KEY_DIR}/{model.api_key.secret_key}"]
+        return args + list(model.extra_args)
+
+    def env(self, model: "ModelServer") -> list[dict]:
+        return []
+
+    def health_path(self, model: "ModelServer") -> str:
+        return LLAMACPP_HEALTH_PATH
+
+    def metrics_path(self, model: "ModelServer") -> Optional[str]:
+        return LLAMACPP_METRICS_PATH if model.metrics else None
+
+    def served_model(self, model: "ModelServer", public_name: Optional[str]) -> Optional[str]:
+        """In single-model mode llama-server answers any model name: it is sent the public one."""
+        return public_name
+
+    def memory(self, model: "ModelServer", facts: Optional["ModelFacts"], backend: "GpuBackend") -> MemoryEstimate:
+        if facts is None:  # refused by plan_problems
+            raise ValueError(f"{model.name}: no architecture facts")
+        return llamacpp_estimate(model, facts, backend)
+
+    def reports_queue(self, model: "ModelServer") -> bool:
+        """llamacpp:requests_deferred is on /metrics when --metrics is set."""
+        return model.metrics

@@ -1,0 +1,69 @@
+"""Any OpenAI-compatible server other than llama.cpp (the Strix Halo engine): everything about it
+comes from its `openai:` block, and its memory is what it is measured to lock."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from planning.memory import MemoryEstimate, resident_estimate
+
+if TYPE_CHECKING:
+    from config.types import GpuBackend, ModelFacts, ModelServer
+
+Problem = tuple[str, str]
+
+# Settings only llama.cpp reads. Set on another engine they would be silently ignored, so they
+# are refused; the engine's own flags go in openai.args.
+LLAMACPP_SETTINGS = (
+    "hf_repo", "api_key", "extra_args", "ubatch_size", "parallel", "cache_ram_mib", "ctx_checkpoints",
+    "cors_origins", "webui", "metrics", "threads", "facts",
+)
+
+
+class OpenAICompatible:
+    name = "openai"
+
+    def config_problems(self, model: "ModelServer", path: str) -> list[Problem]:
+        problems: list[Problem] = []
+        if model.openai is None:
+            problems.append((f"{path}.openai", "required for engine openai: served_model, resident_memory, args"))
+        for field in LLAMACPP_SETTINGS:
+            if field in model.model_fields_set:
+                problems.append((
+                    f"{path}.{field}",
+                    "a llama.cpp setting, which engine openai does not read; remove it (put the engine's own flags in openai.args)",
+                ))
+        return problems
+
+    def plan_problems(self, key: str, model: "ModelServer", facts: Optional["ModelFacts"]) -> list[Problem]:
+        if model.weights is None:
+            return [(f"models.{key}.weights", "required for engine openai (the download size)")]
+        return []
+
+    def args(self, model: "ModelServer") -> list[str]:
+        return list(self._settings(model).args)
+
+    def env(self, model: "ModelServer") -> list[dict]:
+        return [{"name": k, "value": v} for k, v in sorted(self._settings(model).env.items())]
+
+    def health_path(self, model: "ModelServer") -> str:
+        return self._settings(model).health_path
+
+    def metrics_path(self, model: "ModelServer") -> Optional[str]:
+        return self._settings(model).metrics_path
+
+    def served_model(self, model: "ModelServer", public_name: Optional[str]) -> Optional[str]:
+        """The engine knows its model by one name, whatever the public one is."""
+        return self._settings(model).served_model
+
+    def memory(self, model: "ModelServer", facts: Optional["ModelFacts"], backend: "GpuBackend") -> MemoryEstimate:
+        return resident_estimate(self._settings(model).resident_memory, backend)
+
+    def reports_queue(self, model: "ModelServer") -> bool:
+        return False  # no llama.cpp slot metrics
+
+    @staticmethod
+    def _settings(model: "ModelServer"):
+        if model.openai is None:  # refused by config_problems before anything is built
+            raise ValueError(f"{model.name}: engine openai needs its openai block")
+        return model.openai

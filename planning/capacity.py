@@ -1,0 +1,214 @@
+"""The capacity plan: every model server's memory estimate, request and limit, and a
+simulation of the scheduler placing every replica on the pool's nodes. A plan that does not
+fit is refused before anything is applied, with the numbers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+from common.errors import CapacityError
+
+from .catalog import facts_for
+from .memory import MemoryEstimate, model_bits, weights_bytes
+from .quantity import GIB, parse_quantity
+from .startup import StartupBudget, startup_budget
+
+if TYPE_CHECKING:
+    from config.types import ModelFacts, ModelServer, NodePool, StackConfig
+
+Problem = tuple[str, str]
+LIMIT_HEADROOM = 0.10  # a derived limit sits 10% above the estimate: compute buffers vary with load
+
+
+def decode_bound_tok_s(model: "ModelServer", facts: Optional["ModelFacts"], pool: "NodePool") -> Optional[float]:
+    """Upper bound on decode speed: bandwidth / bytes read per token (active parameters for MoE).
+    None for embedding servers: they do not decode."""
+    if pool.memory_bandwidth_gbs is None or facts is None or model.role == "embedding":
+        return None
+    active = facts.active_params_b or facts.params_b
+    bytes_per_token = active * 1e9 * model_bits(model, facts) / 8
+    return pool.memory_bandwidth_gbs * 1e9 / bytes_per_token
+
+
+def ceil_gib(value: float) -> int:
+    return max(1, math.ceil(value - 1e-9))
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    key: str
+    name: str
+    node_pool: str
+    replicas: int
+    one_per_node: bool
+    estimate: MemoryEstimate
+    memory_request: str
+    memory_limit: str
+    budget: StartupBudget
+    weights: str
+    decode_bound_tok_s: Optional[float]
+
+    @property
+    def need_gib(self) -> float:
+        """What one replica holds on its node: the estimate, or the request if that is larger."""
+        return max(self.estimate.total_gib, float(parse_quantity(self.memory_request)) / GIB)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    pool: str
+    node: int
+    # What the node offers the planned servers: allocatable less reserved.
+    offers_gib: float
+    workloads: tuple[tuple[str, float], ...]
+
+    @property
+    def planned_gib(self) -> float:
+        return sum(need for _, need in self.workloads)
+
+    @property
+    def free_gib(self) -> float:
+        return self.offers_gib - self.planned_gib
+
+
+@dataclass
+class CapacityPlan:
+    servers: dict[str, ServerPlan] = field(default_factory=dict)
+    nodes: list[NodePlan] = field(default_factory=list)
+
+    def fits(self) -> bool:
+        return all(node.free_gib >= 0 for node in self.nodes)
+
+    def to_dict(self) -> dict:
+        def rounded(value):
+            if isinstance(value, float):
+                return round(value, 2)
+            if isinstance(value, dict):
+                return {k: rounded(v) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                return [rounded(v) for v in value]
+            return value
+
+        servers = {}
+        for key, server in self.servers.items():
+            data = asdict(server)
+            data["estimate"]["total_gib"] = server.estimate.total_gib
+            data["budget"]["startup_seconds"] = server.budget.startup_seconds
+            servers[key] = data
+        nodes = [
+            {
+                "pool": n.pool,
+                "node": n.node,
+                "offers_gib": n.offers_gib,
+                "planned_gib": n.planned_gib,
+                "free_gib": n.free_gib,
+                "workloads": {name: need for name, need in n.workloads},
+            }
+            for n in self.nodes
+        ]
+        return rounded({"servers": servers, "nodes": nodes})
+
+
+def node_offers_gib(pool: "NodePool") -> float:
+    return float(parse_quantity(pool.allocatable) - parse_quantity(pool.reserved)) / GIB
+
+
+def _server_plan(key: str, model: "ModelServer", stack: "StackConfig") -> ServerPlan:
+    from engines import engine_of
+
+    facts = facts_for(model)
+    pool = stack.node_pools[model.node_pool]
+    backend = model.backend or pool.backend
+    estimate = engine_of(model).memory(model, facts, backend)
+    weights = model.weights or f"{ceil_gib(weights_bytes(model, facts) / GIB * 10) / 10}Gi"
+    limit = model.resources.memory_limit or f"{ceil_gib(estimate.total_gib * (1 + LIMIT_HEADROOM))}Gi"
+    # Derived request = limit: a GPU server cannot shed memory, so it gets Guaranteed memory.
+    request = model.resources.memory_request or limit
+    return ServerPlan(
+        key=key,
+        name=model.name,
+        node_pool=model.node_pool,
+        replicas=model.workload.replicas,
+        one_per_node=model.workload.one_per_node,
+        estimate=estimate,
+        memory_request=request,
+        memory_limit=limit,
+        budget=startup_budget(weights, stack.startup, prefetched=model.prefetch is not None),
+        weights=weights,
+        decode_bound_tok_s=decode_bound_tok_s(model, facts, pool),
+    )
+
+
+def _place(stack: "StackConfig", servers: dict[str, ServerPlan]) -> tuple[list[NodePlan], list[Problem]]:
+    """First fit, largest first: how the scheduler fills nodes by requests, replica by replica.
+    A server with one_per_node (required anti-affinity) never puts two replicas on one node."""
+    nodes: list[NodePlan] = []
+    problems: list[Problem] = []
+    for pool_key, pool in stack.node_pools.items():
+        offers = node_offers_gib(pool)
+        loads: list[list[tuple[str, float]]] = [[] for _ in range(pool.nodes)]
+        replicas = [
+            (s.name, s.need_gib, s.one_per_node)
+            for s in servers.values()
+            if s.node_pool == pool_key
+            for _ in range(s.replicas)
+        ]
+        for name, need, one_per_node in sorted(replicas, key=lambda r: (-r[1], r[0])):
+            allowed = [i for i in range(pool.nodes) if not (one_per_node and any(n == name for n, _ in loads[i]))]
+            if not allowed:
+                problems.append((
+                    f"node_pools.{pool_key}.nodes",
+                    f"{name} wants one replica per node but the pool has {pool.nodes} nodes",
+                ))
+                continue
+            free = {i: offers - sum(n for _, n in loads[i]) for i in allowed}
+            fitting = [i for i in allowed if free[i] >= need]
+            target = fitting[0] if fitting else max(allowed, key=lambda i: free[i])
+            loads[target].append((name, need))
+        for index, load in enumerate(loads):
+            nodes.append(NodePlan(pool=pool_key, node=index, offers_gib=offers, workloads=tuple(load)))
+    return nodes, problems
+
+
+def plan_capacity(stack: "StackConfig") -> CapacityPlan:
+    """The capacity plan for a stack; raises CapacityError (path, numbers, remedy) if it does not fit."""
+    from engines import engine_of
+
+    problems: list[Problem] = []
+    result = CapacityPlan()
+    for key, model in stack.models.items():
+        unplannable = engine_of(model).plan_problems(key, model, facts_for(model))
+        problems += unplannable
+        if any(path.endswith((".facts", ".weights")) for path, _ in unplannable):
+            continue
+        server = _server_plan(key, model, stack)
+        problems += _limit_problems(key, model, server)
+        result.servers[key] = server
+    if problems:
+        raise CapacityError(problems)
+    result.nodes, problems = _place(stack, result.servers)
+    for node in result.nodes:
+        if node.free_gib < 0:
+            workloads = ", ".join(f"{name} {need:.1f} GiB" for name, need in node.workloads)
+            problems.append((
+                f"node_pools.{node.pool}",
+                f"node {node.node + 1} of {stack.node_pools[node.pool].nodes} would hold {node.planned_gib:.1f} GiB "
+                f"({workloads}) but offers {node.offers_gib:.1f} GiB (allocatable less reserved); move a model to "
+                "another pool, shrink it, or add nodes",
+            ))
+    if problems:
+        raise CapacityError(problems)
+    return result
+
+
+def _limit_problems(key: str, model: "ModelServer", server: ServerPlan) -> list[Problem]:
+    limit_gib = float(parse_quantity(server.memory_limit)) / GIB
+    if limit_gib < server.estimate.total_gib and model.resources.accepted_risk is None:
+        return [(
+            f"models.{key}.resources.memory_limit",
+            f"{server.memory_limit} is below the estimate of {server.estimate.total_gib:.1f} GiB "
+            f"({server.estimate.breakdown()}); raise it, lower ctx_size, or set accepted_risk with the reason",
+        )]
+    return []
