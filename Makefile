@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 CHECKOV_VENV := .venv-checkov
 
-.PHONY: render test bench clean contract
+.PHONY: render test bench clean contract docs
 
 # Rebuilt when the pinned requirements change; a fresh clone builds it on first use.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -42,3 +42,7 @@ bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 # ~/.cache/inference-plane): `make contract STACK=my-cluster`.
 contract: $(VENV)/.installed
 	$(BIN)/python -m pytest -q tests/test_llama_contract.py -k "$(STACK)/"
+
+# The README's configuration reference, regenerated from config/types.py (a test checks it).
+docs: $(VENV)/.installed
+	$(BIN)/python tools/config_docs.py
