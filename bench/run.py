@@ -98,7 +98,9 @@ def synthetic_stack(servers: int) -> dict:
                 "remote": {"remote": {"host": "openrouter.ai", "prefix": "/api/v1", "api_key_config": "remote_key"}},
             },
             "routes": [
-                {"model": f"acme/model-{i}", "backends": [{"tier": f"t{i}"}, {"tier": "remote"}]} for i in range(servers)
+                # The local tier gets a name of its own, so the fallback alert can tell it from the remote.
+                {"model": f"acme/model-{i}", "backends": [{"tier": f"t{i}", "model": f"local-{i}"}, {"tier": "remote"}]}
+                for i in range(servers)
             ],
             "catch_all": ["remote"],
         },
