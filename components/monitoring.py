@@ -8,7 +8,7 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from common.constants import ENVOY_OWNING_GATEWAY_LABEL, PART_OF
+from common.constants import ENVOY_OWNING_GATEWAY_LABEL, PART_OF, PROJECT
 from common.errors import ConfigError
 from config.types import Observability, StackConfig
 from engines import engine_of
@@ -172,8 +172,8 @@ class Monitoring(pulumi.ComponentResource):
             f"{name}-alerts",
             api_version=VM,
             kind="VMRule",
-            metadata={"name": "inference-plane", "namespace": ns, "labels": labels},
-            spec={"groups": [{"name": "inference-plane", "rules": alert_rules(args)}]},
+            metadata={"name": PROJECT, "namespace": ns, "labels": labels},
+            spec={"groups": [{"name": PROJECT, "rules": alert_rules(args)}]},
             opts=child,
         )
         self.register_outputs({})

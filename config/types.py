@@ -267,7 +267,10 @@ class OpenAIEngine(Strict):
     env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = _doc(
         "Environment variables for the engine.", default={}
     )
-    health_path: HttpPath = _doc("Path that answers 200 only once the model is loaded (the probes').", default="/health")
+    health_path: HttpPath = _doc(
+        "Path that answers 200 only once the model is loaded (the probes'); vLLM, SGLang and llama.cpp use /health.",
+        default="/health",
+    )
     metrics_path: Optional[HttpPath] = _doc("Prometheus metrics path; null: not scraped.", default="/metrics")
     served_model: Annotated[str, Field(min_length=1, max_length=200)] = _doc(
         "The model name the engine serves, sent upstream by the gateway (modelNameOverride)."

@@ -35,6 +35,10 @@ def tailnet_device(hostname: str) -> str:
     """The tailnet device that answers at a MagicDNS name: its first label (MagicDNS adds the suffix)."""
     return hostname.split(".")[0]
 MODEL_SERVER_COMPONENTS = ("chat", "embeddings")
+# Facts the pack checks against, defined here because the pack runs alone (its own folder and
+# virtualenv, no project imports); the program takes them from here (common/constants.py).
+CLUSTER_DOMAIN = "svc.cluster.local"
+LLAMACPP_HEALTH_PATH = "/health"
 CREDENTIAL_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.I)
 
 
@@ -173,7 +177,7 @@ def model_server_budgets(props: Props, report: Report, config: Mapping) -> None:
         report("no HTTP readiness probe")
     elif health is not None and readiness != health:
         report(f"readiness probes {readiness}, not the engine's health path {health}")
-    if "llama.cpp" in server.get("image", "") and readiness not in (None, "/health"):
+    if "llama.cpp" in server.get("image", "") and readiness not in (None, LLAMACPP_HEALTH_PATH):
         report("llama.cpp's readiness is /health: 503 until the model is resident")
 
 
@@ -260,7 +264,7 @@ def _service_fqdns(resources: list[Props], component: str) -> dict[str, Props]:
     for service in _by_kind(resources).get("Service", []):
         if _labels(service).get("app.kubernetes.io/component") == component:
             meta = _meta(service)
-            out[f"{meta.get('name')}.{meta.get('namespace')}.svc.cluster.local"] = service
+            out[f"{meta.get('name')}.{meta.get('namespace')}.{CLUSTER_DOMAIN}"] = service
     return out
 
 
