@@ -17,6 +17,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from common.constants import COMPONENT_LABEL, service_fqdn
+from common.ingress import controller_annotations
 from config.types import ClusterConfig, ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
 from planning.capacity import ServerPlan
@@ -175,8 +176,9 @@ class ModelServerBase(pulumi.ComponentResource):
 
     def _ingress(self, name: str, args: ModelServerArgs) -> k8s.networking.v1.Ingress:
         model, exposure, cluster = args.model, args.model.exposure, args.cluster
-        if exposure is None:
-            raise ValueError(f"{model.name}: no exposure settings")
+        controller = cluster.ingress
+        if exposure is None or controller is None:  # refused by StackConfig.problems
+            raise ValueError(f"{model.name}: exposure needs exposure settings and an ingress controller")
         # LAN-only: no public-DNS label, so only the LAN's DNS publishes the record.
         return k8s.networking.v1.Ingress(
             f"{name}-ingress",
@@ -185,10 +187,16 @@ class ModelServerBase(pulumi.ComponentResource):
                 args.namespace,
                 model.name,
                 "chat",
-                annotations={"cert-manager.io/cluster-issuer": cluster.cert_manager_issuer},
+                annotations={
+                    **exposure.annotations,
+                    "cert-manager.io/cluster-issuer": cluster.cert_manager_issuer,
+                    # What long streamed answers need from this controller (the config refuses a
+                    # user annotation that contradicts one of these).
+                    **controller_annotations(controller.kind, exposure),
+                },
             ),
             spec={
-                "ingressClassName": cluster.ingress.class_name,
+                "ingressClassName": controller.class_name,
                 "tls": [{"hosts": [exposure.host], "secretName": exposure.tls_secret}],
                 "rules": [
                     {

@@ -39,17 +39,23 @@ def _icmp_rule(direction: str) -> dict:
     }
 
 
+def _controller_peer(cluster: ClusterConfig) -> Optional[PodPeer]:
+    """The ingress controller's pods, or None when the cluster has no ingress controller."""
+    if cluster.ingress is None:
+        return None
+    return PodPeer(namespace=cluster.ingress.namespace, pod_labels=cluster.ingress.pod_labels)
+
+
 def _cilium_peer(peer: PodPeer) -> dict:
     return {"matchLabels": {"k8s:io.kubernetes.pod.namespace": peer.namespace, **peer.pod_labels}}
 
 
 def cilium_policy_spec(ns: NamespaceConfig, cluster: ClusterConfig, gateway: Optional[PodPeer] = None) -> dict:
     own = PodPeer(namespace=ns.name)
-    ingress_controller = PodPeer(namespace=cluster.ingress.namespace, pod_labels=cluster.ingress.pod_labels)
-    ingress = [
-        {"fromEndpoints": [_cilium_peer(own)]},
-        {"fromEndpoints": [_cilium_peer(ingress_controller)]},
-    ]
+    controller = _controller_peer(cluster)
+    ingress = [{"fromEndpoints": [_cilium_peer(own)]}]
+    if controller:
+        ingress.append({"fromEndpoints": [_cilium_peer(controller)]})
     if cluster.monitoring:
         ingress.append({"fromEndpoints": [_cilium_peer(cluster.monitoring)]})
     if gateway:
@@ -58,10 +64,9 @@ def cilium_policy_spec(ns: NamespaceConfig, cluster: ClusterConfig, gateway: Opt
     ingress.append({"fromEntities": ["host", "remote-node"]})
     ingress.append(_icmp_rule("ingress"))
 
-    egress = [
-        {"toEndpoints": [_cilium_peer(own)]},
-        {"toEndpoints": [_cilium_peer(ingress_controller)]},
-    ]
+    egress = [{"toEndpoints": [_cilium_peer(own)]}]
+    if controller:
+        egress.append({"toEndpoints": [_cilium_peer(controller)]})
     if cluster.storage:
         egress.append({"toEndpoints": [_cilium_peer(cluster.storage)]})
     dns_rule: dict = {
@@ -103,13 +108,13 @@ PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/1
 
 def network_policy_spec(ns: NamespaceConfig, cluster: ClusterConfig, gateway: Optional[PodPeer] = None) -> dict:
     """The same intent as plain NetworkPolicy. ICMP and host entities cannot be expressed here."""
-    ingress_controller = PodPeer(namespace=cluster.ingress.namespace, pod_labels=cluster.ingress.pod_labels)
-    sources = [{"podSelector": {}}, _np_peer(ingress_controller)]
+    controller = _controller_peer(cluster)
+    sources = [{"podSelector": {}}] + ([_np_peer(controller)] if controller else [])
     if cluster.monitoring:
         sources.append(_np_peer(cluster.monitoring))
     if gateway:
         sources.append(_np_peer(gateway))
-    egress: list[dict] = [{"to": [{"podSelector": {}}, _np_peer(ingress_controller)]}]
+    egress: list[dict] = [{"to": [{"podSelector": {}}] + ([_np_peer(controller)] if controller else [])}]
     if cluster.storage:
         egress.append({"to": [_np_peer(cluster.storage)]})
     egress.append(
@@ -118,7 +123,8 @@ def network_policy_spec(ns: NamespaceConfig, cluster: ClusterConfig, gateway: Op
             "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
         }
     )
-    # Plain NetworkPolicy cannot name hosts: the model hub is "the internet on 443".
+    # Plain NetworkPolicy cannot name hosts: world egress (the config insists on mode: world and its
+    # reason here) is the internet on 443, never the cluster's or the LAN's private ranges.
     egress.append(
         {
             "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": list(PRIVATE_RANGES)}}],

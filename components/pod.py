@@ -161,6 +161,10 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         spec["initContainers"] = [prefetch_container(model)]
     volumes.append({"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}})
     spec["volumes"] = volumes
+    if pool.runtime_class and model.uses_gpu(pool):
+        # The NVIDIA container runtime is not every node's default (k3s, RKE2): without the class the
+        # container starts without the driver's libraries and falls back to the CPU.
+        spec["runtimeClassName"] = pool.runtime_class
     if pool.instance_type:
         spec["nodeSelector"] = {"node.kubernetes.io/instance-type": pool.instance_type}
     if model.workload.one_per_node:

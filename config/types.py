@@ -9,6 +9,7 @@ these). Checks between fields live beside the fields, as ``problems()`` methods 
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Literal, Optional
 
 from pydantic import Field
@@ -57,6 +58,11 @@ class PodPeer(Strict):
 class IngressController(Strict):
     """The cluster's ingress controller: its class and where its pods run (for the network policy)."""
 
+    kind: Literal["traefik", "ingress-nginx", "other"] = _doc(
+        "Which controller serves the class: the program sets the annotations long streamed completions need "
+        "(ingress-nginx: 60 s read timeout, 1 MiB body limit by default; Traefik streams and has no body limit).",
+        default="traefik",
+    )
     class_name: DnsName = _doc("The IngressClass the chat endpoint's Ingress names.", default="traefik")
     namespace: DnsLabel = _doc("Namespace of the controller's pods, admitted by the network policy.", default="ingress")
     pod_labels: Labels = _doc("Labels of the controller's pods.", default={"app.kubernetes.io/name": "traefik"})
@@ -72,7 +78,11 @@ class ClusterConfig(Strict):
         "cilium: CiliumNetworkPolicy (ICMP, host entities and host names expressible); networkpolicy: plain NetworkPolicy.",
         default="cilium",
     )
-    ingress: IngressController = _doc("The ingress controller that serves an exposed chat endpoint.", default=IngressController())
+    ingress: Optional[IngressController] = _doc(
+        "The ingress controller that serves an exposed chat endpoint; null: the cluster has none (nothing can be "
+        "exposed, and the network policy admits no ingress namespace).",
+        default=IngressController(),
+    )
     cert_manager_issuer: DnsName = _doc("The cert-manager ClusterIssuer for every TLS certificate.", default="letsencrypt-cluster")
     monitoring: Optional[PodPeer] = _doc(
         "The pods that scrape /metrics; null when the cluster runs no monitoring.", default=PodPeer(namespace="monitoring")
@@ -129,7 +139,7 @@ class NamespaceConfig(Strict):
 # --- nodes, storage, start-up --------------------------------------------------------------------
 
 
-GpuBackend = Literal["vulkan", "rocm", "cuda", "cpu"]
+GpuBackend = Literal["vulkan", "rocm", "cuda", "sycl", "cpu"]
 
 
 class NodePool(Strict):
@@ -158,7 +168,25 @@ class NodePool(Strict):
     memory_bandwidth_gbs: Optional[Annotated[float, Field(gt=0)]] = _doc(
         "Sustained memory bandwidth of one node in GB/s, for the decode-speed bound; null: not shown.", default=None
     )
-    backend: GpuBackend = _doc("The GPU backend the servers' images use; sets the default memory overhead.", default="vulkan")
+    vram: Optional[Memory] = _doc(
+        "Memory of one discrete GPU (an RTX 4090: 24Gi). null: unified memory (iGPU/APU), the GPU uses the node's "
+        "memory. Set, offloaded layers and their KV cache are planned in VRAM and only the rest in system RAM.",
+        default=None,
+    )
+    gpus_per_node: Annotated[int, Field(gt=0, le=16)] = _doc("Discrete GPUs per node the device plugin advertises.", default=1)
+    vram_bandwidth_gbs: Optional[Annotated[float, Field(gt=0)]] = _doc(
+        "Memory bandwidth of one discrete GPU in GB/s (RTX 4090: 1008), for the decode-speed bound.", default=None
+    )
+    runtime_class: Optional[DnsName] = _doc(
+        "runtimeClassName for pods that use the GPU: `nvidia` where the NVIDIA container runtime is not the node's "
+        "default (k3s and RKE2 ship the class; the GPU Operator creates it).",
+        default=None,
+    )
+    backend: Optional[GpuBackend] = _doc(
+        "The backend the servers' images are built for (sets the memory overhead); null: read from each server's "
+        "image tag (llama.cpp: server-vulkan, server-cuda, server-rocm, server-intel = sycl, server = cpu).",
+        default=None,
+    )
     supplemental_groups: list[Annotated[int, Field(ge=0)]] = _doc(
         "Numeric GIDs of the host's render/video groups, for non-root access to /dev/dri and /dev/kfd.", default=[]
     )
@@ -166,14 +194,24 @@ class NodePool(Strict):
     def sharing(self) -> Optional[str]:
         return self.gpu_sharing or DEVICE_PLUGIN_SHARING.get(self.gpu_resource or "")
 
+    def discrete(self) -> bool:
+        return self.vram is not None
+
     def problems(self, path: str) -> list[Problem]:
+        problems: list[Problem] = []
         if self.sharing() == "exclusive" and self.gpu_shares > 1:
-            return [(
+            problems.append((
                 f"{path}.gpu_shares",
                 f"{self.gpu_resource}'s device plugin gives each GPU to one container only; set gpu_shares: 1 and "
                 "run other model servers on the CPU (gpu_layers: 0) or on another pool",
-            )]
-        return []
+            ))
+        if self.vram is not None and self.gpu_resource is None:
+            problems.append((f"{path}.gpu_resource", "a pool with vram has discrete GPUs: name the device plugin's resource (e.g. nvidia.com/gpu)"))
+        if self.vram is None and (self.gpus_per_node > 1 or self.vram_bandwidth_gbs is not None):
+            problems.append((f"{path}.vram", "gpus_per_node and vram_bandwidth_gbs describe discrete GPUs: set vram (memory of one GPU)"))
+        if self.backend == "cpu" and self.gpu_resource is not None:
+            problems.append((f"{path}.backend", "a cpu backend uses no GPU: remove gpu_resource, or name the GPU backend"))
+        return problems
 
 
 class ModelCacheConfig(Strict):
@@ -328,6 +366,16 @@ class Exposure(Strict):
 
     host: Hostname = _doc("The LAN host name.")
     tls_secret: DnsName = _doc("The Secret cert-manager writes the certificate to.")
+    timeout_seconds: Annotated[int, Field(ge=60, le=86_400)] = _doc(
+        "The longest a client waits for the first token or a whole non-streamed answer; the controller's read "
+        "timeout is set to it where the controller has one (ingress-nginx).",
+        default=3600,
+    )
+    max_body: Memory = _doc("Largest request body (long chat histories, pasted documents).", default="64Mi")
+    annotations: dict[Annotated[str, Field(max_length=253)], Annotated[str, Field(max_length=4096)]] = _doc(
+        "More Ingress annotations. Those the program sets for streaming win; a different value for one of them is refused.",
+        default={},
+    )
 
 
 class ApiKey(Strict):
@@ -342,8 +390,8 @@ class ApiKey(Strict):
     )
 
 
-# Settings only llama.cpp reads: an openai engine carrying any of them is refused, not ignored.
-LLAMACPP_ONLY = ("hf_repo", "api_key", "extra_args", "ubatch_size", "parallel", "cache_ram_mib", "ctx_checkpoints")
+# llama.cpp's KV cache types (--cache-type-k/-v; common/arg.cpp kv_cache_types).
+KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
 class ModelServer(Strict):
@@ -376,6 +424,14 @@ class ModelServer(Strict):
     )
     cache_ram_mib: Optional[Annotated[int, Field(ge=0, le=1_048_576)]] = _doc(
         "Host-RAM prompt cache (--cache-ram, MiB); null: llama.cpp's default of 8192, counted in full.", default=None
+    )
+    cache_type_k: Optional[KvCacheType] = _doc(
+        "--cache-type-k: q8_0 halves the K cache (about 1.06 bytes per element instead of 2); null: f16.", default=None
+    )
+    cache_type_v: Optional[KvCacheType] = _doc(
+        "--cache-type-v: as cache_type_k for V (a quantized V cache needs flash attention, which the server turns on "
+        "itself where the backend supports it); null: f16.",
+        default=None,
     )
     ctx_checkpoints: Optional[Annotated[int, Field(ge=0, le=1024)]] = _doc(
         "Context checkpoints per slot (--ctx-checkpoints); null: llama.cpp's 32, each a full copy of a hybrid "
@@ -419,6 +475,16 @@ class ModelServer(Strict):
                 ))
             if self.webui:
                 problems.append((f"{path}.webui", "an embedding server has no use for the WebUI; set webui: false"))
+        if pool is not None:
+            problems += self._backend_problems(path, pool)
+        limit = parse_quantity(self.resources.cpu_limit)
+        if self.threads > limit and self.engine == "llamacpp":
+            cores = max(1, int(limit))
+            problems.append((
+                f"{path}.threads",
+                f"{self.threads} threads on a CPU limit of {self.resources.cpu_limit}: the kernel throttles the pod "
+                f"every period and generation stalls; set threads: {cores} or raise resources.cpu_limit",
+            ))
         if self.prefetch is not None and self.workload.cache_volume is None:
             problems.append((f"{path}.prefetch", "prefetched weights need workload.cache_volume to land in"))
         problems += self.workload.problems(f"{path}.workload", self.node_pool, pool)
@@ -426,7 +492,46 @@ class ModelServer(Strict):
         return problems
 
     def uses_gpu(self, pool: NodePool) -> bool:
-        return self.gpu_layers > 0 and pool.gpu_resource is not None
+        return self.gpu_layers > 0 and pool.gpu_resource is not None and self.backend_on(pool) != "cpu"
+
+    def image_backend(self) -> Optional[str]:
+        """The backend the image's tag names (llama.cpp's server images), or None when it names none."""
+        from engines.images import backend_of_image
+
+        return backend_of_image(self.image)
+
+    def backend_on(self, pool: NodePool) -> Optional[GpuBackend]:
+        """The backend this server runs with: its own setting, the pool's, or its image's."""
+        return self.backend or pool.backend or self.image_backend()  # type: ignore[return-value]
+
+    def _backend_problems(self, path: str, pool: NodePool) -> list[Problem]:
+        problems: list[Problem] = []
+        named = self.image_backend()
+        backend = self.backend or pool.backend
+        where = f"{path}.backend" if self.backend else f"node_pools.{self.node_pool}.backend"
+        if named is not None and backend is not None and named != backend:
+            problems.append((
+                where,
+                f"{backend}, but the image {self.image} is llama.cpp's {named} build; use the {backend} image "
+                f"(or set backend: {named})",
+            ))
+        if named is not None and named not in typing.get_args(GpuBackend):
+            problems.append((f"{path}.image", f"llama.cpp's {named} build is not one this program plans for; use "
+                             f"the cuda, rocm, vulkan, intel (sycl) or CPU image"))
+        if named is None and backend is None:
+            problems.append((
+                f"{path}.backend",
+                f"the image {self.image} does not say which backend it is built for; set backend (vulkan, rocm, cuda, "
+                "sycl or cpu) here or on the node pool",
+            ))
+        effective = backend or named
+        if effective == "cpu" and self.gpu_layers > 0 and self.engine == "llamacpp":
+            problems.append((
+                f"{path}.gpu_layers",
+                f"{self.gpu_layers} layers to offload, but the image is a CPU build (the server ignores the flag); "
+                "set gpu_layers: 0",
+            ))
+        return problems
 
 
 # --- the gateway ---------------------------------------------------------------------------------
@@ -669,12 +774,51 @@ class StackConfig(Strict):
                 hosts[model.exposure.host] = key
             problems += model.problems(path, self.node_pools)
         problems += self.namespace.model_hub_egress.problems("namespace.model_hub_egress")
+        problems += self._egress_expressible()
+        problems += self._exposure_problems()
         for pool_key, pool in self.node_pools.items():
             problems += pool.problems(f"node_pools.{pool_key}")
         problems += self._gpu_demand()
         if self.gateway is not None:
             problems += self.gateway.problems(self.models)
         problems += self._api_keys()
+        return problems
+
+    def _egress_expressible(self) -> list[Problem]:
+        """Plain NetworkPolicy matches addresses, not names: named hosts cannot be enforced there."""
+        hub = self.namespace.model_hub_egress
+        if self.cluster.cni == "networkpolicy" and hub.mode == "fqdn":
+            return [(
+                "namespace.model_hub_egress.mode",
+                "plain NetworkPolicy cannot match host names, so the hosts would silently become any address on 443; "
+                "set mode: world with a reason (the egress it really gets), or use cni: cilium",
+            )]
+        return []
+
+    def _exposure_problems(self) -> list[Problem]:
+        from common.ingress import controller_annotations
+
+        problems: list[Problem] = []
+        for key, model in self.models.items():
+            exposure = model.exposure
+            if exposure is None:
+                continue
+            if self.cluster.ingress is None:
+                problems.append((
+                    f"models.{key}.exposure",
+                    "the cluster has no ingress controller (cluster.ingress: null); remove exposure or configure one",
+                ))
+                continue
+            ours = controller_annotations(self.cluster.ingress.kind, exposure)
+            for name, value in exposure.annotations.items():
+                if name in ours and ours[name] != value:
+                    problems.append((
+                        f"models.{key}.exposure.annotations.{name}",
+                        f"the program sets {ours[name]!r} here for long streamed answers; remove it (or change "
+                        "timeout_seconds / max_body, which it is derived from)",
+                    ))
+                if self.cluster.public_dns_label and name == self.cluster.public_dns_label:
+                    problems.append((f"models.{key}.exposure.annotations.{name}", "would publish the API on the internet; remove it"))
         return problems
 
     def _gpu_demand(self) -> list[Problem]:

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Optional
 
 from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH
 from planning.catalog import facts_for, repo_of
-from planning.memory import DEFAULT_UBATCH, MemoryEstimate, llamacpp_estimate, model_bits, quant_of
+from planning.memory import (
+    DEFAULT_UBATCH,
+    MemoryEstimate,
+    VramEstimate,
+    discrete_split,
+    llamacpp_estimate,
+    model_bits,
+    quant_of,
+)
 
 if TYPE_CHECKING:
     from config.types import GpuBackend, ModelFacts, ModelServer
@@ -25,6 +33,7 @@ GENERATED_FLAGS = frozenset({
     "--ctx-size", "-c", "--ubatch-size", "-ub", "--cors-origins", "--host", "--port", "--api-key",
     "--api-key-file", "--metrics", "--embeddings", "--embedding", "--no-webui", "--webui", "--no-ui", "--ui",
     "--parallel", "-np", "--cache-ram", "-cram", "--ctx-checkpoints", "-ctxcp", "--pooling",
+    "--cache-type-k", "-ctk", "--cache-type-v", "-ctv",
 })
 
 
@@ -101,6 +110,10 @@ class LlamaCpp:
         # Slots and host-RAM caches are set whenever the config sets them, so the plan counts what runs.
         if model.parallel is not None:
             args += ["--parallel", str(model.parallel)]
+        if model.cache_type_k is not None:
+            args += ["--cache-type-k", model.cache_type_k]
+        if model.cache_type_v is not None:
+            args += ["--cache-type-v", model.cache_type_v]
         if model.cache_ram_mib is not None:
             args += ["--cache-ram", str(model.cache_ram_mib)]
         if model.ctx_checkpoints is not None:
@@ -135,6 +148,12 @@ class LlamaCpp:
         if facts is None:  # refused by plan_problems
             raise ValueError(f"{model.name}: no architecture facts")
         return llamacpp_estimate(model, facts, backend)
+
+    def discrete(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> tuple[MemoryEstimate, VramEstimate]:
+        """(system RAM, one GPU's VRAM) with layers offloaded to a discrete GPU."""
+        if facts is None:  # refused by plan_problems
+            raise ValueError(f"{model.name}: no architecture facts")
+        return discrete_split(model, facts)
 
     def reports_queue(self, model: "ModelServer") -> bool:
         """llamacpp:requests_deferred is on /metrics when --metrics is set."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from planning.memory import MemoryEstimate, resident_estimate
+from planning.memory import MemoryEstimate, VramEstimate, discrete_resident, resident_estimate
 
 if TYPE_CHECKING:
     from config.types import GpuBackend, ModelFacts, ModelServer
@@ -58,6 +58,10 @@ class OpenAICompatible:
 
     def memory(self, model: "ModelServer", facts: Optional["ModelFacts"], backend: "GpuBackend") -> MemoryEstimate:
         return resident_estimate(self._settings(model).resident_memory, backend)
+
+    def discrete(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> tuple[MemoryEstimate, VramEstimate]:
+        """(system RAM, VRAM): what the engine locks is taken to be on the GPU."""
+        return discrete_resident(self._settings(model).resident_memory, model)
 
     def reports_queue(self, model: "ModelServer") -> bool:
         return False  # no llama.cpp slot metrics

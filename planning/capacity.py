@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional
 from common.errors import CapacityError
 
 from .catalog import facts_for
-from .memory import MemoryEstimate, model_bits, weights_bytes
+from .memory import MemoryEstimate, VramEstimate, model_bits, weights_bytes
 from .quantity import GIB, parse_quantity
 from .startup import StartupBudget, startup_budget
 
@@ -22,14 +22,30 @@ Problem = tuple[str, str]
 LIMIT_HEADROOM = 0.10  # a derived limit sits 10% above the estimate: compute buffers vary with load
 
 
-def decode_bound_tok_s(model: "ModelServer", facts: Optional["ModelFacts"], pool: "NodePool") -> Optional[float]:
-    """Upper bound on decode speed: bandwidth / bytes read per token (active parameters for MoE).
-    None for embedding servers: they do not decode."""
-    if pool.memory_bandwidth_gbs is None or facts is None or model.role == "embedding":
+def decode_bound_tok_s(
+    model: "ModelServer", facts: Optional["ModelFacts"], pool: "NodePool", vram: Optional[VramEstimate] = None
+) -> Optional[float]:
+    """Upper bound on decode speed: every weight read per token (active parameters for MoE) from
+    where it lives. On a discrete GPU the offloaded share streams at the card's bandwidth and the
+    rest at the node's, one after the other: time per token is the sum of the two. None for
+    embedding servers (they do not decode) or when a bandwidth it needs is unknown."""
+    if facts is None or model.role == "embedding":
         return None
     active = facts.active_params_b or facts.params_b
     bytes_per_token = active * 1e9 * model_bits(model, facts) / 8
-    return pool.memory_bandwidth_gbs * 1e9 / bytes_per_token
+    if vram is None:
+        parts = [(1.0, pool.memory_bandwidth_gbs)]
+    else:
+        share = vram.layers_offloaded / vram.layers
+        parts = [(share, pool.vram_bandwidth_gbs), (1 - share, pool.memory_bandwidth_gbs)]
+    seconds = 0.0
+    for part, bandwidth in parts:
+        if part <= 0:
+            continue
+        if bandwidth is None:
+            return None
+        seconds += part * bytes_per_token / (bandwidth * 1e9)
+    return 1 / seconds if seconds > 0 else None
 
 
 def ceil_gib(value: float) -> int:
@@ -49,11 +65,26 @@ class ServerPlan:
     budget: StartupBudget
     weights: str
     decode_bound_tok_s: Optional[float]
+    # What one replica holds on one discrete GPU; None on unified memory or without a GPU.
+    vram: Optional[VramEstimate] = None
 
     @property
     def need_gib(self) -> float:
         """What one replica holds on its node: the estimate, or the request if that is larger."""
         return max(self.estimate.total_gib, float(parse_quantity(self.memory_request)) / GIB)
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """One discrete GPU of a node and the replicas that share it."""
+
+    index: int
+    vram_gib: float
+    workloads: tuple[tuple[str, float], ...]
+
+    @property
+    def planned_gib(self) -> float:
+        return sum(need for _, need in self.workloads)
 
 
 @dataclass(frozen=True)
@@ -63,6 +94,7 @@ class NodePlan:
     # What the node offers the planned servers: allocatable less reserved.
     offers_gib: float
     workloads: tuple[tuple[str, float], ...]
+    gpus: tuple[GpuPlan, ...] = ()
 
     @property
     def planned_gib(self) -> float:
@@ -94,11 +126,16 @@ class CapacityPlan:
         servers = {}
         for key, server in self.servers.items():
             data = asdict(server)
+            if server.vram is None:
+                del data["vram"]
+            else:
+                data["vram"]["total_gib"] = server.vram.total_gib
             data["estimate"]["total_gib"] = server.estimate.total_gib
             data["budget"]["startup_seconds"] = server.budget.startup_seconds
             servers[key] = data
-        nodes = [
-            {
+        nodes = []
+        for n in self.nodes:
+            node = {
                 "pool": n.pool,
                 "node": n.node,
                 "offers_gib": n.offers_gib,
@@ -106,8 +143,13 @@ class CapacityPlan:
                 "free_gib": n.free_gib,
                 "workloads": {name: need for name, need in n.workloads},
             }
-            for n in self.nodes
-        ]
+            if n.gpus:  # discrete GPUs only: unified memory is the node's
+                node["gpus"] = [
+                    {"gpu": g.index, "vram_gib": g.vram_gib, "planned_gib": g.planned_gib,
+                     "workloads": {name: need for name, need in g.workloads}}
+                    for g in n.gpus
+                ]
+            nodes.append(node)
         return rounded({"servers": servers, "nodes": nodes})
 
 
@@ -120,8 +162,12 @@ def _server_plan(key: str, model: "ModelServer", stack: "StackConfig") -> Server
 
     facts = facts_for(model)
     pool = stack.node_pools[model.node_pool]
-    backend = model.backend or pool.backend
-    estimate = engine_of(model).memory(model, facts, backend)
+    backend = model.backend_on(pool)
+    vram = None
+    if pool.discrete() and model.uses_gpu(pool):
+        estimate, vram = engine_of(model).discrete(model, facts)
+    else:
+        estimate = engine_of(model).memory(model, facts, backend)
     weights = model.weights or f"{ceil_gib(weights_bytes(model, facts) / GIB * 10) / 10}Gi"
     limit = model.resources.memory_limit or f"{ceil_gib(estimate.total_gib * (1 + LIMIT_HEADROOM))}Gi"
     # Derived request = limit: a GPU server cannot shed memory, so it gets Guaranteed memory.
@@ -137,7 +183,8 @@ def _server_plan(key: str, model: "ModelServer", stack: "StackConfig") -> Server
         memory_limit=limit,
         budget=startup_budget(weights, stack.startup, prefetched=model.prefetch is not None),
         weights=weights,
-        decode_bound_tok_s=decode_bound_tok_s(model, facts, pool),
+        decode_bound_tok_s=decode_bound_tok_s(model, facts, pool, vram),
+        vram=vram,
     )
 
 
@@ -155,6 +202,11 @@ def _place(stack: "StackConfig", servers: dict[str, ServerPlan]) -> tuple[list[N
             if s.node_pool == pool_key
             for _ in range(s.replicas)
         ]
+        vram_gib = float(parse_quantity(pool.vram)) / GIB if pool.vram is not None else None
+        gpus: list[list[list[tuple[str, float]]]] = [
+            [[] for _ in range(pool.gpus_per_node if vram_gib is not None else 0)] for _ in range(pool.nodes)
+        ]
+        vram_of = {s.name: s.vram.total_gib for s in servers.values() if s.vram is not None}
         for name, need, one_per_node in sorted(replicas, key=lambda r: (-r[1], r[0])):
             allowed = [i for i in range(pool.nodes) if not (one_per_node and any(n == name for n, _ in loads[i]))]
             if not allowed:
@@ -164,11 +216,29 @@ def _place(stack: "StackConfig", servers: dict[str, ServerPlan]) -> tuple[list[N
                 ))
                 continue
             free = {i: offers - sum(n for _, n in loads[i]) for i in allowed}
-            fitting = [i for i in allowed if free[i] >= need]
-            target = fitting[0] if fitting else max(allowed, key=lambda i: free[i])
+            gpu_need = vram_of.get(name)
+            if gpu_need is not None and vram_gib is not None:
+                # A GPU with room (VRAM and a device-plugin share) on a node with room.
+                candidates = [
+                    (i, g) for i in allowed for g, on_gpu in enumerate(gpus[i])
+                    if len(on_gpu) < pool.gpu_shares and vram_gib - sum(v for _, v in on_gpu) >= gpu_need
+                ]
+                fitting = [(i, g) for i, g in candidates if free[i] >= need]
+                if fitting or candidates:
+                    target, gpu = (fitting or candidates)[0]
+                else:  # nowhere fits: put it where the most VRAM is free and report that GPU
+                    target, gpu = max(((i, g) for i in allowed for g in range(len(gpus[i]))),
+                                      key=lambda ig: vram_gib - sum(v for _, v in gpus[ig[0]][ig[1]]))
+                gpus[target][gpu].append((name, gpu_need))
+            else:
+                fitting_nodes = [i for i in allowed if free[i] >= need]
+                target = fitting_nodes[0] if fitting_nodes else max(allowed, key=lambda i: free[i])
             loads[target].append((name, need))
         for index, load in enumerate(loads):
-            nodes.append(NodePlan(pool=pool_key, node=index, offers_gib=offers, workloads=tuple(load)))
+            node_gpus = tuple(
+                GpuPlan(index=g, vram_gib=vram_gib or 0.0, workloads=tuple(on_gpu)) for g, on_gpu in enumerate(gpus[index])
+            )
+            nodes.append(NodePlan(pool=pool_key, node=index, offers_gib=offers, workloads=tuple(load), gpus=node_gpus))
     return nodes, problems
 
 
@@ -185,11 +255,21 @@ def plan_capacity(stack: "StackConfig") -> CapacityPlan:
             continue
         server = _server_plan(key, model, stack)
         problems += _limit_problems(key, model, server)
+        problems += _vram_problems(key, model, server, stack.node_pools[model.node_pool])
         result.servers[key] = server
     if problems:
         raise CapacityError(problems)
     result.nodes, problems = _place(stack, result.servers)
     for node in result.nodes:
+        for gpu in node.gpus:
+            if gpu.planned_gib > gpu.vram_gib + 1e-9:
+                workloads = ", ".join(f"{name} {need:.1f} GiB" for name, need in gpu.workloads)
+                problems.append((
+                    f"node_pools.{node.pool}.vram",
+                    f"GPU {gpu.index + 1} of node {node.node + 1} would hold {gpu.planned_gib:.1f} GiB ({workloads}) "
+                    f"but has {gpu.vram_gib:.1f} GiB; time-sliced pods share the card's memory with no isolation: "
+                    "move a server to the CPU (gpu_layers: 0) or another GPU, or shrink one",
+                ))
         if node.free_gib < 0:
             workloads = ", ".join(f"{name} {need:.1f} GiB" for name, need in node.workloads)
             problems.append((
@@ -201,6 +281,24 @@ def plan_capacity(stack: "StackConfig") -> CapacityPlan:
     if problems:
         raise CapacityError(problems)
     return result
+
+
+def _vram_problems(key: str, model: "ModelServer", server: ServerPlan, pool: "NodePool") -> list[Problem]:
+    """A server that cannot fit on one GPU, with the numbers and what would make it fit."""
+    vram = server.vram
+    if vram is None or pool.vram is None:
+        return []
+    card = float(parse_quantity(pool.vram)) / GIB
+    if vram.total_gib <= card:
+        return []
+    fit = vram.layers_that_fit(card)
+    kv_hint = "" if model.cache_type_k == "q8_0" else ", cache_type_k/cache_type_v: q8_0 (halves the KV cache)"
+    return [(
+        f"models.{key}.gpu_layers",
+        f"needs {vram.total_gib:.1f} GiB of VRAM ({vram.breakdown()}) but one GPU of node pool {model.node_pool} has "
+        f"{card:.1f} GiB; set gpu_layers: {fit} (the rest runs from system RAM, slower), use a smaller quant, "
+        f"a shorter ctx_size{kv_hint}",
+    )]
 
 
 def _limit_problems(key: str, model: "ModelServer", server: ServerPlan) -> list[Problem]:

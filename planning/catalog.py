@@ -1,44 +1,111 @@
 """Architecture facts for known models, keyed by Hugging Face repo.
 
+The facts live in ``catalog.yaml`` beside this module: one entry per GGUF repo, with the
+``config.types.ModelFacts`` fields plus ``source`` (required), ``note`` and ``also`` (other repos
+that take the same facts). The file is read and validated on the first ``catalog()`` call, never
+at import time.
+
 A stack can serve any other model by giving ``models.<key>.facts`` in its config; these are
 only defaults, so that a stack naming a known repo does not have to copy them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+import re
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from config.types import ModelFacts, ModelServer
 
+CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 
-def _catalog() -> dict[str, "ModelFacts"]:
+# Keys an entry may carry besides the ModelFacts fields; stripped before validation.
+_EXTRA_KEYS = ("source", "note", "also")
+_REPO = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*$")
+
+
+class CatalogError(ValueError):
+    """catalog.yaml is malformed; the message names the file, the repo and the field."""
+
+
+_LOCK = threading.Lock()
+_CACHE: dict[str, "ModelFacts"] = {}
+_FOLDED: dict[str, str] = {}  # casefolded repo -> repo as spelled in the catalog
+
+
+def _load_yaml(text: str) -> Any:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader either way
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(entry)"
+
+
+def parse_catalog(text: str, where: str = "catalog.yaml") -> dict[str, "ModelFacts"]:
+    """Every repo (entries and their ``also`` aliases) mapped to its validated facts."""
+    from pydantic import ValidationError
+
     from config.types import ModelFacts
 
-    return {
-        # Qwen3.6-35B-A3B (qwen35moe arch): 40 layers, 30 Gated DeltaNet + 10 gated full attention;
-        # attention KV 2 heads x 256; ~3B active per token. DeltaNet state ~63 MiB per slot in f32.
-        # Source: ../shared/reference/llamacpp.md section 4 (HF transformers qwen3_5_moe docs).
-        "ggml-org/Qwen3.6-35B-A3B-GGUF": ModelFacts(
-            params_b=35.0, active_params_b=3.0, layers=40, full_attention_layers=10, kv_heads=2, head_dim=256,
-            recurrent_state_mib=63.0,
-        ),
-        # Qwen3-Embedding-0.6B: dense, 28 layers, 8 KV heads x 128 (Qwen3 configs); last-token pooling
-        # (the model card's "last_token_pool"; pooling_type 3 in its GGUF).
-        "Qwen/Qwen3-Embedding-0.6B-GGUF": ModelFacts(params_b=0.6, layers=28, kv_heads=8, head_dim=128, pooling="last"),
-        # Qwen3-Embedding-8B: the Qwen3-8B body, dense, 36 layers, 8 KV heads x 128, 7.6B parameters.
-        # Source: the Qwen3-8B config.json (num_hidden_layers 36, num_key_value_heads 8, head_dim 128).
-        "Qwen/Qwen3-Embedding-8B-GGUF": ModelFacts(params_b=7.6, layers=36, kv_heads=8, head_dim=128, pooling="last"),
-    }
+    try:
+        data = _load_yaml(text)
+    except Exception as exc:  # yaml.YAMLError and its C twin
+        raise CatalogError(f"{where}: not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise CatalogError(f"{where}: must be a mapping of Hugging Face repo -> facts, got {type(data).__name__}")
 
+    result: dict[str, ModelFacts] = {}
+    folded: dict[str, str] = {}
 
-_CACHE: dict[str, "ModelFacts"] = {}
+    def claim(name: Any, owner: str, field: str) -> str:
+        if not isinstance(name, str) or not _REPO.fullmatch(name):
+            raise CatalogError(f"{where}: {owner}: {field}: {name!r} is not a Hugging Face repo (org/name, no :QUANT)")
+        key = name.casefold()
+        if key in folded:
+            raise CatalogError(f"{where}: {owner}: {field}: {name} is already listed (as {folded[key]})")
+        folded[key] = name
+        return name
+
+    for repo, entry in data.items():
+        repo = claim(repo, str(repo), "repo")
+        if not isinstance(entry, dict):
+            raise CatalogError(f"{where}: {repo}: must be a mapping of facts, got {type(entry).__name__}")
+        fields = dict(entry)
+        source = fields.pop("source", None)
+        fields.pop("note", None)
+        also = fields.pop("also", None) or []
+        if not isinstance(source, str) or not source.strip():
+            raise CatalogError(f"{where}: {repo}: source: required, one line naming the config.json or model card")
+        if not isinstance(also, list):
+            raise CatalogError(f"{where}: {repo}: also: must be a list of repos, got {type(also).__name__}")
+        try:
+            facts = ModelFacts.model_validate(fields)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            raise CatalogError(
+                f"{where}: {repo}: {_field_path(error['loc'])}: {error['msg']} (got {error.get('input')!r})"
+            ) from None
+        result[repo] = facts
+        for index, alias in enumerate(also):
+            result[claim(alias, repo, f"also[{index}]")] = facts
+    return result
 
 
 def catalog() -> dict[str, "ModelFacts"]:
-    """The built-in facts, built on first use (nothing is constructed at import time)."""
+    """The built-in facts, read from catalog.yaml on first use (nothing is read at import time)."""
     if not _CACHE:
-        _CACHE.update(_catalog())
+        with _LOCK:
+            if not _CACHE:
+                built = parse_catalog(CATALOG_PATH.read_text(encoding="utf-8"), where=str(CATALOG_PATH.name))
+                _FOLDED.update({repo.casefold(): repo for repo in built})
+                _CACHE.update(built)
     return _CACHE
 
 
@@ -46,8 +113,19 @@ def repo_of(hf_repo: str) -> str:
     return hf_repo.split(":", 1)[0]
 
 
+def lookup(repo: str) -> Optional["ModelFacts"]:
+    """The catalog's facts for a repo (``org/name``, a ``:QUANT`` tag ignored); Hub names are
+    case-insensitive, so is this."""
+    known = catalog()
+    name = repo_of(repo)
+    if name in known:
+        return known[name]
+    spelled = _FOLDED.get(name.casefold())
+    return known[spelled] if spelled is not None else None
+
+
 def facts_for(model: "ModelServer") -> Optional["ModelFacts"]:
     """The model's own facts, else the catalog's for its repo, else None."""
     if model.facts is not None:
         return model.facts
-    return catalog().get(repo_of(model.hf_repo)) if model.hf_repo else None
+    return lookup(model.hf_repo) if model.hf_repo else None

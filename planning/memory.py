@@ -25,6 +25,9 @@ BACKEND_OVERHEAD: dict[str, float] = {
     "cuda": 0.10,
     # mmap'd weights are page cache charged to the pod; compute buffers on top: a 10% margin.
     "cpu": 0.10,
+    # Intel's SYCL build on an iGPU: allocations come from system RAM like Vulkan's, but no
+    # measurement exists here; a 10% margin, not a measurement.
+    "sycl": 0.10,
 }
 
 # Bits per weight of common GGUF quantisations (llama.cpp's quantize table, averaged over tensors).
@@ -34,6 +37,19 @@ BITS_PER_WEIGHT: dict[str, float] = {
     "F16": 16.0, "BF16": 16.0, "F32": 32.0,
 }
 KV_BYTES_PER_ELEMENT = 2  # f16 K and V, llama.cpp's default cache type
+# Bytes per element of each --cache-type (ggml block sizes: q8_0 is 34 bytes per 32 values, q4_0
+# 18, q4_1 20, q5_0 22, q5_1 24, iq4_nl 18).
+KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
+                 "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
+# A discrete GPU holds, besides the offloaded weights and KV, the runtime's context (~0.3-0.5 GiB)
+# and the compute buffer, which grows with the micro-batch (llama.cpp logs it at start as
+# "CUDA0 compute buffer size"): 0.5 GiB + 0.5 GiB per 512 tokens of micro-batch. A margin, not a
+# measurement.
+VRAM_CONTEXT_GIB = 0.5
+VRAM_COMPUTE_GIB_PER_512 = 0.5
+# What the process keeps in system RAM beside a discrete GPU: the runtime, pinned staging buffers
+# and the token-embedding table, which llama.cpp always keeps on the CPU. A margin, not a measurement.
+DISCRETE_HOST_GIB = 1.0
 CTX_PAD = 256  # llama.cpp pads the context to a multiple of this
 AUTO_SLOTS = 4  # --parallel unset: 4 slots sharing one unified KV pool
 DEFAULT_CACHE_RAM_MIB = 8192  # --cache-ram unset
@@ -79,11 +95,12 @@ def weights_bytes(model: "ModelServer", facts: "ModelFacts") -> float:
     return facts.params_b * 1e9 * model_bits(model, facts) / 8
 
 
-def kv_bytes(facts: "ModelFacts", ctx_size: int) -> float:
+def kv_bytes(facts: "ModelFacts", ctx_size: int, type_k: str | None = None, type_v: str | None = None) -> float:
     """K and V for every full-attention layer, for the whole context (shared by all slots)."""
     layers = facts.full_attention_layers or facts.layers
     tokens = math.ceil(ctx_size / CTX_PAD) * CTX_PAD
-    return layers * facts.kv_heads * facts.head_dim * 2 * KV_BYTES_PER_ELEMENT * tokens
+    per_element = KV_TYPE_BYTES[type_k or "f16"] + KV_TYPE_BYTES[type_v or "f16"]
+    return layers * facts.kv_heads * facts.head_dim * per_element * tokens
 
 
 def slots(model: "ModelServer") -> int:
@@ -101,7 +118,7 @@ def llamacpp_estimate(model: "ModelServer", facts: "ModelFacts", backend: "GpuBa
     host = cache_ram * MIB + checkpoints * n_slots * facts.recurrent_state_mib * MIB
     return MemoryEstimate(
         weights_gib=weights / GIB,
-        kv_gib=kv_bytes(facts, model.ctx_size) / GIB,
+        kv_gib=kv_bytes(facts, model.ctx_size, model.cache_type_k, model.cache_type_v) / GIB,
         recurrent_gib=recurrent / GIB,
         overhead_gib=weights * BACKEND_OVERHEAD[backend] / GIB,
         host_caches_gib=host / GIB,
@@ -118,3 +135,68 @@ def resident_estimate(resident_memory: str, backend: "GpuBackend") -> MemoryEsti
         overhead_gib=resident * BACKEND_OVERHEAD[backend] / GIB,
         host_caches_gib=0.0,
     )
+
+
+@dataclass(frozen=True)
+class VramEstimate:
+    """What one replica holds on one discrete GPU."""
+
+    layers_offloaded: int
+    layers: int
+    weights_gib: float
+    kv_gib: float
+    recurrent_gib: float
+    reserve_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        return self.weights_gib + self.kv_gib + self.recurrent_gib + self.reserve_gib
+
+    def breakdown(self) -> str:
+        return (f"{self.layers_offloaded}/{self.layers} layers: weights {self.weights_gib:.1f} + KV {self.kv_gib:.2f} "
+                f"+ recurrent {self.recurrent_gib:.2f} + context and compute {self.reserve_gib:.1f}")
+
+    def layers_that_fit(self, vram_gib: float) -> int:
+        """How many layers fit in this much VRAM, everything else unchanged."""
+        per_layer = (self.weights_gib + self.kv_gib + self.recurrent_gib) / max(self.layers_offloaded, 1)
+        return max(0, min(self.layers, int((vram_gib - self.reserve_gib) / per_layer))) if per_layer > 0 else self.layers
+
+
+def vram_reserve_gib(model: "ModelServer") -> float:
+    ubatch = model.ubatch_size or DEFAULT_UBATCH
+    return VRAM_CONTEXT_GIB + VRAM_COMPUTE_GIB_PER_512 * ubatch / 512
+
+
+def discrete_split(model: "ModelServer", facts: "ModelFacts") -> tuple[MemoryEstimate, VramEstimate]:
+    """llama.cpp on a discrete GPU: the offloaded layers' weights, KV and recurrent state live in
+    VRAM (-ngl N offloads N of the repeating layers; the KV cache follows its layer unless
+    --no-kv-offload); the rest, the host caches and the runtime live in system RAM. mmap'd weights
+    that were copied to the GPU are unmapped after the load, so they are not counted twice."""
+    whole = llamacpp_estimate(model, facts, "cpu")
+    offloaded = min(model.gpu_layers, facts.layers)
+    share = offloaded / facts.layers
+    vram = VramEstimate(
+        layers_offloaded=offloaded,
+        layers=facts.layers,
+        weights_gib=whole.weights_gib * share,
+        kv_gib=whole.kv_gib * share,
+        recurrent_gib=whole.recurrent_gib * share,
+        reserve_gib=vram_reserve_gib(model),
+    )
+    ram = MemoryEstimate(
+        weights_gib=whole.weights_gib * (1 - share),
+        kv_gib=whole.kv_gib * (1 - share),
+        recurrent_gib=whole.recurrent_gib * (1 - share),
+        overhead_gib=DISCRETE_HOST_GIB + whole.weights_gib * (1 - share) * BACKEND_OVERHEAD["cpu"],
+        host_caches_gib=whole.host_caches_gib,
+    )
+    return ram, vram
+
+
+def discrete_resident(resident_memory: str, model: "ModelServer") -> tuple[MemoryEstimate, VramEstimate]:
+    """Another engine on a discrete GPU: what it is measured to lock is on the GPU."""
+    resident = float(parse_quantity(resident_memory)) / GIB
+    ram = MemoryEstimate(weights_gib=0.0, kv_gib=0.0, recurrent_gib=0.0, overhead_gib=DISCRETE_HOST_GIB, host_caches_gib=0.0)
+    vram = VramEstimate(layers_offloaded=1, layers=1, weights_gib=resident, kv_gib=0.0, recurrent_gib=0.0,
+                        reserve_gib=VRAM_CONTEXT_GIB)
+    return ram, vram

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from config import parse_stack
+import pytest
+
+from config import ConfigError, parse_stack
 from components.namespace import ICMP_V4_TYPES, ICMP_V6_TYPES, AINamespace, AINamespaceArgs
 from render.mock_engine import run_program
 
@@ -102,8 +104,18 @@ def test_world_egress_when_asked(homelab_values):
     assert not any("toFQDNs" in r for r in spec["egress"])
 
 
+def test_plain_networkpolicy_refuses_named_hosts_it_cannot_enforce(homelab_values):
+    """Under plain NetworkPolicy the hub's host names would silently become 'any address on 443'."""
+    homelab_values["cluster"]["cni"] = "networkpolicy"
+    with pytest.raises(ConfigError, match=r"namespace\.model_hub_egress\.mode: plain NetworkPolicy cannot match host names"):
+        parse_stack(homelab_values)
+
+
 def test_plain_networkpolicy_when_the_cni_is_not_cilium(homelab_values):
     homelab_values["cluster"]["cni"] = "networkpolicy"
+    homelab_values["namespace"]["model_hub_egress"] = {
+        "mode": "world", "reason": "plain NetworkPolicy cannot name the model hub's hosts",
+    }
     run = build(homelab_values)
     assert run.find("CiliumNetworkPolicy") == []
     (policy,) = run.find("NetworkPolicy")

@@ -1,0 +1,36 @@
+"""What each ingress controller needs to carry a long streamed completion. Facts from the
+controllers' sources (ingress-nginx dbb11b92 internal/ingress/controller/config/config.go,
+traefik fd5a576d pkg/provider/kubernetes/ingress), summarised in the README's exposure section."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from planning.quantity import MIB, parse_quantity
+
+if TYPE_CHECKING:
+    from config.types import Exposure
+
+NGINX = "nginx.ingress.kubernetes.io"
+
+
+def controller_annotations(kind: str, exposure: "Exposure") -> dict[str, str]:
+    """The Ingress annotations the program sets for this controller (they win over the user's)."""
+    if kind == "ingress-nginx":
+        body_mib = -(-int(parse_quantity(exposure.max_body)) // MIB)
+        return {
+            # Defaults 60 s: the gap between two reads; the first token of a long prompt (or a whole
+            # non-streamed answer) can take longer than that.
+            f"{NGINX}/proxy-read-timeout": str(exposure.timeout_seconds),
+            f"{NGINX}/proxy-send-timeout": str(exposure.timeout_seconds),
+            # Default "1m": a long chat history or a pasted document is larger.
+            f"{NGINX}/proxy-body-size": f"{body_mib}m",
+            # Off already by default; stated so that a cluster-wide "on" cannot hold back the stream.
+            f"{NGINX}/proxy-buffering": "off",
+            # Default "on": the whole body is spooled before the server sees the request.
+            f"{NGINX}/proxy-request-buffering": "off",
+        }
+    # Traefik streams responses (flushes every 100 ms, SSE at once) and has no body limit unless a
+    # Buffering middleware sets one; it has no per-Ingress timeout annotation. Its entrypoint's
+    # 60 s readTimeout bounds reading the request only (an upload slower than that), not the answer.
+    return {}
