@@ -95,6 +95,17 @@ def cilium_policy_spec(ns: NamespaceConfig, cluster: ClusterConfig, gateway: Opt
     return {"endpointSelector": {}, "ingress": ingress, "egress": egress}
 
 
+def egress_summary(ns: NamespaceConfig, cluster: ClusterConfig) -> str:
+    """What the namespace's pods may reach on the internet, as the policy really enforces it."""
+    hub = ns.model_hub_egress
+    if hub.mode == "fqdn":
+        return f"namespace {ns.name}: internet egress only to {', '.join(hub.hosts)} on 443 (Cilium toFQDNs)"
+    if cluster.cni == "cilium":
+        return f"namespace {ns.name}: internet egress to any address and port (Cilium world entity)"
+    return (f"namespace {ns.name}: internet egress to any public address on 443 (plain NetworkPolicy cannot "
+            f"match host names; {', '.join(PRIVATE_RANGES)} excluded)")
+
+
 def _np_peer(peer: PodPeer) -> dict:
     selector: dict = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": peer.namespace}}}
     if peer.pod_labels:

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 Problem = tuple[str, str]
 
+# Values per block of each quantized KV cache type (ggml's QK4_0, QK8_0 ...: 32); f16/bf16/f32 are not blocked.
+KV_TYPE_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "iq4_nl": 32}
+
 # Where the API key Secret is mounted; --api-key-file names a file in it.
 API_KEY_DIR = "/run/secrets/llama-api-key"
 
@@ -49,6 +52,15 @@ class LlamaCpp:
                 f"{path}.openai",
                 "engine llamacpp does not read an openai block; remove it, or set engine: openai to run another server",
             ))
+        if model.workload.kind == "Deployment" and model.workload.replicas > 1:
+            # common/download.cpp (b10729) downloads into <file>.downloadInProgress and renames it,
+            # with no lock between processes: replicas starting together on an empty shared cache
+            # write the same file at once.
+            problems.append((
+                f"{path}.workload.replicas",
+                "llama.cpp replicas on the shared cache would download the same file at once (its downloader takes "
+                "no lock between processes); run 1 replica, or one server per model key",
+            ))
         if model.ubatch_size is not None and model.ubatch_size > model.ctx_size:
             problems.append((f"{path}.ubatch_size", f"{model.ubatch_size} exceeds ctx_size {model.ctx_size}"))
         for index, arg in enumerate(model.extra_args):
@@ -74,7 +86,23 @@ class LlamaCpp:
                     f"models.{key}.weights",
                     f"quant {quant_of(model.hf_repo or ':?')} has no known bits per weight; set weights to the GGUF's size",
                 )]
-        return self._pooling_problems(key, model, facts)
+        return self._pooling_problems(key, model, facts) + self._kv_type_problems(key, model, facts)
+
+    @staticmethod
+    def _kv_type_problems(key: str, model: "ModelServer", facts: "ModelFacts") -> list[Problem]:
+        """A quantized KV cache stores heads in blocks of 32 values: llama.cpp refuses to start when the
+        head dimension is not a multiple ("K cache type q8_0 with block size 32 does not divide
+        n_embd_head_k", seen running the pinned build)."""
+        problems: list[Problem] = []
+        for field, kind in (("cache_type_k", model.cache_type_k), ("cache_type_v", model.cache_type_v)):
+            block = KV_TYPE_BLOCK.get(kind or "f16", 1)
+            if facts.head_dim % block:
+                problems.append((
+                    f"models.{key}.{field}",
+                    f"{kind} stores the cache in blocks of {block} values, which do not divide this model's head "
+                    f"dimension of {facts.head_dim}; llama.cpp would refuse to start; use f16 or bf16",
+                ))
+        return problems
 
     @staticmethod
     def _pooling_problems(key: str, model: "ModelServer", facts: "ModelFacts") -> list[Problem]:

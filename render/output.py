@@ -17,6 +17,7 @@ from .manifests import dump, manifests
 from .picture import node_label, plan_svg
 from .validate import ManifestError, validate_all
 from common.errors import one_line
+from components.namespace import egress_summary
 from policy.rules import RESOURCE_RULES, STACK_RULES, run_rules
 
 
@@ -74,6 +75,7 @@ class RenderResult:
                 f"{limits.get('memory', '-')} (request/limit)  gpu {', '.join(gpus) or 'none'}  startup {budget_min:.0f} min{waited}"
                 f"  {endpoint}"
             )
+        lines.append("  egress: " + egress_summary(self.run.config.namespace, self.run.config.cluster))
         lines.extend(plan_tables(self.run.outputs.get("capacity_plan")))
         if (self.out / "plan.svg").exists():
             lines.append(f"  plan picture: {self.out / 'plan.svg'}")
@@ -88,22 +90,35 @@ def plan_tables(plan: dict | None) -> list[str]:
     """The capacity plan as two small tables: per node, and per model server."""
     if not plan:
         return []
-    lines = ["  capacity plan (GiB):", f"    {'pool/node':<22}{'budget':>8}{'planned':>9}{'free':>8}"]
+    lines = ["  capacity plan (GiB):", f"    {'pool/node':<22}{'offers':>8}{'planned':>9}{'free':>8}"]
     for node in plan["nodes"]:
         where = node_label(node)
         lines.append(f"    {where:<22}{node['offers_gib']:>8.1f}{node['planned_gib']:>9.1f}{node['free_gib']:>8.1f}")
+        for gpu in node.get("gpus", []):
+            # Discrete GPUs: VRAM is planned per card, beside the node's system RAM.
+            free = gpu["vram_gib"] - gpu["planned_gib"]
+            lines.append(f"    {'  GPU ' + str(gpu['gpu'] + 1) + ' VRAM':<22}{gpu['vram_gib']:>8.1f}{gpu['planned_gib']:>9.1f}{free:>8.1f}")
+    discrete = any("vram" in server for server in plan["servers"].values())
     header = ["server", "weights", "KV", "state", "backend", "caches", "total", "mem request", "mem limit",
               "startup", "decode <="]
+    if discrete:
+        header[1:1] = ["VRAM"]
     rows = []
     for server in plan["servers"].values():
         e = server["estimate"]
         bound = server["decode_bound_tok_s"]
-        rows.append([
+        row = [
             server["name"], f"{e['weights_gib']:.1f}", f"{e['kv_gib']:.2f}", f"{e['recurrent_gib']:.2f}",
             f"{e['overhead_gib']:.1f}", f"{e['host_caches_gib']:.1f}", f"{e['total_gib']:.1f}",
             server["memory_request"], server["memory_limit"], f"{server['budget']['startup_seconds'] / 60:.0f} min",
             f"{bound:.1f} tok/s" if bound else "-",
-        ])
+        ]
+        if discrete:
+            vram = server.get("vram")
+            row[1:1] = [f"{vram['total_gib']:.1f} ({vram['layers_offloaded']}/{vram['layers']} layers)" if vram else "-"]
+        rows.append(row)
+    if discrete:
+        lines.append("    (VRAM: on the GPU; the other columns: system RAM)")
     # Columns as wide as their widest cell, two spaces apart: aligned whatever the figures.
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:

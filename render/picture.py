@@ -1,6 +1,6 @@
 """The capacity plan drawn per node, as an SVG written beside plan.json (no drawing library needed).
 
-One bar per node, as wide as the node's budget (allocatable less reserved): for each model server
+One bar per node, as wide as what the node offers (allocatable less reserved): for each model server
 placed there its weights, KV and recurrent state, backend working set and host caches, then the
 margin its memory limit adds over the estimate; what is left is headroom. Every rectangle carries
 its figures (data-node, data-server, data-part, data-gib) so a test can check them against the plan.
@@ -18,6 +18,7 @@ PARTS = (  # (part, estimate fields, colour)
 )
 HEADROOM = "#d4edda"
 WIDTH, LABEL, BAR, GAP, TOP = 900, 150, 28, 22, 40
+VRAM = "#8e6c8a"
 
 
 def node_label(node: dict) -> str:
@@ -28,10 +29,12 @@ def node_label(node: dict) -> str:
 def plan_svg(plan: dict) -> str:
     nodes = plan["nodes"]
     servers = {s["name"]: s for s in plan["servers"].values()}
-    scale = (WIDTH - LABEL - 20) / max((n["offers_gib"] for n in nodes), default=1)
-    height = TOP + len(nodes) * (BAR + GAP) + 40
+    scale = (WIDTH - LABEL - 20) / max([n["offers_gib"] for n in nodes] + [g["vram_gib"] for n in nodes for g in n.get("gpus", [])] or [1])
+    gpu_rows = [(node, gpu) for node in nodes for gpu in node.get("gpus", [])]
+    rows = len(nodes) + len(gpu_rows)
+    height = TOP + rows * (BAR + GAP) + 40
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="12">',
-           f'<text x="10" y="20" font-size="14">capacity plan per node (GiB; bar = budget, allocatable less reserved)</text>']
+           f'<text x="10" y="20" font-size="14">capacity plan per node (GiB; bar = what the node offers, allocatable less reserved)</text>']
     for row, node in enumerate(nodes):
         y = TOP + row * (BAR + GAP)
         where = node_label(node)
@@ -57,7 +60,21 @@ def plan_svg(plan: dict) -> str:
                    f'data-node="{escape(where)}" data-part="offers" data-gib="{node["offers_gib"]:.3f}"/>')
         out.append(f'<text x="{LABEL}" y="{y + BAR + 14}">{node["planned_gib"]:.1f} planned of {node["offers_gib"]:.1f}, '
                    f'{free:.1f} free</text>')
-    legend_y = TOP + len(nodes) * (BAR + GAP) + 10
+    for row, (node, gpu) in enumerate(gpu_rows, start=len(nodes)):
+        # One bar per discrete GPU, on the same GiB scale: what each server holds in its VRAM.
+        y = TOP + row * (BAR + GAP)
+        where = f"{node_label(node)} GPU {gpu['gpu'] + 1}"
+        out.append(f'<text x="10" y="{y + BAR / 2 + 4}">{escape(where)}</text>')
+        x = float(LABEL)
+        for name, gib in gpu["workloads"].items():
+            out.append(f'<rect x="{x:.2f}" y="{y}" width="{gib * scale:.2f}" height="{BAR}" fill="{VRAM}" stroke="#333" '
+                       f'data-node="{escape(where)}" data-server="{escape(name)}" data-part="vram" data-gib="{gib:.3f}">'
+                       f'<title>{escape(name)} VRAM: {gib:.1f} GiB</title></rect>')
+            x += gib * scale
+        out.append(f'<rect x="{LABEL}" y="{y}" width="{gpu["vram_gib"] * scale:.2f}" height="{BAR}" fill="none" stroke="#333" '
+                   f'data-node="{escape(where)}" data-part="vram-size" data-gib="{gpu["vram_gib"]:.3f}"/>')
+        out.append(f'<text x="{LABEL}" y="{y + BAR + 14}">{gpu["planned_gib"]:.1f} GiB of VRAM planned of {gpu["vram_gib"]:.1f}</text>')
+    legend_y = TOP + rows * (BAR + GAP) + 10
     for i, (part, _, colour) in enumerate([*PARTS, ("headroom", (), HEADROOM)]):
         out.append(f'<rect x="{10 + i * 130}" y="{legend_y}" width="12" height="12" fill="{colour}"/>'
                    f'<text x="{26 + i * 130}" y="{legend_y + 11}">{part}</text>')

@@ -219,10 +219,19 @@ def test_plan_picture_draws_the_plans_figures(tmp_path, stack):
         for name, limit in node["workloads"].items():
             parts = {r.get("data-part"): float(r.get("data-gib")) for r in mine if r.get("data-server") == name}
             assert sum(parts.values()) == pytest.approx(limit, abs=1e-2)  # the pod's memory limit
-            assert parts["weights"] == pytest.approx(servers[name]["estimate"]["weights_gib"], abs=1e-3)
+            # A part of zero GiB (weights that all live in VRAM) is not drawn.
+            assert parts.get("weights", 0.0) == pytest.approx(servers[name]["estimate"]["weights_gib"], abs=1e-3)
         headroom = [float(r.get("data-gib")) for r in mine if r.get("data-part") == "headroom"]
         assert sum(headroom) == pytest.approx(max(node["free_gib"], 0), abs=1e-3)
         drawn = sum(float(r.get("width")) for r in mine if r.get("data-part") not in ("offers",))
         assert drawn == pytest.approx(float(budget.get("width")), rel=1e-3)  # bars fill the budget exactly
         assert scale > 0
+        for gpu in node.get("gpus", []):
+            # A discrete GPU's bar: each server's VRAM, as the plan has it, on the same scale.
+            label = f"{where} GPU {gpu['gpu'] + 1}"
+            vram = {r.get("data-server"): float(r.get("data-gib")) for r in rects
+                    if r.get("data-node") == label and r.get("data-part") == "vram"}
+            assert vram == pytest.approx({n: servers[n]["vram"]["total_gib"] for n in gpu["workloads"]}, abs=1e-3)
+            (size,) = [r for r in rects if r.get("data-node") == label and r.get("data-part") == "vram-size"]
+            assert float(size.get("width")) == pytest.approx(gpu["vram_gib"] * scale, rel=1e-3)
     assert f"plan picture: {tmp_path / 'out' / 'plan.svg'}" in result.summary()

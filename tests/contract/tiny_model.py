@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter, PoolingType
 
-N_EMBD, N_LAYER, N_HEAD, N_FF = 64, 2, 4, 128
+# head dim 32: a quantized KV cache (q8_0, q4_0 ...) needs head dims divisible by its 32-value blocks.
+N_EMBD, N_LAYER, N_HEAD, N_FF = 128, 2, 4, 256
 # Larger than any --ctx-size a stack renders, so the server never warns that -c exceeds training.
 N_CTX_TRAIN = 262144
 
