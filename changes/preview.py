@@ -497,14 +497,16 @@ def server_hints(run: Any) -> dict[str, ServerHint]:
 
 
 def gpu_slots(run: Any) -> dict[str, int]:
-    """GPU resource -> how many the cluster advertises (nodes x shares per node), from the
-    stack config's node pools when the run carries it."""
+    """GPU resource -> how many the cluster advertises (nodes x GPUs per node x containers per
+    GPU), from the stack config's node pools when the run carries it."""
     pools = getattr(getattr(run, "config", None), "node_pools", None) or {}
     slots: dict[str, int] = {}
     for pool in pools.values() if isinstance(pools, dict) else ():
         resource = getattr(pool, "gpu_resource", None)
         if resource:
-            count = _int(getattr(pool, "nodes", 1) or 1, 1) * _int(getattr(pool, "gpu_shares", 1) or 1, 1)
+            count = 1
+            for attribute in ("nodes", "gpus_per_node", "gpu_shares"):
+                count *= _int(getattr(pool, attribute, 1) or 1, 1)
             slots[resource] = slots.get(resource, 0) + count
     return slots
 

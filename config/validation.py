@@ -59,6 +59,9 @@ def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
         return path, f"unknown key; did you mean {near[0]}?" if near else "unknown key; remove it or check its spelling"
     if kind == "missing":
         return path, "required; set it"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        # Never name a Python class to the user: say what the YAML should look like.
+        return path, f"expected a mapping of settings (key: value lines under {path.rsplit('.', 1)[-1]}){_null_ok(error)}"
     message = error["msg"].removeprefix("Value error, ")
     value = error.get("input")
     if kind not in ("model_type", "dict_type") and isinstance(value, (str, int, float, bool)):
@@ -68,6 +71,26 @@ def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
     if len(message) > 300:
         message = message[:297] + "..."
     return path, message
+
+
+def _null_ok(error: Mapping[str, Any]) -> str:
+    """', or null' when the field may be left out with null."""
+    parent: Any = StackConfig
+    for part in error["loc"][:-1]:
+        fields = getattr(parent, "model_fields", None)
+        if fields is None or not isinstance(part, str) or part not in fields:
+            return ""
+        parent = _model_in(fields[part].annotation)
+    fields = getattr(parent, "model_fields", None) or {}
+    field = fields.get(error["loc"][-1]) if error["loc"] else None
+    return ", or null" if field is not None and type(None) in typing.get_args(field.annotation) else ""
+
+
+def _model_in(annotation: Any) -> Any:
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if getattr(candidate, "model_fields", None) is not None:
+            return candidate
+    return None
 
 
 def parse_stack(raw: Mapping[str, Any]) -> StackConfig:

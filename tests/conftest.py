@@ -93,3 +93,14 @@ def strix() -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def strix_run() -> ProgramRun:
     return run_strix()
+
+
+RTX_SECRETS = {"chat_api_key": "chat-key-1b7f", "embed_api_key": "embed-key-6c02",
+               "gateway_master_key": "master-0d9e", "openrouter_api_key": "or-key-2a44"}
+CPU_SECRETS = {"chat_api_key": "chat-key-1b7f"}
+TEST_SECRETS.update(RTX_SECRETS)
+
+
+def plain_values(stack: str) -> dict[str, Any]:
+    """A shipped stack's config without its `secure:` placeholders (tests pass real secret values)."""
+    return {k: v for k, v in stack_values(stack).items() if not (isinstance(v, dict) and "secure" in v)}

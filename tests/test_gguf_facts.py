@@ -275,6 +275,38 @@ def test_per_layer_kv_head_array(tmp_path):
     assert facts["head_dim"] == 64 // 8
 
 
+def test_recurrent_layer_array_and_mtp_layers(tmp_path):
+    """attention.recurrent_layers marks linear-attention layers; nextn_predict_layers are MTP layers
+    appended after the trunk, not part of it."""
+    trunk, mtp = 6, 1
+    recurrent = [True, True, False, True, True, False, False]  # the last entry is the MTP layer
+    model = Tiny(tmp_path / "mtp.gguf", "qwen35")
+    w = model.writer
+    w.add_block_count(trunk + mtp)
+    w.add_uint32("qwen35.nextn_predict_layers", mtp)
+    w.add_array("qwen35.attention.recurrent_layers", recurrent)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_key_length(32)
+    model.tensor("token_embd.weight", 20, 64)
+    code, out, err = run(model.write())
+    assert code == 0, err
+    facts = facts_of(out)["facts"]
+    assert facts["layers"] == trunk
+    assert facts["full_attention_layers"] == sum(1 for r in recurrent[:trunk] if not r)
+    assert "MTP" in out
+
+
+def test_vocab_only_file_is_refused(tmp_path):
+    model = Tiny(tmp_path / "vocab.gguf", "llama")
+    model.writer.add_block_count(2)
+    model.writer.add_head_count(4)
+    model.writer.add_token_list(["a", "b", "c"])
+    code, _, err = run(model.write())
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "no tensors" in err
+
+
 @pytest.mark.parametrize("arch, layers, window, pattern, period", [
     ("gemma3", 12, 512, None, 6),  # llama.cpp sets Gemma 3's 5:1 pattern in code
     ("gpt-oss", 6, 128, 2, 2),     # gpt-oss's period as written in the file

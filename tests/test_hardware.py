@@ -1,0 +1,249 @@
+"""Beyond the two seed clusters: discrete GPUs with their own VRAM, CPU-only clusters, backends
+checked against images, and ingress that fits the controller. Expected figures are computed here
+from the model's facts, not read back from the plan."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from common.errors import CapacityError, ConfigError
+from config import parse_stack
+from conftest import CPU_SECRETS, RTX_SECRETS, plain_values, run_values
+from planning.capacity import plan_capacity
+from planning.quantity import GIB, MIB
+
+# Llama 3.1/3.3 70B (config.json: 80 layers, 8 KV heads, head_dim 128, 70.6B parameters).
+LLAMA_70B = {"params_b": 70.6, "layers": 80, "kv_heads": 8, "head_dim": 128}
+# Qwen3-32B (config.json: 64 layers, 8 KV heads, head_dim 128, 32.8B parameters).
+QWEN3_32B = {"params_b": 32.8, "layers": 64, "kv_heads": 8, "head_dim": 128}
+
+
+def rtx() -> dict:
+    return plain_values("rtx4090")
+
+
+def cpu() -> dict:
+    return plain_values("cpu-cluster")
+
+
+def kv_gib(facts: dict, ctx: int, bytes_k: float = 2.0, bytes_v: float = 2.0) -> float:
+    tokens = math.ceil(ctx / 256) * 256
+    layers = facts.get("full_attention_layers") or facts["layers"]
+    return layers * facts["kv_heads"] * facts["head_dim"] * (bytes_k + bytes_v) * tokens / GIB
+
+
+# --- discrete GPUs --------------------------------------------------------------------------------
+
+
+def test_rtx4090_chat_lives_in_vram_and_the_pod_reserves_only_what_stays_in_ram():
+    stack = parse_stack(rtx())
+    plan = plan_capacity(stack)
+    chat = plan.servers["chat"]
+    # Qwen3.6-35B-A3B: 40 layers all offloaded; KV for its 10 attention layers at 32k in q8_0;
+    # 63 MiB of DeltaNet state per slot, 2 slots; context and compute reserve at the 512 micro-batch.
+    kv = kv_gib({"layers": 40, "full_attention_layers": 10, "kv_heads": 2, "head_dim": 256}, 32768, 34 / 32, 34 / 32)
+    expected_vram = 19.8 + kv + 2 * 63 * MIB / GIB + 1.0
+    assert chat.vram.layers_offloaded == chat.vram.layers == 40
+    assert chat.vram.total_gib == pytest.approx(expected_vram, abs=1e-6)
+    # System RAM: no weights (they are in VRAM), the 4 GiB prompt cache and 8 checkpoints x 2 slots
+    # of recurrent state, and the runtime's host share; the request is that, not the 27 GiB of weights.
+    assert chat.estimate.weights_gib == 0 and chat.estimate.kv_gib == 0
+    assert chat.estimate.host_caches_gib == pytest.approx(4 + 8 * 2 * 63 / 1024, abs=1e-6)
+    assert chat.memory_request == chat.memory_limit == f"{math.ceil(chat.estimate.total_gib * 1.1)}Gi"
+    assert float(chat.memory_limit.removesuffix("Gi")) < 10
+
+
+def test_rtx4090_sums_both_servers_on_the_one_card():
+    plan = plan_capacity(parse_stack(rtx()))
+    (node,) = plan.nodes
+    (gpu,) = node.gpus
+    assert dict(gpu.workloads) == pytest.approx(
+        {"llama-chat": plan.servers["chat"].vram.total_gib, "llama-embed": plan.servers["embed"].vram.total_gib}
+    )
+    assert gpu.planned_gib <= gpu.vram_gib == 24.0
+
+
+def test_rtx4090_rendered_pods_get_the_gpu_and_the_nvidia_runtime():
+    run = run_values(rtx(), secrets=RTX_SECRETS, stack="rtx4090")
+    for name in ("llama-chat", "llama-embed"):
+        pod = run.one("Deployment", name).inputs["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        assert pod["runtimeClassName"] == "nvidia"
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert container["image"].startswith("ghcr.io/ggml-org/llama.cpp:server-cuda-")
+    chat_args = run.one("Deployment", "llama-chat").inputs["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert chat_args[chat_args.index("--cache-type-k") + 1] == "q8_0"
+    assert chat_args[chat_args.index("--cache-type-v") + 1] == "q8_0"
+    assert chat_args[chat_args.index("--n-gpu-layers") + 1] == "99"
+
+
+def test_a_70b_that_cannot_fit_a_24_gib_card_is_refused_with_the_layers_that_fit():
+    values = rtx()
+    chat = values["models"]["chat"]
+    chat.update(hf_repo="bartowski/Llama-3.3-70B-Instruct-GGUF:Q4_K_M", facts=LLAMA_70B, weights="39.6Gi",
+                ctx_size=8192, parallel=1, ctx_checkpoints=0, cache_type_k=None, cache_type_v=None)
+    del values["models"]["embed"]
+    values["gateway"]["routes"] = values["gateway"]["routes"][:1]
+    values["gateway"]["tiers"].pop("local-embed")
+    with pytest.raises(CapacityError) as caught:
+        plan_capacity(parse_stack(values))
+    ((path, message),) = caught.value.problems
+    per_layer = (39.6 + kv_gib(LLAMA_70B, 8192)) / 80
+    fit = int((24 - 1.0) / per_layer)
+    assert path == "models.chat.gpu_layers"
+    assert f"but one GPU of node pool rtx4090 has 24.0 GiB; set gpu_layers: {fit}" in message
+    assert "smaller quant" in message and "ctx_size" in message and "q8_0" in message
+    # Taking the advice fits: the rest of the layers are planned in system RAM.
+    chat["gpu_layers"] = fit
+    plan = plan_capacity(parse_stack(values))
+    server = plan.servers["chat"]
+    assert server.vram.total_gib <= 24
+    assert server.estimate.weights_gib == pytest.approx(39.6 * (80 - fit) / 80, abs=1e-6)
+    # Decode bound: the card's share at 1008 GB/s, the rest at 70 GB/s, one after the other.
+    per_token = 70.6e9 * 4.85 / 8
+    seconds = (fit / 80) * per_token / 1008e9 + (1 - fit / 80) * per_token / 70e9
+    assert server.decode_bound_tok_s == pytest.approx(1 / seconds, rel=1e-9)
+
+
+def test_a_32b_with_a_64k_context_is_refused_on_a_24_gib_card():
+    values = rtx()
+    values["models"]["chat"].update(hf_repo="Qwen/Qwen3-32B-GGUF:Q4_K_M", facts=QWEN3_32B, ctx_size=65536,
+                                    cache_type_k=None, cache_type_v=None, weights=None, ctx_checkpoints=0)
+    with pytest.raises(CapacityError) as caught:
+        plan_capacity(parse_stack(values))
+    (problem,) = [m for p, m in caught.value.problems if p == "models.chat.gpu_layers"]
+    needed = 32.8e9 * 4.85 / 8 / GIB + kv_gib(QWEN3_32B, 65536) + 1.0
+    assert f"needs {needed:.1f} GiB of VRAM" in problem
+
+
+def test_two_pods_time_sharing_a_card_are_refused_when_together_they_do_not_fit():
+    values = rtx()
+    values["models"]["embed"].update(hf_repo="Qwen/Qwen3-Embedding-8B-GGUF:Q6_K", weights="5.8Gi")
+    with pytest.raises(CapacityError, match=r"node_pools\.rtx4090\.vram: GPU 1 of node 1 would hold .* \(llama-chat "
+                       r"[0-9.]+ GiB, llama-embed [0-9.]+ GiB\) but has 24\.0 GiB"):
+        plan_capacity(parse_stack(values))
+
+
+def test_a_cuda_image_with_a_vulkan_backend_is_refused():
+    values = rtx()
+    values["node_pools"]["rtx4090"]["backend"] = "vulkan"
+    with pytest.raises(ConfigError, match=r"node_pools\.rtx4090\.backend: vulkan, but the image .*server-cuda-b10731 is "
+                       r"llama\.cpp's cuda build"):
+        parse_stack(values)
+
+
+def test_the_backend_is_read_from_the_image_when_unset():
+    values = cpu()
+    stack = parse_stack(values)
+    pool = stack.node_pools["minipc"]
+    assert pool.backend is None and stack.models["chat"].backend_on(pool) == "cpu"
+    values = rtx()
+    del values["node_pools"]["rtx4090"]["backend"]
+    assert parse_stack(values).models["chat"].backend_on(parse_stack(values).node_pools["rtx4090"]) == "cuda"
+
+
+def test_an_image_that_names_no_backend_needs_one():
+    values = plain_values("strix-halo")
+    del values["node_pools"]["ms-s1"]["backend"]
+    with pytest.raises(ConfigError, match=r"models\.flash\.backend: the image ghcr\.io/peonist/halogen-flash-server:v1\.4\.2 "
+                       r"does not say which backend"):
+        parse_stack(values)
+
+
+def test_gpu_layers_on_a_cpu_image_are_refused():
+    values = cpu()
+    values["models"]["chat"]["gpu_layers"] = 99
+    with pytest.raises(ConfigError, match=r"models\.chat\.gpu_layers: 99 layers to offload, but the image is a CPU build"):
+        parse_stack(values)
+
+
+def test_quantized_kv_cache_needs_head_dims_its_blocks_divide():
+    values = rtx()
+    values["models"]["chat"]["facts"] = {"params_b": 35, "active_params_b": 3, "layers": 40, "full_attention_layers": 10,
+                                         "kv_heads": 2, "head_dim": 80, "recurrent_state_mib": 63}
+    with pytest.raises(CapacityError, match=r"models\.chat\.cache_type_k: q8_0 stores the cache in blocks of 32 values"):
+        plan_capacity(parse_stack(values))
+
+
+# --- CPU-only clusters, ingress -----------------------------------------------------------------
+
+
+def test_cpu_cluster_requests_no_gpu_and_threads_fit_the_cpu_limit():
+    run = run_values(cpu(), secrets=CPU_SECRETS, stack="cpu-cluster")
+    stack = parse_stack(cpu())
+    for key, model in stack.models.items():
+        container = run.one("Deployment", model.name).inputs["spec"]["template"]["spec"]["containers"][0]
+        limits = container["resources"]["limits"]
+        assert set(limits) == {"cpu", "memory"}
+        threads = int(container["args"][container["args"].index("--threads") + 1])
+        assert threads <= float(limits["cpu"])
+        assert "runtimeClassName" not in run.one("Deployment", model.name).inputs["spec"]["template"]["spec"]
+    assert run.find("CiliumNetworkPolicy") == [] and len(run.find("NetworkPolicy")) == 1
+
+
+def test_more_threads_than_the_cpu_limit_is_refused():
+    values = cpu()
+    values["models"]["chat"].update(threads=16, resources={"cpu_request": "1", "cpu_limit": "2"})
+    with pytest.raises(ConfigError, match=r"models\.chat\.threads: 16 threads on a CPU limit of 2: .* set threads: 2"):
+        parse_stack(values)
+
+
+def test_ingress_nginx_gets_what_long_streams_need():
+    run = run_values(cpu(), secrets=CPU_SECRETS, stack="cpu-cluster")
+    annotations = run.one("Ingress", "llama-chat").inputs["metadata"]["annotations"]
+    nginx = "nginx.ingress.kubernetes.io"
+    # exposure.timeout_seconds is 1800 in this stack; the body limit is the 64Mi default, in nginx's units.
+    assert annotations[f"{nginx}/proxy-read-timeout"] == annotations[f"{nginx}/proxy-send-timeout"] == "1800"
+    assert annotations[f"{nginx}/proxy-body-size"] == "64m"
+    assert annotations[f"{nginx}/proxy-buffering"] == annotations[f"{nginx}/proxy-request-buffering"] == "off"
+    assert run.one("Ingress", "llama-chat").inputs["spec"]["ingressClassName"] == "nginx"
+
+
+def test_traefik_ingresses_get_no_controller_annotations():
+    run = run_values(rtx(), secrets=RTX_SECRETS, stack="rtx4090")
+    annotations = run.one("Ingress", "llama-chat").inputs["metadata"]["annotations"]
+    assert set(annotations) == {"cert-manager.io/cluster-issuer"}
+
+
+def test_user_annotations_are_kept_and_may_not_contradict_the_programs():
+    values = cpu()
+    values["models"]["chat"]["exposure"]["annotations"] = {"nginx.ingress.kubernetes.io/whitelist-source-range": "192.168.0.0/16"}
+    run = run_values(values, secrets=CPU_SECRETS, stack="cpu-cluster")
+    annotations = run.one("Ingress", "llama-chat").inputs["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/whitelist-source-range"] == "192.168.0.0/16"
+    values["models"]["chat"]["exposure"]["annotations"] = {"nginx.ingress.kubernetes.io/proxy-read-timeout": "60"}
+    with pytest.raises(ConfigError, match=r"models\.chat\.exposure\.annotations\.nginx\.ingress\.kubernetes\.io/"
+                       r"proxy-read-timeout: the program sets '1800' here"):
+        parse_stack(values)
+
+
+def test_a_cluster_without_an_ingress_controller():
+    values = cpu()
+    values["cluster"]["ingress"] = None
+    with pytest.raises(ConfigError, match=r"models\.chat\.exposure: the cluster has no ingress controller"):
+        parse_stack(values)
+    del values["models"]["chat"]["exposure"]
+    run = run_values(values, secrets=CPU_SECRETS, stack="cpu-cluster")
+    assert run.find("Ingress") == []
+    (policy,) = run.find("NetworkPolicy")
+    namespaces = [peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                  for rule in policy.inputs["spec"]["ingress"] for peer in rule["from"] if "namespaceSelector" in peer]
+    assert "ingress-nginx" not in namespaces and "monitoring" in namespaces
+
+
+def test_a_wrong_type_for_a_section_names_no_python_class():
+    values = cpu()
+    values["cluster"]["ingress"] = 5
+    with pytest.raises(ConfigError) as caught:
+        parse_stack(values)
+    assert str(caught.value) == ("invalid stack config: cluster.ingress: expected a mapping of settings "
+                                 "(key: value lines under ingress), or null")
+
+
+def test_llamacpp_replicas_on_the_shared_cache_are_refused():
+    values = cpu()
+    values["models"]["chat"]["workload"] = {"replicas": 2}
+    with pytest.raises(ConfigError, match=r"models\.chat\.workload\.replicas: llama\.cpp replicas on the shared cache"):
+        parse_stack(values)
