@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 CHECKOV_VENV := .venv-checkov
 
-.PHONY: render test bench clean contract docs
+.PHONY: render test bench clean contract docs diff
 
 # Rebuilt when the pinned requirements change; a fresh clone builds it on first use.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -46,3 +46,8 @@ contract: $(VENV)/.installed
 # The README's configuration reference, regenerated from config/types.py (a test checks it).
 docs: $(VENV)/.installed
 	$(BIN)/python tools/config_docs.py
+
+# What `pulumi up` would do after a stack edit, per resource and for the running servers:
+# `make diff STACK=homelab BASE=<git ref or stack file>` (default: the last commit).
+diff: $(VENV)/.installed
+	$(BIN)/python -m changes $(STACK) --base $(or $(BASE),HEAD)

@@ -30,7 +30,7 @@ import yaml
 
 from . import engine
 from .preview import preview
-from .provider import ProviderOptions
+from .provider import ProviderOptions, options_from_config
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 EPILOG = """\
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--after-file", type=Path, help="stack file for 'after' (default: the working tree's Pulumi.<stack>.yaml)")
     parser.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help="folder holding the stack files (default: the project)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--enable-secret-mutable", action="store_true", help="the provider runs with enableSecretMutable")
+    parser.add_argument("--enable-secret-mutable", action="store_true", help="the provider runs with enableSecretMutable (also read from the stack file's kubernetes:enableSecretMutable)")
     parser.add_argument("--enable-configmap-mutable", action="store_true", help="the provider runs with enableConfigMapMutable")
     parser.add_argument("--upsert-existing-objects", action="store_true", help="the provider runs with upsertExistingObjects")
     return parser
@@ -165,10 +165,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     except InputError as error:
         print(f"changes {args.stack}: {error}", file=sys.stderr)
         return 2
+    # The provider runs with the options the stack file sets (kubernetes:*), or the flags' on top.
+    stacked = options_from_config(after_config)
     options = ProviderOptions(
-        enable_secret_mutable=args.enable_secret_mutable,
-        enable_configmap_mutable=args.enable_configmap_mutable,
-        upsert_existing_objects=args.upsert_existing_objects,
+        enable_secret_mutable=args.enable_secret_mutable or stacked.enable_secret_mutable,
+        enable_configmap_mutable=args.enable_configmap_mutable or stacked.enable_configmap_mutable,
+        upsert_existing_objects=args.upsert_existing_objects or stacked.upsert_existing_objects,
     )
     report = preview(before, after, options)
     if args.json:

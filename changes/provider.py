@@ -110,6 +110,19 @@ class ProviderOptions:
 
 DEFAULT_OPTIONS = ProviderOptions()
 
+
+def options_from_config(config: Mapping[str, Any]) -> ProviderOptions:
+    """The default provider's options as a stack file sets them (``kubernetes:enableSecretMutable``...)."""
+
+    def flag(name: str) -> bool:
+        return str(config.get(f"kubernetes:{name}", "false")).lower() == "true"
+
+    return ProviderOptions(
+        enable_secret_mutable=flag("enableSecretMutable"),
+        enable_configmap_mutable=flag("enableConfigMapMutable"),
+        upsert_existing_objects=flag("upsertExistingObjects"),
+    )
+
 # ---------------------------------------------------------------------------------------------
 # The force-new table (fact 1), as dotted paths; "[*]" is any list element.
 

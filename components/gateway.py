@@ -24,6 +24,7 @@ import pulumi_kubernetes as k8s
 from common.constants import ENVOY_OWNING_GATEWAY_LABEL, ENVOY_POD_LABELS, PART_OF, service_fqdn
 from config.types import GatewayConfig, PodPeer, Route, StackConfig
 from engines import engine_of
+from engines.llamacpp import first_key
 from policy.rules import MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAME, tailnet_device
 
 from .meta import token
@@ -74,7 +75,8 @@ def upstream_keys(gw: GatewayConfig, stack: StackConfig, secret: SecretReader) -
         elif settings.local is not None:
             api_key = stack.models[settings.local].api_key
             if api_key is not None and api_key.from_config:
-                keys[tier] = secret(api_key.from_config)
+                # The first key of the server's key file: during a rotation the new key is the second.
+                keys[tier] = secret(api_key.from_config).apply(first_key)
     return keys
 
 

@@ -20,6 +20,7 @@ from common.constants import COMPONENT_LABEL, service_fqdn
 from common.ingress import controller_annotations
 from config.types import ClusterConfig, ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
+from engines.llamacpp import METRICS_TOKEN_KEY, first_key
 from planning.capacity import ServerPlan
 from planning.startup import StartupBudget
 from policy.rules import COLD_START_ANNOTATION, HEALTH_ANNOTATION
@@ -100,7 +101,10 @@ class ModelServerBase(pulumi.ComponentResource):
                 f"{name}-api-key",
                 metadata=metadata(model.api_key.secret_name, ns, model.name, component),
                 type="Opaque",
-                string_data={model.api_key.secret_key: pulumi.Output.secret(args.api_key_value)},
+                # The key file, and its first key alone as the metrics scrape's bearer token.
+                string_data=pulumi.Output.secret(pulumi.Output.from_input(args.api_key_value).apply(
+                    lambda value: {model.api_key.secret_key: value, METRICS_TOKEN_KEY: first_key(value)}
+                )),
                 opts=pulumi.ResourceOptions(parent=self),
             )
 

@@ -12,6 +12,7 @@ from common.constants import ENVOY_OWNING_GATEWAY_LABEL, PART_OF, PROJECT
 from common.errors import ConfigError
 from config.types import Observability, StackConfig
 from engines import engine_of
+from engines.llamacpp import METRICS_TOKEN_KEY
 from planning.capacity import CapacityPlan
 from planning.startup import rollout_waits
 
@@ -145,8 +146,10 @@ class Monitoring(pulumi.ComponentResource):
                 continue
             endpoint: dict = {"port": "http", "path": path, "interval": obs.scrape_interval}
             if model.api_key is not None:
-                # llama.cpp's /metrics is behind --api-key; the first key in the file is used.
-                endpoint["bearerTokenSecret"] = {"name": model.api_key.secret_name, "key": model.api_key.secret_key}
+                # llama.cpp's /metrics is behind --api-key. A Secret this program writes carries the
+                # first key alone for the scrape (the key file may hold two during a rotation).
+                key = METRICS_TOKEN_KEY if model.api_key.from_config else model.api_key.secret_key
+                endpoint["bearerTokenSecret"] = {"name": model.api_key.secret_name, "key": key}
             k8s.apiextensions.CustomResource(
                 f"{name}-scrape-{model.name}",
                 api_version=VM,

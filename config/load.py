@@ -42,8 +42,29 @@ def read_pulumi_config() -> tuple[dict[str, Any], set[str]]:
     return values, secret
 
 
+# The Kubernetes provider's setting that makes Secret data changes updates in place. Without it a
+# changed Secret is replaced, delete-first under its fixed name: readers (the gateway's policies,
+# llama.cpp's scrape) briefly find no Secret at all (pulumi-kubernetes provider.go forceNew for
+# Secret data unless enableSecretMutable).
+SECRET_MUTABLE = "kubernetes:enableSecretMutable"
+
+
+def secrets_mutable() -> bool:
+    from pulumi.runtime import config as runtime_config
+
+    text = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}.get(SECRET_MUTABLE)
+    return str(text).lower() == "true"
+
+
 def load_stack() -> StackConfig:
     """Read and validate the running stack's config."""
+    if not secrets_mutable():
+        import pulumi
+
+        pulumi.log.warn(
+            f"{SECRET_MUTABLE} is not true: a rotated key replaces its Secret and readers briefly find none; "
+            f"run: pulumi config set {SECRET_MUTABLE} true"
+        )
     values, secret_keys = read_pulumi_config()
     structured = {k: v for k, v in values.items() if k in TOP_LEVEL_KEYS}
     stack = parse_stack(structured)

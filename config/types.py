@@ -826,11 +826,12 @@ class StackConfig(Strict):
         for pool_key, pool in self.node_pools.items():
             users = [k for k, m in self.models.items() if m.node_pool == pool_key and m.uses_gpu(pool)]
             demand = sum(self.models[k].workload.replicas for k in users)
-            if demand > pool.gpu_shares * pool.nodes:
+            gpus = pool.nodes * (pool.gpus_per_node if pool.discrete() else 1)
+            if demand > pool.gpu_shares * gpus:
                 problems.append((
                     f"node_pools.{pool_key}.gpu_shares",
                     f"{demand} model server pods ({', '.join(users)}) each request {pool.gpu_resource}, but the pool "
-                    f"offers {pool.gpu_shares * pool.nodes}; raise the device plugin's -shared-dev-num and gpu_shares",
+                    f"offers {pool.gpu_shares * gpus}; raise the device plugin's -shared-dev-num and gpu_shares",
                 ))
         return problems
 

@@ -40,6 +40,18 @@ GENERATED_FLAGS = frozenset({
 })
 
 
+def first_key(key_file: str) -> str:
+    """The key a client of the server sends: --api-key-file holds one key per line and the server
+    accepts any of them (checked against the real server), so during a rotation the file holds the
+    old key first and the new one after it; everything that sends a key sends the first line."""
+    lines = [line.strip() for line in key_file.splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+# The key in the API key Secret that holds only the first key, for the metrics scrape's bearer token.
+METRICS_TOKEN_KEY = "metrics-token"
+
+
 class LlamaCpp:
     name = "llamacpp"
 

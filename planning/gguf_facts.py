@@ -541,6 +541,10 @@ def derive(model: Model) -> Facts:
     if not isinstance(arch, str) or not arch:
         raise FactsError("no general.architecture in the GGUF metadata; is it a model (not a vocab or LoRA) file?")
 
+    split_count = kv.get("split.count", 1)
+    if model.first.tensor_count == 0 and not (isinstance(split_count, int) and split_count > 1):
+        raise FactsError("the file holds no tensors (a vocab-only GGUF?); give the model's own .gguf")
+
     def key(name: str) -> Any:
         return kv.get(f"{arch}.{name}")
 
@@ -667,8 +671,6 @@ def _count_parameters(model: Model, kv: dict[str, Any], key: Callable[[str], Any
     whole = all(t is not None for t in tables) and (not isinstance(count, int) or len(model.shards) >= count)
     if whole:
         tensors = [t for table in tables for t in table]  # type: ignore[union-attr]
-        if not tensors:
-            raise FactsError("the file holds no tensors (a vocab-only GGUF?); give the model's own .gguf")
         if tensors:
             total = sum(t.elements for t in tensors)
             active = None

@@ -29,7 +29,8 @@ STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.
 def stack_values(stack: str) -> dict[str, Any]:
     """A stack file's config with the project prefix stripped: key -> decoded value."""
     document = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())
-    return {k.split(":", 1)[1]: v for k, v in document["config"].items()}
+    # The project's keys only: provider settings (kubernetes:*) are not the program's config.
+    return {k.split(":", 1)[1]: v for k, v in document["config"].items() if k.startswith("inference-plane:")}
 
 
 def run_values(values: dict[str, Any], secrets: dict[str, str] | None = None, stack: str = "test") -> ProgramRun:
@@ -98,7 +99,7 @@ def strix_run() -> ProgramRun:
 RTX_SECRETS = {"chat_api_key": "chat-key-1b7f", "embed_api_key": "embed-key-6c02",
                "gateway_master_key": "master-0d9e", "openrouter_api_key": "or-key-2a44"}
 CPU_SECRETS = {"chat_api_key": "chat-key-1b7f"}
-TEST_SECRETS.update(RTX_SECRETS)
+
 
 
 def plain_values(stack: str) -> dict[str, Any]:

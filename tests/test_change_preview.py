@@ -603,7 +603,9 @@ def test_cli_treats_a_changed_ciphertext_as_a_rotation(stack_repo, tmp_path, cap
     after.write_text(before.read_text().replace("secure: v1:cGxh", "secure: v1:ZGlm"))
     assert cli(["homelab", "--before-file", str(before), "--after-file", str(after)]) == 0
     out = capsys.readouterr().out
-    assert "replace (delete-first)  Secret ai/llama-server-api-key" in out
+    # The stack sets kubernetes:enableSecretMutable: the Secret is updated in place, never missing.
+    assert "update                  Secret ai/llama-server-api-key" in out
+    assert "replace" not in out.split("\n", 1)[1].split("(secrets")[0].replace("0 replace", "")
     assert "(secrets treated as rotated: inference-plane:llama_api_key)" in out
 
 

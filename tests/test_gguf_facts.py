@@ -130,7 +130,7 @@ def test_dense_model_facts_match_what_was_written(tmp_path):
     assert facts["params_b"] == pytest.approx(model.elements() / 1e9, rel=1e-3)
     assert "active_params_b" not in facts and "full_attention_layers" not in facts and "pooling" not in facts
     assert doc["weights"] == weights_of(path.stat().st_size)
-    assert "quant F16" in out and ":F16" in out
+    assert f"quant F16 (general.file_type {F16})" in out
 
 
 def test_moe_active_parameters_from_expert_tensors(tmp_path):

@@ -155,3 +155,18 @@ def test_a_mean_pooling_embedder_refuses_a_long_input(binary, models):
     with serve(binary, container, models["mean"], probe_path(container)) as running:
         with pytest.raises(ContractFailure, match=r"was refused with 500"):
             check_role(running, "embedding")
+
+
+def test_a_key_file_with_two_keys_accepts_both_while_a_key_rotates(binary, models):
+    """The rotation the README describes: the Secret holds the old key and, on a second line, the new
+    one; the server accepts either, so the gateway (which sends the first line) and the scrape keep
+    working across both `pulumi up` runs."""
+    from engines.llamacpp import first_key
+
+    container = copy.deepcopy(next(c for c in servers() if c[4] == "chat")[2])
+    keys = "old-key-7f2c\nnew-key-91ad\n"
+    assert first_key(keys) == "old-key-7f2c"
+    with serve(binary, container, models[None], probe_path(container), key_file_text=keys) as running:
+        for key in ("old-key-7f2c", "new-key-91ad"):
+            assert request(f"{running.base}/v1/models", headers={"Authorization": f"Bearer {key}"}).status == 200
+        assert request(f"{running.base}/v1/models", headers={"Authorization": "Bearer other"}).status == 401

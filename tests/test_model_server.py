@@ -284,7 +284,8 @@ def test_api_key_secret_is_mounted_and_passed_as_a_file(homelab_values):
     secret = run.one("Secret", "llama-api-key")
     # The whole stringData travels as a Pulumi secret (the SDK's secret marker wraps it).
     assert secret.inputs["stringData"]["4dabf18193072939515e22adb298388d"]
-    assert secret.inputs["stringData"]["value"] == {"keys": "k-123"}
+    # The key file, and its first key alone for the metrics scrape (the same key here: one line).
+    assert secret.inputs["stringData"]["value"] == {"keys": "k-123", "metrics-token": "k-123"}
     pod = run.one("Deployment", model.name).inputs["spec"]["template"]["spec"]
     container = pod["containers"][0]
     key_file = flag(container["args"], "--api-key-file")

@@ -124,7 +124,7 @@ def test_secret_values_never_reach_manifests_or_plain_outputs(homelab_values):
     text = "".join(dump(m) for m in files.values())
     assert SECRET not in text
     secret = files["secret_ai_llama-api-key.yaml"]
-    assert secret["stringData"] == {"api-keys": SECRET_TEXT}
+    assert secret["stringData"] == {"api-keys": SECRET_TEXT, "metrics-token": SECRET_TEXT}
     plain_outputs = {k: v for k, v in run.outputs.items() if k not in run.secret_outputs}
     assert SECRET not in repr(plain_outputs)
 

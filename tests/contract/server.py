@@ -104,13 +104,14 @@ class Running:
 
 
 @contextmanager
-def serve(binary: Path, container: dict, model: Path, probe_path: str, startup_seconds: float = 60) -> Iterator[Running]:
+def serve(binary: Path, container: dict, model: Path, probe_path: str, startup_seconds: float = 60,
+          key_file_text: str = TEST_KEY) -> Iterator[Running]:
     args = list(container.get("args") or [])
     work = Path(tempfile.mkdtemp(prefix="llama-contract-"))
     key_file = None
     if "--api-key-file" in args:
         key_file = work / "api-key"
-        key_file.write_text(TEST_KEY)
+        key_file.write_text(key_file_text)
         os.chmod(key_file, 0o440)  # the Secret volume's defaultMode
     port = free_port()
     env = {"PATH": "/usr/bin:/bin"}
