@@ -1,0 +1,161 @@
+"""Day-2 edits, run through the change preview (changes/, the provider's rules): each routine
+edit of a running stack does what an operator expects. Every assertion here failed on the
+program before the fixes (rename collided and waited for the GPU, a namespace move lost the
+retained caches, a claim class change wedged the stack, a rotated key left a Secret gap)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from changes import preview
+from changes.provider import options_from_config
+from common.errors import ConfigError
+from conftest import ROOT
+from render.mock_engine import config_from_mapping, run_program
+
+SECRET = "inference-plane:{}"
+
+
+def stack_file(stack: str) -> dict[str, Any]:
+    return yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+
+
+def run(stack: str, config: dict[str, Any], secrets: dict[str, str]):
+    values, secret_keys = config_from_mapping(config)
+    for key, value in secrets.items():
+        values[SECRET.format(key)] = value
+    return run_program(values, secret_keys, stack=stack)
+
+
+def edit(stack: str, change: Callable[[dict], None], secrets_after: dict[str, str] | None = None):
+    """The report for one edit of a shipped stack, with the provider options its file sets."""
+    before = stack_file(stack)
+    after = copy.deepcopy(before)
+    change(after)
+    secrets = {k.split(":", 1)[1]: f"{k}-value" for k, v in before.items() if isinstance(v, dict) and "secure" in v}
+    return preview(run(stack, before, secrets), run(stack, after, {**secrets, **(secrets_after or {})}),
+                   options_from_config(after))
+
+
+def models(config: dict) -> dict:
+    return config["inference-plane:models"]
+
+
+def no_collision_or_wait(report) -> None:
+    assert report.of_kind("already-exists") == []
+    assert report.of_kind("gpu-pending") == []
+    assert report.of_kind("claim-lost") == [] and report.of_kind("deleted-with-namespace") == []
+    assert report.errors == []
+
+
+def test_renaming_the_homelab_chat_server_restarts_it_on_its_cached_weights():
+    report = edit("homelab", lambda c: models(c)["chat"].update(name="chat-server"))
+    no_collision_or_wait(report)
+    deployment = report.entry("Deployment", "chat-server")
+    # Delete-first: the new pod does not wait for the GPU share the old one holds.
+    assert deployment.op == "replace" and deployment.action.create_first is False
+    # The component is named by its config key, so its Secret (a fixed name) is updated, not re-created.
+    assert report.entry("Secret", "llama-server-api-key").op == "update"
+    assert report.of_kind("redownload") == []
+    (down,) = report.of_kind("downtime")
+    assert "load 102 s" in down.message and "download" not in down.message
+
+
+def test_renaming_the_strix_engine_keeps_its_old_weights_and_says_what_it_costs():
+    """Kubernetes names a StatefulSet's claims after it: a renamed engine gets new claims. The
+    preview says so before `pulumi up` (size and time), nothing collides or waits, and the old
+    claims are retained, not lost (README: keep `name` to keep the weights)."""
+    report = edit("strix-halo", lambda c: models(c)["flash"].update(name="flash-engine"))
+    no_collision_or_wait(report)
+    assert report.entry("StatefulSet", "flash-engine").action.create_first is False
+    orphaned = {c.subject.split(": ")[0].rsplit("/", 1)[1] for c in report.of_kind("claim-orphaned")}
+    assert orphaned == {"weights-halogen-flash-0", "weights-halogen-flash-1"}
+    (again,) = report.of_kind("redownload")
+    assert "231 GiB" in again.message
+
+
+@pytest.mark.parametrize("stack", ["homelab", "strix-halo"])
+def test_moving_to_another_namespace_loses_no_cache(stack):
+    report = edit(stack, lambda c: c["inference-plane:namespace"].update(name="inference"))
+    no_collision_or_wait(report)
+    namespace = [e for e in report.find("Namespace") if e.op != "same"]
+    assert namespace and all(e.action.retained for e in namespace)
+    # Every old claim stays behind, retained with its namespace: orphaned (reported), never deleted.
+    assert report.of_kind("claim-orphaned")
+    for workload in report.find("Deployment") + report.find("StatefulSet"):
+        assert workload.action.create_first is False
+
+
+def test_changing_the_cache_storage_class_does_not_wedge_the_stack():
+    report = edit("homelab", lambda c: c["inference-plane:model_cache"].update(storage_class="nfs-client"))
+    no_collision_or_wait(report)
+    assert report.entry("PersistentVolumeClaim", "llama-server-models").op == "same"
+    (ignored,) = report.of_kind("change-ignored")
+    assert "spec.storageClassName" in ignored.message
+
+
+def test_resizing_the_engines_claim_template_does_not_replace_the_statefulset():
+    report = edit("strix-halo", lambda c: models(c)["flash"]["workload"]["cache_volume"].update(size="300Gi"))
+    no_collision_or_wait(report)
+    assert report.entry("StatefulSet", "halogen-flash").op == "same"
+    assert report.of_kind("restart") == [] and report.of_kind("downtime") == []
+    assert any("volumeClaimTemplates" in c.message for c in report.of_kind("change-ignored"))
+
+
+def test_rotating_the_homelab_key_updates_the_secret_and_restarts_the_server():
+    report = edit("homelab", lambda c: None, secrets_after={"llama_api_key": "rotated-key"})
+    no_collision_or_wait(report)
+    assert report.entry("Secret", "llama-server-api-key").op == "update"
+    assert report.of_kind("secret-gap") == []
+    # llama.cpp reads --api-key-file once: the pod template's fingerprint restarts it.
+    (restart,) = report.of_kind("restart")
+    assert restart.subject.endswith("llama-server")
+
+
+def test_rotating_the_strix_keys_leaves_no_secret_missing():
+    report = edit("strix-halo", lambda c: None,
+                  secrets_after={"llamacpp_api_key": "rotated-llama", "gateway_master_key": "rotated-master"})
+    no_collision_or_wait(report)
+    changed = [e for e in report.find("Secret") if e.op != "same"]
+    assert {e.after.name for e in changed} >= {"llama-cpp-api-key", "inference-api-keys", "llama-cpp-provider-key"}
+    assert all(e.op == "update" for e in changed)
+    assert report.of_kind("secret-gap") == [] and report.of_kind("stale-secret") == []
+    assert [c.subject.rsplit("/", 1)[1] for c in report.of_kind("restart")] == ["llama-cpp"]
+
+
+def test_growing_the_ingress_timeout_is_an_update_in_place():
+    def longer(c):
+        models(c)["chat"]["exposure"]["timeout_seconds"] = 7200
+
+    report = edit("homelab", longer)
+    assert report.changed() == [] or all(e.op == "update" for e in report.changed())
+
+
+def test_removing_the_gateway_section_says_which_secrets_to_remove():
+    from conftest import run_values, strix_values, STRIX_SECRETS
+
+    values = strix_values()
+    del values["gateway"]
+    with pytest.raises(Exception) as caught:
+        run_values(values, secrets=STRIX_SECRETS, stack="strix-halo")
+    message = str(caught.value)
+    assert "gateway_master_key: a secret no setting names any more; remove it: pulumi config rm gateway_master_key" in message
+    assert "\n" not in message.strip()
+
+
+def test_numbers_that_pulumi_config_set_path_writes_are_accepted():
+    """`pulumi config set --path models.chat.resources.cpu_limit 6` stores the number 6."""
+    from config import parse_stack
+    from conftest import homelab_plain_values
+
+    values = homelab_plain_values()
+    values["models"]["chat"]["resources"]["cpu_limit"] = 6
+    values["model_cache"]["size"] = 40 * 2**30
+    with pytest.raises(ConfigError, match=r"model_cache\.size: .*binary suffix"):
+        parse_stack(values)
+    values["model_cache"]["size"] = "40Gi"
+    assert parse_stack(values).models["chat"].resources.cpu_limit == "6"
