@@ -283,6 +283,14 @@ class ModelFacts(Strict):
     full_attention_layers: Optional[Positive] = _doc(
         "Layers with a KV cache; hybrid models (Gated DeltaNet, Mamba) have fewer than layers. null: all.", default=None
     )
+    sliding_window: Optional[Positive] = _doc(
+        "Window of the sliding-window attention layers (Gemma 3: 1024, gpt-oss: 128). llama.cpp keeps only "
+        "window-sized KV for them (unless --swa-full); null: the model has none.",
+        default=None,
+    )
+    sliding_window_layers: Optional[Positive] = _doc(
+        "How many layers use the sliding window (they are not in full_attention_layers).", default=None
+    )
     kv_heads: Positive = _doc("Key/value heads per attention layer.")
     head_dim: Positive = _doc("Dimension of one head.")
     recurrent_state_mib: Annotated[float, Field(ge=0)] = _doc(

@@ -633,6 +633,10 @@ def derive(model: Model) -> Facts:
         notes["layers"] = "no attention layers found: the planner's KV estimate (all layers) is an over-count"
     elif len(full_layers) < layers and full_layers:
         facts["full_attention_layers"] = len(full_layers)
+        if swa_layers and arch not in SWA_IGNORED:
+            # The planner counts their window-sized KV from these two.
+            facts["sliding_window"] = window
+            facts["sliding_window_layers"] = len(swa_layers)
         if swa_note:
             notes["full_attention_layers"] = swa_note
     elif not full_layers:

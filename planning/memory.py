@@ -95,12 +95,19 @@ def weights_bytes(model: "ModelServer", facts: "ModelFacts") -> float:
     return facts.params_b * 1e9 * model_bits(model, facts) / 8
 
 
-def kv_bytes(facts: "ModelFacts", ctx_size: int, type_k: str | None = None, type_v: str | None = None) -> float:
-    """K and V for every full-attention layer, for the whole context (shared by all slots)."""
+def kv_bytes(facts: "ModelFacts", ctx_size: int, type_k: str | None = None, type_v: str | None = None,
+             n_slots: int = AUTO_SLOTS, ubatch: int = DEFAULT_UBATCH) -> float:
+    """K and V for every full-attention layer, for the whole context (shared by all slots), and for
+    sliding-window layers a window per slot plus one micro-batch of cells, never more than the
+    context (src/llama-kv-cache-iswa.cpp at b10729; llama-server leaves --swa-full off)."""
     layers = facts.full_attention_layers or facts.layers
     tokens = math.ceil(ctx_size / CTX_PAD) * CTX_PAD
     per_element = KV_TYPE_BYTES[type_k or "f16"] + KV_TYPE_BYTES[type_v or "f16"]
-    return layers * facts.kv_heads * facts.head_dim * per_element * tokens
+    total = layers * facts.kv_heads * facts.head_dim * per_element * tokens
+    if facts.sliding_window and facts.sliding_window_layers:
+        cells = math.ceil(min(ctx_size, facts.sliding_window * n_slots + ubatch) / CTX_PAD) * CTX_PAD
+        total += facts.sliding_window_layers * facts.kv_heads * facts.head_dim * per_element * cells
+    return total
 
 
 def slots(model: "ModelServer") -> int:
@@ -118,7 +125,8 @@ def llamacpp_estimate(model: "ModelServer", facts: "ModelFacts", backend: "GpuBa
     host = cache_ram * MIB + checkpoints * n_slots * facts.recurrent_state_mib * MIB
     return MemoryEstimate(
         weights_gib=weights / GIB,
-        kv_gib=kv_bytes(facts, model.ctx_size, model.cache_type_k, model.cache_type_v) / GIB,
+        kv_gib=kv_bytes(facts, model.ctx_size, model.cache_type_k, model.cache_type_v, n_slots,
+                        model.ubatch_size or DEFAULT_UBATCH) / GIB,
         recurrent_gib=recurrent / GIB,
         overhead_gib=weights * BACKEND_OVERHEAD[backend] / GIB,
         host_caches_gib=host / GIB,

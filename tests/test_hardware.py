@@ -247,3 +247,20 @@ def test_llamacpp_replicas_on_the_shared_cache_are_refused():
     values["models"]["chat"]["workload"] = {"replicas": 2}
     with pytest.raises(ConfigError, match=r"models\.chat\.workload\.replicas: llama\.cpp replicas on the shared cache"):
         parse_stack(values)
+
+
+def test_sliding_window_layers_hold_a_window_per_slot_not_the_context():
+    """Gemma 3 27B: 10 global layers keep the whole context; the 52 sliding-window layers keep 1024
+    tokens per slot plus one micro-batch (llama-server leaves --swa-full off)."""
+    from planning.catalog import catalog
+
+    values = rtx()
+    chat = values["models"]["chat"]
+    chat.update(hf_repo="ggml-org/gemma-3-27b-it-GGUF:Q4_K_M", weights="15.4Gi", ctx_size=32768, parallel=4,
+                cache_type_k=None, cache_type_v=None, ctx_checkpoints=0)
+    facts = catalog()["ggml-org/gemma-3-27b-it-GGUF"]
+    assert (facts.full_attention_layers, facts.sliding_window, facts.sliding_window_layers) == (10, 1024, 52)
+    plan = plan_capacity(parse_stack({**values, "models": {"chat": chat}, "gateway": None}))
+    per_token_layer = 16 * 128 * 4  # KV heads x head dim x (2 bytes K + 2 bytes V)
+    expected = (10 * per_token_layer * 32768 + 52 * per_token_layer * 4608) / GIB  # 4 x 1024 + 512 = 4608 cells
+    assert plan.servers["chat"].vram.kv_gib == pytest.approx(expected, rel=1e-9)
