@@ -4,6 +4,7 @@ from the pinned release (tests/test_llama_contract.py)."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Optional
 
 from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH
@@ -25,6 +26,8 @@ Problem = tuple[str, str]
 
 # Values per block of each quantized KV cache type (ggml's QK4_0, QK8_0 ...: 32); f16/bf16/f32 are not blocked.
 KV_TYPE_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "iq4_nl": 32}
+
+_ORIGIN = re.compile(r"https?://[a-z0-9.-]+(:[0-9]{1,5})?")
 
 # Where the API key Secret is mounted; --api-key-file names a file in it.
 API_KEY_DIR = "/run/secrets/llama-api-key"
@@ -73,6 +76,7 @@ class LlamaCpp:
                 "llama.cpp replicas on the shared cache would download the same file at once (its downloader takes "
                 "no lock between processes); run 1 replica, or one server per model key",
             ))
+        problems += self._cors_problems(model, path)
         if model.ubatch_size is not None and model.ubatch_size > model.ctx_size:
             problems.append((f"{path}.ubatch_size", f"{model.ubatch_size} exceeds ctx_size {model.ctx_size}"))
         for index, arg in enumerate(model.extra_args):
@@ -81,6 +85,24 @@ class LlamaCpp:
                     (f"{path}.extra_args[{index}]", f"{arg} is generated from a typed field; set that field instead")
                 )
         return problems
+
+    @staticmethod
+    def _cors_problems(model: "ModelServer", path: str) -> list[Problem]:
+        """tools/server/server-http.cpp (b10729) sends --cors-origins as the Access-Control-Allow-Origin
+        value as it is, except for the special values localhost and *."""
+        value = model.cors_origins
+        if value is None:
+            if model.exposure is not None:
+                return [(f"{path}.cors_origins", "an exposed server without it echoes any Origin with credentials: "
+                         "any page a LAN browser visits could call the API; set localhost or the one origin that may")]
+            return []
+        if value in ("localhost",):
+            return []
+        if value == "*" or "," in value or not _ORIGIN.fullmatch(value):
+            return [(f"{path}.cors_origins", f"{value!r}: the server sends it as the one allowed origin, which browsers "
+                     "honour only for a single scheme://host[:port] (a list or * is not a safe setting); set localhost "
+                     "or one origin such as https://chat.example.org")]
+        return []
 
     def plan_problems(self, key: str, model: "ModelServer", facts: Optional["ModelFacts"]) -> list[Problem]:
         """Why the server's memory cannot be planned, or its promise cannot be kept."""

@@ -169,7 +169,7 @@ def test_accepted_risk_lets_a_tight_limit_through(homelab_values):
 def test_two_big_engines_on_one_node_are_refused(homelab_values):
     homelab_values["node_pools"]["iris-xe"].update(memory="128Gi", allocatable="116Gi", reserved="0Gi")
     for key in ("chat", "embed"):
-        homelab_values["models"][key].update(weights="45Gi", webui=False, cors_origins=None)
+        homelab_values["models"][key].update(weights="45Gi", webui=False)
         homelab_values["models"][key]["resources"].update(memory_request="70Gi", memory_limit="80Gi")
     homelab_values["models"]["embed"]["facts"] = FACTS.model_dump()
     homelab_values["models"]["embed"]["hf_repo"] = "acme/Big-GGUF:Q4_K_M"

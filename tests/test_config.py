@@ -199,3 +199,24 @@ def test_whole_numbers_from_pulumi_config_set_path_are_quantities(homelab_values
     homelab_values["models"]["chat"]["resources"]["cpu_limit"] = True
     with pytest.raises(ConfigError, match=r"models.chat.resources.cpu_limit: "):
         parse_stack(homelab_values)
+
+
+@pytest.mark.parametrize("value, ok", [
+    ("localhost", True), ("https://chat.example.org", True), ("http://10.0.0.5:3000", True),
+    ("*", False), ("https://a.example.org,https://b.example.org", False), ("chat.example.org", False),
+])
+def test_cors_origins_is_a_value_the_server_and_browsers_agree_on(homelab_values, value, ok):
+    """llama.cpp sends --cors-origins as the Access-Control-Allow-Origin value as it is (localhost
+    and * are special): a list is one invalid header value; * lets any page read the answers."""
+    homelab_values["models"]["chat"]["cors_origins"] = value
+    if ok:
+        assert parse_stack(homelab_values).models["chat"].cors_origins == value
+    else:
+        with pytest.raises(ConfigError, match=r"models\.chat\.cors_origins: .* set localhost or one origin"):
+            parse_stack(homelab_values)
+
+
+def test_an_exposed_server_must_say_which_origins_may_call_it(homelab_values):
+    homelab_values["models"]["chat"]["cors_origins"] = None
+    with pytest.raises(ConfigError, match=r"models\.chat\.cors_origins: an exposed server without it echoes any Origin"):
+        parse_stack(homelab_values)

@@ -129,8 +129,11 @@ def test_every_seed_flag_is_passed_with_its_value(rendered, name):
     # Added on purpose: the default port moves between builds, /metrics feeds monitoring, and the
     # host-RAM caches are capped so that the capacity plan counts what the server really holds.
     # The chat server is reachable from outside its namespace (Traefik), so it takes an API key.
-    # The embedder's pooling is explicit: the one the planner checked its micro-batch against.
-    caches = {"--cache-ram", "--ctx-checkpoints", "--api-key-file"} if name == "llama-server" else {"--cache-ram", "--pooling"}
+    # The embedder's pooling is explicit: the one the planner checked its micro-batch against. Its
+    # CORS is limited to localhost: without the flag the server echoes any Origin with credentials
+    # (seen running the pinned build).
+    caches = ({"--cache-ram", "--ctx-checkpoints", "--api-key-file"} if name == "llama-server"
+              else {"--cache-ram", "--pooling", "--cors-origins"})
     assert set(our_flags) - set(seed_flags) == {"--host", "--port", "--metrics"} | caches
 
 

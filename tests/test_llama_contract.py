@@ -123,6 +123,30 @@ def test_rendered_server_keeps_its_promises(binary, models, case):
             answer = request(running.base + "/", headers=auth(running))
             assert answer.status != 200 or b"<title>llama.cpp ui stand-in" not in answer.body
         assert complaints(running) == [], complaints(running)
+        check_cors(running, container["args"])
+
+
+def cors_header(running, origin: str) -> str | None:
+    answer = request(running.base + "/v1/models", headers={"Origin": origin, **auth(running)})
+    return {k.lower(): v for k, v in answer.headers.items()}.get("access-control-allow-origin")
+
+
+def check_cors(running, args: list[str]) -> None:
+    """What a browser page on another origin may read, as the rendered --cors-origins promises."""
+    setting = args[args.index("--cors-origins") + 1] if "--cors-origins" in args else None
+    evil = "https://evil.example.org"
+    allowed = cors_header(running, evil)
+    if setting is None:
+        # No flag: the server echoes any Origin and allows credentials (seen running it).
+        assert allowed == evil, allowed
+    elif setting == "localhost":
+        # The special value: an Origin is reflected only when its host is localhost.
+        assert allowed is None, allowed
+        assert cors_header(running, "http://localhost:5173") == "http://localhost:5173"
+    else:
+        # One origin: the header names it whatever the caller, so a browser on any other origin
+        # refuses to hand the page the response.
+        assert allowed == setting and allowed != evil
 
 
 def test_the_suite_covers_every_llamacpp_server_of_every_stack():

@@ -78,13 +78,14 @@ def test_embed_flags(homelab_values):
     _, model, run = build(homelab_values, "embed")
     args = container_of(run, model.name)["args"]
     assert "--embeddings" in args and "--no-ui" in args
-    assert "--cors-origins" not in args
+    # In-cluster only, and still not readable by a page on another origin.
+    assert flag(args, "--cors-origins") == "localhost"
     assert flag(args, "--ctx-size") == str(model.ctx_size)
 
 
 def test_optional_flags_are_left_out(homelab_values):
-    homelab_values["models"]["chat"].update(ubatch_size=None, cors_origins=None, metrics=False)
-    _, model, run = build(homelab_values, "chat")
+    homelab_values["models"]["embed"].update(ubatch_size=None, cors_origins=None, metrics=False)
+    _, model, run = build(homelab_values, "embed")
     args = container_of(run, model.name)["args"]
     assert "--ubatch-size" not in args and "--cors-origins" not in args and "--metrics" not in args
 
