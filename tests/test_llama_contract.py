@@ -24,12 +24,14 @@ from build_llama_server import DEFAULT_BUILD, build, source_dir  # noqa: E402
 from server import ContractFailure, complaints, request, serve  # noqa: E402
 from tiny_model import write_tiny_model  # noqa: E402
 
+POD_SECURITY = "x-pod-security-context"  # not a container field: carried beside it for serve()
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 
 
 @lru_cache(maxsize=None)
 def servers() -> list[tuple[str, str, dict, dict | None, str, str | None]]:
-    """(stack, model key, container, scrape endpoint, role, pooling) for every llama.cpp server."""
+    """(stack, model key, container, scrape endpoint, role, pooling) for every llama.cpp server; the
+    container carries its pod's securityContext under POD_SECURITY (the server runs as the pod)."""
     from planning.catalog import facts_for
     from render.mock_engine import run_stack
     from render.manifests import manifests
@@ -43,6 +45,7 @@ def servers() -> list[tuple[str, str, dict, dict | None, str, str | None]]:
                 continue
             (workload,) = [m for m in files if m["kind"] in ("Deployment", "StatefulSet") and m["metadata"]["name"] == model.name]
             (container,) = [c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == model.name]
+            container = {**container, POD_SECURITY: workload["spec"]["template"]["spec"].get("securityContext")}
             scrapes = [m for m in files if m["kind"] == "VMServiceScrape" and m["metadata"]["name"] == model.name]
             endpoint = scrapes[0]["spec"]["endpoints"][0] if scrapes else None
             facts = facts_for(model)
@@ -99,7 +102,9 @@ def check_role(running, role: str) -> None:
 def test_rendered_server_keeps_its_promises(binary, models, case):
     stack, key, container, scrape, role, pooling = case
     model = models[pooling if role == "embedding" else None]
-    with serve(binary, container, model, probe_path(container)) as running:
+    with serve(binary, container, model, probe_path(container), pod_security=container[POD_SECURITY]) as running:
+        # Running as the pod's user and groups: it read the key file (root, fsGroup, 0440) and started.
+        assert running.uid() == container[POD_SECURITY]["runAsUser"] != 0
         # Readiness tells the truth: the probe path answers without credentials once loaded.
         assert request(running.base + probe_path(container)).status == 200
         endpoint = "/v1/chat/completions" if role == "chat" else "/v1/embeddings"
@@ -194,3 +199,13 @@ def test_a_key_file_with_two_keys_accepts_both_while_a_key_rotates(binary, model
         for key in ("old-key-7f2c", "new-key-91ad"):
             assert request(f"{running.base}/v1/models", headers={"Authorization": f"Bearer {key}"}).status == 200
         assert request(f"{running.base}/v1/models", headers={"Authorization": "Bearer other"}).status == 401
+
+
+def test_a_key_file_the_pods_groups_cannot_read_stops_the_server(binary, models):
+    """Why the key file's group matters: owned by root with mode 0400, the pod's user cannot read it
+    and the server does not start (the render's 0440 with the fsGroup is what lets it)."""
+    container = copy.deepcopy(next(c for c in servers() if c[4] == "chat" and "--api-key-file" in c[2]["args"])[2])
+    with pytest.raises(ContractFailure, match=r"exited with \d+ at start"):
+        with serve(binary, container, models[None], probe_path(container), pod_security=container[POD_SECURITY],
+                   key_file_mode=0o400):
+            pass

@@ -1,5 +1,9 @@
 """Start a real llama-server with a rendered container's exact arguments and check what it promises.
 
+The server runs as the pod would: the pod's runAsUser and runAsGroup, its fsGroup and supplemental
+groups, the API-key file owned by root and the fsGroup with the Secret volume's mode 0440, and the
+cache folders group-owned by the fsGroup (what the kubelet does to a volume with fsGroup set).
+
 Only what cannot exist here is changed: the model is a tiny GGUF (``-m`` in place of ``--hf-repo``:
 resolving ``--hf-repo`` offline needs the Hub's cache layout and manifest that the pinned build's
 downloader writes, which no test can produce without the network), the host is loopback, the port
@@ -11,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -98,32 +103,78 @@ class Running:
     args: list[str]
     log: Path
     key: Optional[str]
+    pid: int = 0
+
+    def uid(self) -> int:
+        """The real uid the server process runs as."""
+        status = Path(f"/proc/{self.pid}/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 
 
+def as_pod(security: Optional[dict]) -> tuple[list[str], Optional[int]]:
+    """The command prefix that runs a process with the pod's identity, and the fsGroup; nothing when
+    the pod sets none or this process cannot change identity (not root)."""
+    if not security or os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return [], None
+    uid, gid = security["runAsUser"], security.get("runAsGroup", security["runAsUser"])
+    fs_group = security.get("fsGroup")
+    groups = sorted({g for g in [fs_group, *security.get("supplementalGroups", [])] if g is not None})
+    prefix = ["setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={','.join(map(str, groups)) or gid}",
+              "--inh-caps=-all", "--"]
+    return prefix, fs_group
+
+
+def _shared_copy(path: Path, folder: Path, mode: int) -> Path:
+    """A copy another user can read (the pytest and build caches live under root's home)."""
+    target = folder / path.name
+    shutil.copy2(path, target)
+    os.chmod(target, mode)
+    return target
+
+
 @contextmanager
 def serve(binary: Path, container: dict, model: Path, probe_path: str, startup_seconds: float = 60,
-          key_file_text: str = TEST_KEY) -> Iterator[Running]:
+          key_file_text: str = TEST_KEY, pod_security: Optional[dict] = None,
+          key_file_mode: Optional[int] = None) -> Iterator[Running]:
     args = list(container.get("args") or [])
     work = Path(tempfile.mkdtemp(prefix="llama-contract-"))
+    prefix, fs_group = as_pod(pod_security)
+    if prefix:
+        os.chmod(work, 0o755)
+        binary = _shared_copy(binary, work, 0o755)
+        model = _shared_copy(model, work, 0o444)
     key_file = None
     if "--api-key-file" in args:
         key_file = work / "api-key"
         key_file.write_text(key_file_text)
         os.chmod(key_file, 0o440)  # the Secret volume's defaultMode
+        if fs_group is not None:
+            os.chown(key_file, 0, fs_group)  # a Secret volume's files: root, and the pod's fsGroup
+        if key_file_mode is not None:
+            os.chmod(key_file, key_file_mode)
     port = free_port()
     env = {"PATH": "/usr/bin:/bin"}
     for item in container.get("env") or []:
         value = item.get("value", "")
         # Cache paths of the pod (volumes) become folders of this run.
         env[item["name"]] = str(work / value.lstrip("/")) if value.startswith("/") else value
+        if value.startswith("/") and fs_group is not None:
+            # A volume with fsGroup: group-owned, group-writable, setgid (what the kubelet applies).
+            folder = work / value.lstrip("/")
+            folder.mkdir(parents=True, exist_ok=True)
+            for part in [folder, *folder.relative_to(work).parents]:
+                path = work / part
+                if path != work:
+                    os.chown(path, 0, fs_group)
+                    os.chmod(path, 0o2775)
     log = work / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(binary), *local_args(args, model, port, key_file)], stdout=out,
+        proc = subprocess.Popen([*prefix, str(binary), *local_args(args, model, port, key_file)], stdout=out,
                                 stderr=subprocess.STDOUT, env=env)
-    running = Running(f"http://127.0.0.1:{port}", args, log, TEST_KEY if key_file else None)
+    running = Running(f"http://127.0.0.1:{port}", args, log, TEST_KEY if key_file else None, proc.pid)
     try:
         deadline = time.monotonic() + startup_seconds
         while True:
