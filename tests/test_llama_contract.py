@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -21,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tests" / "contract"))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from build_llama_server import DEFAULT_BUILD, build, source_dir  # noqa: E402
-from server import ContractFailure, complaints, request, serve  # noqa: E402
+from server import ContractFailure, complaints, free_port, request, serve  # noqa: E402
 from tiny_model import write_tiny_model  # noqa: E402
 
 POD_SECURITY = "x-pod-security-context"  # not a container field: carried beside it for serve()
@@ -209,3 +210,33 @@ def test_a_key_file_the_pods_groups_cannot_read_stops_the_server(binary, models)
         with serve(binary, container, models[None], probe_path(container), pod_security=container[POD_SECURITY],
                    key_file_mode=0o400):
             pass
+
+
+@pytest.mark.parametrize("case", servers(), ids=lambda c: f"{c[0]}/{c[1]}")
+def test_hf_repo_downloads_into_the_pods_cache_and_a_restart_needs_no_network(binary, models, case):
+    """The model resolved as the pod resolves it: --hf-repo as rendered, from a stand-in Hub, into the
+    cache folder the rendered env names, as the pod's user. While it downloads the probe path does not
+    answer 200 (readiness tells the truth); a restart with the Hub unreachable starts from the cache."""
+    from hub import COMMIT, hub
+
+    stack, key, container, scrape, role, pooling = case
+    args = container["args"]
+    repo, quant = args[args.index("--hf-repo") + 1].split(":")
+    filename = f"{repo.split('/')[1].removesuffix('-GGUF')}-{quant}.gguf"
+    gguf = models[pooling if role == "embedding" else None]
+    cache = next(item["value"] for item in container["env"] if item["name"] == "LLAMA_CACHE")
+    # Outside pytest's private temp folders: the pod's user must be able to reach it.
+    work = Path(tempfile.mkdtemp(prefix="llama-contract-pod-"))
+    with hub(repo, filename, gguf, seconds=1.5) as endpoint:
+        with serve(binary, container, gguf, probe_path(container), pod_security=container[POD_SECURITY],
+                   hub_endpoint=endpoint, work=work) as running:
+            not_ready = [a for a in running.before_ready if a != 200]
+            # ~1.5 s of download polled every 50 ms: the probe said "not ready" throughout.
+            assert len(not_ready) >= 10, running.before_ready
+            check_role(running, role)
+    org, name = repo.split("/")
+    snapshot = work / cache.lstrip("/") / f"models--{org}--{name}" / "snapshots" / COMMIT / filename
+    assert snapshot.read_bytes() == gguf.read_bytes()
+    with serve(binary, container, gguf, probe_path(container), pod_security=container[POD_SECURITY],
+               hub_endpoint=f"http://127.0.0.1:{free_port()}/", work=work) as running:
+        check_role(running, role)

@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -71,12 +71,12 @@ def flag_value(args: list[str], flag: str) -> Optional[str]:
     return args[args.index(flag) + 1] if flag in args else None
 
 
-def local_args(args: list[str], model: Path, port: int, key_file: Optional[Path]) -> list[str]:
-    """The rendered args with only the unavoidable substitutions."""
+def local_args(args: list[str], model: Optional[Path], port: int, key_file: Optional[Path]) -> list[str]:
+    """The rendered args with only the unavoidable substitutions (``model`` None: keep --hf-repo)."""
     out, i = [], 0
     while i < len(args):
         flag = args[i]
-        if flag in ("--hf-repo", "-hf", "-hfr"):
+        if flag in ("--hf-repo", "-hf", "-hfr") and model is not None:
             out += ["-m", str(model)]
             i += 2
             continue
@@ -104,6 +104,8 @@ class Running:
     log: Path
     key: Optional[str]
     pid: int = 0
+    # What the probe path answered while the server started, in order (a status, or "refused").
+    before_ready: list = field(default_factory=list)
 
     def uid(self) -> int:
         """The real uid the server process runs as."""
@@ -138,14 +140,18 @@ def _shared_copy(path: Path, folder: Path, mode: int) -> Path:
 @contextmanager
 def serve(binary: Path, container: dict, model: Path, probe_path: str, startup_seconds: float = 60,
           key_file_text: str = TEST_KEY, pod_security: Optional[dict] = None,
-          key_file_mode: Optional[int] = None) -> Iterator[Running]:
+          key_file_mode: Optional[int] = None, hub_endpoint: Optional[str] = None,
+          work: Optional[Path] = None) -> Iterator[Running]:
+    """``hub_endpoint``: keep --hf-repo and download from this stand-in Hub (MODEL_ENDPOINT) into the
+    pod's cache folder; ``work``: reuse a folder (and its cache) from an earlier start."""
     args = list(container.get("args") or [])
-    work = Path(tempfile.mkdtemp(prefix="llama-contract-"))
+    work = work or Path(tempfile.mkdtemp(prefix="llama-contract-"))
     prefix, fs_group = as_pod(pod_security)
     if prefix:
         os.chmod(work, 0o755)
         binary = _shared_copy(binary, work, 0o755)
-        model = _shared_copy(model, work, 0o444)
+        if hub_endpoint is None:
+            model = _shared_copy(model, work, 0o444)
     key_file = None
     if "--api-key-file" in args:
         key_file = work / "api-key"
@@ -170,10 +176,12 @@ def serve(binary: Path, container: dict, model: Path, probe_path: str, startup_s
                 if path != work:
                     os.chown(path, 0, fs_group)
                     os.chmod(path, 0o2775)
+    if hub_endpoint is not None:
+        env["MODEL_ENDPOINT"] = hub_endpoint
     log = work / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([*prefix, str(binary), *local_args(args, model, port, key_file)], stdout=out,
-                                stderr=subprocess.STDOUT, env=env)
+        command = local_args(args, None if hub_endpoint else model, port, key_file)
+        proc = subprocess.Popen([*prefix, str(binary), *command], stdout=out, stderr=subprocess.STDOUT, env=env)
     running = Running(f"http://127.0.0.1:{port}", args, log, TEST_KEY if key_file else None, proc.pid)
     try:
         deadline = time.monotonic() + startup_seconds
@@ -182,10 +190,11 @@ def serve(binary: Path, container: dict, model: Path, probe_path: str, startup_s
                 raise ContractFailure(f"llama-server exited with {proc.returncode} at start: {last_error(running)}")
             try:
                 answer = request(running.base + probe_path, timeout=2)
+                running.before_ready.append(answer.status)
                 if answer.status == 200:
                     break
             except (urllib.error.URLError, ConnectionError, socket.timeout):
-                pass
+                running.before_ready.append("refused")
             if time.monotonic() > deadline:
                 raise ContractFailure(f"{probe_path} never answered 200 within {startup_seconds:.0f}s")
             time.sleep(0.05)

@@ -1,0 +1,93 @@
+"""A stand-in for the Hugging Face Hub on loopback, serving one GGUF the way llama.cpp's
+downloader asks for it (common/hf-cache.cpp and common/download.cpp at b10729):
+
+- ``GET api/models/<repo>/refs``: the branches, ``main`` -> a 40-hex commit;
+- ``GET api/models/<repo>/tree/<commit>?recursive=true``: the files, each with its LFS sha256;
+- ``HEAD``/``GET <repo>/resolve/<commit>/<file>``: the bytes, with an ETag and byte ranges,
+  sent slowly enough (``seconds``) that a test can watch the server while it downloads.
+
+The server finds it through ``MODEL_ENDPOINT``, as it would find a mirror.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Iterator
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@contextmanager
+def hub(repo: str, filename: str, gguf: Path, seconds: float = 1.5) -> Iterator[str]:
+    """Serve ``gguf`` as ``<repo>/<filename>``; yields the endpoint URL (ending in /)."""
+    data = gguf.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    requests: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # quiet
+            pass
+
+        def _json(self, value) -> None:
+            body = json.dumps(value).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _file(self, send_body: bool) -> None:
+            start = 0
+            ranged = self.headers.get("Range", "")
+            if ranged.startswith("bytes="):
+                start = int(ranged[6:].split("-")[0] or 0)
+            self.send_response(206 if start else 200)
+            self.send_header("Content-Length", str(len(data) - start))
+            self.send_header("ETag", f'"{sha}"')
+            self.send_header("Accept-Ranges", "bytes")
+            if start:
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.end_headers()
+            if not send_body:
+                return
+            chunks = 20
+            size = max(1, (len(data) - start) // chunks + 1)
+            for offset in range(start, len(data), size):
+                self.wfile.write(data[offset:offset + size])
+                self.wfile.flush()
+                time.sleep(seconds / chunks)
+
+        def _route(self, send_body: bool) -> None:
+            requests.append(f"{self.command} {self.path}")
+            path = self.path.split("?", 1)[0]
+            if path == f"/api/models/{repo}/refs":
+                return self._json({"branches": [{"name": "main", "ref": "refs/heads/main", "targetCommit": COMMIT}]})
+            if path == f"/api/models/{repo}/tree/{COMMIT}":
+                return self._json([{"type": "file", "path": filename, "oid": hashlib.sha1(data).hexdigest(),
+                                    "size": len(data), "lfs": {"oid": sha, "size": len(data)}}])
+            if path == f"/{repo}/resolve/{COMMIT}/{filename}":
+                return self._file(send_body)
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._route(True)
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self._route(False)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
