@@ -131,10 +131,11 @@ def route_rules(gateway: GatewayConfig, stack: StackConfig, kind: str = "chat") 
     """The AIGatewayRoute rules of one kind, in order: one per public model, then (chat) the catch-all.
     Chat and embedding rules live on separate routes: their retry policies differ."""
     timing = {
-        # Generation length is unbounded at the route (AI Gateway's own default is a 60 s cut);
-        # streamIdleTimeout still ends a stream that goes silent.
+        # Generation length is unbounded at the route (AI Gateway's own default is a 60 s cut). No
+        # rule streamIdleTimeout: AI Gateway 1.1 makes it Envoy's per-try idle timeout, which re-runs
+        # a non-streamed completion on the next tier once it has been silent that long. The route's
+        # idle limit is completion_idle_timeout, on its BackendTrafficPolicy.
         "timeouts": {"request": "0s"},
-        "streamIdleTimeout": gateway.stream_idle_timeout,
     }
     rules = []
     for route in gateway.routes:
@@ -432,6 +433,10 @@ class InferenceGateway(pulumi.ComponentResource):
                     "type": "ConsistentHash",
                     "consistentHash": {"type": "Headers", "headers": [{"name": gw.session_header}]},
                 },
+                # The route's own idle limit: a non-streamed completion is silent until done, and the
+                # listener's stream_idle_timeout would otherwise end it (Envoy Gateway >= 1.8 maps this
+                # to the route's idle_timeout). No per-try timeout: it would re-run long completions.
+                "timeout": {"http": {"streamIdleTimeout": gw.completion_idle_timeout}},
                 # Priority alone fails over only once hosts are ejected; a retry moves each
                 # failed request to the next priority after attempts_per_priority attempts.
                 "retry": {

@@ -636,6 +636,12 @@ class GatewayConfig(Strict):
     stream_idle_timeout: Duration = _doc(
         "Ends a stream that sends nothing for this long; generation length itself is unbounded.", default="300s"
     )
+    completion_idle_timeout: Duration = _doc(
+        "How long an AI route waits for the next byte from a model. A non-streamed completion sends nothing "
+        "until it is done, so this must outlast the longest one; a stream silent this long is ended. Set on "
+        "the AI routes (overriding stream_idle_timeout there).",
+        default="1800s",
+    )
     api_key_header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] = _doc("The header clients send their key in.", default="x-api-key")
     clients: Annotated[dict[DnsLabel, ApiClient], Field(min_length=1)] = _doc("Who may call the gateway.")
     master_key_config: Optional[ConfigKey] = _doc(

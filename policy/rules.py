@@ -421,6 +421,28 @@ def idle_outlasts_request(resources: list[Props], report: Report, config: Mappin
             if idle is not None and request and idle < request:
                 report(f"HTTPRoute {name}: request timeout {request:g}s but streams idle out after {idle:g}s; "
                        f"add a BackendTrafficPolicy on the route with timeout.http.streamIdleTimeout >= {request:g}s")
+    # AI Gateway generates an HTTPRoute of the AIGatewayRoute's name; a non-streamed completion sends
+    # nothing until it is done, so the route's idle limit bounds the longest completion.
+    for route in kinds.get("AIGatewayRoute", []):
+        name = _meta(route).get("name")
+        spec = route.get("spec") or {}
+        listener = [on_gateway[p.get("name")] for p in spec.get("parentRefs") or [] if p.get("name") in on_gateway]
+        for rule in spec.get("rules") or []:
+            timeouts = rule.get("timeouts") or {}
+            if "request" not in timeouts:
+                report(f"AIGatewayRoute {name} rule {rule.get('name')}: no timeouts.request, so AI Gateway cuts every "
+                       "request at 60 s; set it (0s: unbounded)")
+                continue
+            request = _seconds(timeouts["request"])
+            if name not in on_route and listener and (not request or request > min(listener)):
+                report(f"AIGatewayRoute {name}: completions may take {'unbounded time' if not request else f'{request:g}s'} "
+                       f"but the listener ends a silent stream after {min(listener):g}s, and a non-streamed answer is "
+                       "silent until done; add a BackendTrafficPolicy on the route with timeout.http.streamIdleTimeout")
+            per_try = _seconds(rule.get("streamIdleTimeout"))
+            if per_try is not None and name in on_route and per_try < on_route[name]:
+                report(f"AIGatewayRoute {name} rule {rule.get('name')}: streamIdleTimeout {per_try:g}s is a per-try idle "
+                       f"limit: a completion silent that long is re-run on the next tier before the route's "
+                       f"{on_route[name]:g}s; remove it or raise it")
 
 
 RESOURCE_RULES = [

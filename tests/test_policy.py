@@ -320,3 +320,27 @@ def test_the_old_shape_600s_route_under_a_300s_listener_idle_is_caught(strix_fil
         m["kind"] == "BackendTrafficPolicy" and m["spec"]["targetRefs"][0]["name"] == "inference-llamacpp-embeddings")]
     (message,) = stack_violations("idle-outlasts-request", objects)
     assert message.startswith("HTTPRoute inference-llamacpp-embeddings: request timeout 600s but streams idle out after 300s")
+
+
+def test_the_old_shape_ai_routes_under_the_listeners_idle_limit_are_caught(strix_files):
+    """Before: no idle limit on the AI routes' policy (the listener's 300 s applied to completions that
+    are silent until done) and a 300 s per-try idle on every rule (a re-run on the next tier)."""
+    objects = copy.deepcopy(list(strix_files.values()))
+    for m in objects:
+        if m["kind"] == "BackendTrafficPolicy" and m["spec"]["targetRefs"][0]["name"] == "inference-routes-1":
+            del m["spec"]["timeout"]
+    messages = stack_violations("idle-outlasts-request", objects)
+    assert any(x.startswith("AIGatewayRoute inference-routes-1: completions may take unbounded time but the listener "
+                            "ends a silent stream after 300s") for x in messages)
+    objects = copy.deepcopy(list(strix_files.values()))
+    for m in objects:
+        if m["kind"] == "AIGatewayRoute" and m["metadata"]["name"] == "inference-routes-1":
+            m["spec"]["rules"][0]["streamIdleTimeout"] = "300s"
+    (message,) = stack_violations("idle-outlasts-request", objects)
+    assert "streamIdleTimeout 300s is a per-try idle limit" in message
+    objects = copy.deepcopy(list(strix_files.values()))
+    for m in objects:
+        if m["kind"] == "AIGatewayRoute":
+            for rule in m["spec"]["rules"]:
+                rule.pop("timeouts")
+    assert any("AI Gateway cuts every request at 60 s" in x for x in stack_violations("idle-outlasts-request", objects))
