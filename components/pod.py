@@ -4,6 +4,7 @@ are mounted, the optional prefetch init container, and the security every contai
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 from config.types import ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
@@ -11,6 +12,9 @@ from engines.llamacpp import API_KEY_DIR
 from planning.capacity import ServerPlan
 
 from .meta import selector
+
+# The built-in downloader, run with `python3 -c` in a plain python image (see its docstring).
+HUB_DOWNLOAD_SOURCE = (Path(__file__).parent / "hub_download.py").read_text()
 
 RUN_AS = 1000  # any non-root UID; the cache volume is made group-writable for it through fsGroup
 HF_HOME_DIR = "/home/engine"  # HOME for engines: the Hugging Face cache defaults to $HOME/.cache/huggingface
@@ -114,14 +118,13 @@ def prefetch_container(model: ModelServer) -> dict:
     return {
         "name": "prefetch",
         "image": prefetch.image,
-        "command": list(prefetch.command),
+        "command": list(prefetch.command) if prefetch.command else ["python3", "-c", HUB_DOWNLOAD_SOURCE],
         "env": [
             {"name": "HF_REPO", "value": prefetch.repo},
             {"name": "HF_REVISION", "value": prefetch.revision},
             {"name": "HOME", "value": HF_HOME_DIR},
             # The same cache as the engine reads (see _cache_mount), never derived from XDG_CACHE_HOME.
             {"name": "HF_HOME", "value": HF_CACHE},
-            {"name": "PYTHONUSERBASE", "value": f"{SCRATCH}/pip"},
         ],
         "securityContext": dict(CONTAINER_SECURITY),
         "resources": PREFETCH_RESOURCES,

@@ -16,11 +16,6 @@ DEVICE_PLUGIN_SHARING = {
     "nvidia.com/gpu": "time-slicing",
 }
 
-# The prefetch init container: installs the Hugging Face CLI, then downloads (skipping files it has).
-PREFETCH_COMMAND = [
-    "sh",
-    "-c",
-    'pip install --quiet --no-cache-dir --user "huggingface_hub[hf_xet]==0.35.3" && '
-    'exec "$PYTHONUSERBASE/bin/hf" download "$HF_REPO" --revision "$HF_REVISION"',
-]
+# The prefetch init container's image: Python's standard library is all the downloader
+# (components/hub_download.py) needs, so nothing is installed at start.
 PREFETCH_IMAGE = "docker.io/library/python:3.12.11-slim-bookworm"

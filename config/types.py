@@ -16,7 +16,7 @@ from pydantic import Field
 
 from planning.quantity import parse_quantity
 
-from .defaults import DEVICE_PLUGIN_SHARING, MODEL_HUB_HOSTS, PREFETCH_COMMAND, PREFETCH_IMAGE
+from .defaults import DEVICE_PLUGIN_SHARING, MODEL_HUB_HOSTS, PREFETCH_IMAGE
 from .values import (
     Args,
     ConfigKey,
@@ -329,11 +329,11 @@ class Prefetch(Strict):
 
     repo: RepoId = _doc("The Hugging Face repo to download.")
     revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9._/-]+$")] = _doc("Branch, tag or commit.", default="main")
-    image: PinnedImage = _doc("The init container's image (needs Python and pip).", default=PREFETCH_IMAGE)
-    command: list[str] = _doc(
-        "Runs with HF_REPO, HF_REVISION, HOME, HF_HOME and PYTHONUSERBASE set; must skip files it already has.",
-        default=PREFETCH_COMMAND,
-        min_length=1,
+    image: PinnedImage = _doc("The init container's image (needs python3; nothing is installed).", default=PREFETCH_IMAGE)
+    command: Optional[Annotated[list[str], Field(min_length=1)]] = _doc(
+        "null: the built-in downloader (components/hub_download.py, standard library only: no PyPI at start). "
+        "Otherwise runs with HF_REPO, HF_REVISION, HOME and HF_HOME set, and must skip files it already has.",
+        default=None,
     )
 
 

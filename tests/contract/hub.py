@@ -23,12 +23,26 @@ from typing import Iterator
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
+def git_blob_sha1(data: bytes) -> str:
+    """A regular (non-LFS) file's oid on the Hub: git's blob hash."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 @contextmanager
 def hub(repo: str, filename: str, gguf: Path, seconds: float = 1.5) -> Iterator[str]:
     """Serve ``gguf`` as ``<repo>/<filename>``; yields the endpoint URL (ending in /)."""
-    data = gguf.read_bytes()
-    sha = hashlib.sha256(data).hexdigest()
-    requests: list[str] = []
+    with hub_files(repo, {filename: gguf.read_bytes()}, seconds) as endpoint:
+        yield endpoint
+
+
+@contextmanager
+def hub_files(repo: str, files: dict[str, bytes], seconds: float = 0.0, lfs_suffixes=(".gguf", ".safetensors", ".bin"),
+              log: list | None = None) -> Iterator[str]:
+    """Serve several files; large-file ones (by suffix) as LFS objects whose resolve URL redirects
+    to a CDN path, as the Hub does."""
+    lfs = {path: hashlib.sha256(data).hexdigest() for path, data in files.items() if path.endswith(lfs_suffixes)}
+    cdn = {sha: files[path] for path, sha in lfs.items()}
+    requests = log if log is not None else []
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:  # quiet
@@ -42,14 +56,14 @@ def hub(repo: str, filename: str, gguf: Path, seconds: float = 1.5) -> Iterator[
             self.end_headers()
             self.wfile.write(body)
 
-        def _file(self, send_body: bool) -> None:
+        def _bytes(self, data: bytes, etag: str, send_body: bool) -> None:
             start = 0
             ranged = self.headers.get("Range", "")
             if ranged.startswith("bytes="):
                 start = int(ranged[6:].split("-")[0] or 0)
             self.send_response(206 if start else 200)
             self.send_header("Content-Length", str(len(data) - start))
-            self.send_header("ETag", f'"{sha}"')
+            self.send_header("ETag", f'"{etag}"')
             self.send_header("Accept-Ranges", "bytes")
             if start:
                 self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
@@ -66,13 +80,28 @@ def hub(repo: str, filename: str, gguf: Path, seconds: float = 1.5) -> Iterator[
         def _route(self, send_body: bool) -> None:
             requests.append(f"{self.command} {self.path}")
             path = self.path.split("?", 1)[0]
+            resolve = f"/{repo}/resolve/{COMMIT}/"
             if path == f"/api/models/{repo}/refs":
                 return self._json({"branches": [{"name": "main", "ref": "refs/heads/main", "targetCommit": COMMIT}]})
             if path == f"/api/models/{repo}/tree/{COMMIT}":
-                return self._json([{"type": "file", "path": filename, "oid": hashlib.sha1(data).hexdigest(),
-                                    "size": len(data), "lfs": {"oid": sha, "size": len(data)}}])
-            if path == f"/{repo}/resolve/{COMMIT}/{filename}":
-                return self._file(send_body)
+                return self._json([
+                    {"type": "file", "path": name, "oid": git_blob_sha1(data), "size": len(data),
+                     **({"lfs": {"oid": lfs[name], "size": len(data)}} if name in lfs else {})}
+                    for name, data in files.items()
+                ])
+            if path.startswith(resolve) and path[len(resolve):] in files:
+                name = path[len(resolve):]
+                if name in lfs and not self.headers.get("X-No-Redirect"):
+                    # LFS files live on the CDN: the Hub answers with a redirect there.
+                    self.send_response(302)
+                    self.send_header("Location", f"/cdn/{lfs[name]}")
+                    self.send_header("X-Linked-Etag", f'"{lfs[name]}"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                return self._bytes(files[name], git_blob_sha1(files[name]), send_body)
+            if path.startswith("/cdn/") and path[5:] in cdn:
+                return self._bytes(cdn[path[5:]], path[5:], send_body)
             self.send_response(404)
             self.send_header("Content-Length", "0")
             self.end_headers()

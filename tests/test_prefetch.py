@@ -1,0 +1,111 @@
+"""The prefetch init container, run for real: its rendered command and environment against a
+stand-in Hub, then read back the way the engine reads it (huggingface_hub, HF_HUB_OFFLINE=1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_strix
+
+sys.path.insert(0, str(ROOT / "tests" / "contract"))
+from hub import COMMIT, hub_files  # noqa: E402
+
+REPO = "peonist/qwen38-flash-next-w4b"
+FILES = {
+    "model-00001-of-00002.safetensors": os.urandom(300_000),
+    "model-00002-of-00002.safetensors": os.urandom(200_000),
+    "config.json": b'{"architectures": ["Qwen3NextForCausalLM"]}',
+    "tokenizer/tokenizer.json": b'{"version": "1.0"}',
+}
+
+
+@pytest.fixture(scope="module")
+def init_container() -> tuple[dict, dict]:
+    """The rendered strix-halo engine's prefetch init container, and the engine container."""
+    run = run_strix()
+    pod = run.one("StatefulSet", "halogen-flash").inputs["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    return init, pod["containers"][0]
+
+
+def run_init(init: dict, root: Path, endpoint: str) -> subprocess.CompletedProcess:
+    """Its command with its environment; absolute paths land under root (the pod's volumes)."""
+    env = {"PATH": os.environ["PATH"], "HF_ENDPOINT": endpoint}
+    for item in init["env"]:
+        value = item["value"]
+        env[item["name"]] = str(root / value.lstrip("/")) if value.startswith("/") else value
+    env["HF_REPO"] = REPO
+    command = [sys.executable if c == "python3" else c for c in init["command"]]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+
+def engine_env(engine: dict, root: Path) -> dict:
+    env = {}
+    for item in engine.get("env") or []:
+        value = item["value"]
+        env[item["name"]] = str(root / value.lstrip("/")) if value.startswith("/") else value
+    return env
+
+
+def read_like_the_engine(engine: dict, root: Path) -> Path:
+    """What huggingface_hub resolves offline with the engine container's own environment."""
+    code = ("import sys; from huggingface_hub import snapshot_download; "
+            f"print(snapshot_download({REPO!r}, revision='main'))")
+    env = {"PATH": os.environ["PATH"], **engine_env(engine, root)}
+    assert env["HF_HUB_OFFLINE"] == "1"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return Path(done.stdout.strip())
+
+
+def test_the_prefetch_needs_nothing_from_pypi(init_container):
+    init, _ = init_container
+    assert init["command"][:2] == ["python3", "-c"]
+    assert "pip" not in " ".join(init["command"]).split("urllib")[0]  # no installer before it runs
+    strix = run_strix()
+    hosts = strix.config.namespace.model_hub_egress.hosts
+    assert not {"pypi.org", "files.pythonhosted.org"} & set(hosts)
+
+
+def test_prefetched_weights_are_found_offline_by_the_engine(init_container, tmp_path):
+    init, engine = init_container
+    log: list[str] = []
+    with hub_files(REPO, FILES, log=log) as endpoint:
+        done = run_init(init, tmp_path, endpoint)
+        assert done.returncode == 0, done.stderr
+        snapshot = read_like_the_engine(engine, tmp_path)
+        assert snapshot.name == COMMIT
+        for path, data in FILES.items():
+            assert (snapshot / path).read_bytes() == data
+        # A restart downloads nothing again: every blob is complete.
+        before = len([r for r in log if "/resolve/" in r or "/cdn/" in r])
+        again = run_init(init, tmp_path, endpoint)
+        assert again.returncode == 0, again.stderr
+        assert len([r for r in log if "/resolve/" in r or "/cdn/" in r]) == before
+    # The layout the engine's cache variable points at: on the weights volume, not the scratch one.
+    weights_mount = next(m["mountPath"] for m in init["volumeMounts"] if m["name"] == "weights")
+    assert str(snapshot).startswith(str(tmp_path / weights_mount.lstrip("/")))
+    ref = snapshot.parent.parent / "refs" / "main"
+    assert ref.read_text() == COMMIT  # no trailing newline: readers use it as a folder name
+
+
+def test_an_interrupted_download_resumes(init_container, tmp_path):
+    init, engine = init_container
+    with hub_files(REPO, FILES) as endpoint:
+        assert run_init(init, tmp_path, endpoint).returncode == 0
+    blobs = next(tmp_path.rglob("blobs"))
+    big = max(blobs.iterdir(), key=lambda p: p.stat().st_size)
+    data = big.read_bytes()
+    big.unlink()
+    (blobs / (big.name + ".incomplete")).write_bytes(data[:1000])  # a pod killed mid-download
+    log: list[str] = []
+    with hub_files(REPO, FILES, log=log) as endpoint:
+        assert run_init(init, tmp_path, endpoint).returncode == 0
+    assert big.read_bytes() == data
+    assert any(r.startswith("GET /cdn/") for r in log)
+    assert read_like_the_engine(engine, tmp_path).name == COMMIT
