@@ -429,7 +429,8 @@ def workload(resource: Optional[RegisteredLike]) -> Optional[Workload]:
     annotations = (inputs.get("metadata") or {}).get("annotations") or {}
     cold = annotations.get(COLD_START_ANNOTATION)
     obj = object_id(resource)
-    assert obj is not None
+    if obj is None:  # a workload without metadata.name: nothing to say about its pods
+        return None
     return Workload(
         resource=resource,
         kind=kind,
@@ -835,7 +836,7 @@ def _restarts_and_downloads(ctx: _Context, starts: Sequence[_Start], fates: Mapp
             ctx.add("redownload", "info", w.label, f"mounts existing claims it did not mount before ({names}): "
                     "downloads unless they already hold its weights")
         if start.down or start.partial:
-            _downtime(ctx, start, bool(claims.fresh), hint)
+            _downtime(ctx, start, len(claims.fresh), hint)
 
 
 def _apparent_renames(ctx: _Context) -> dict[str, Workload]:
@@ -848,7 +849,8 @@ def _apparent_renames(ctx: _Context) -> dict[str, Workload]:
         if e.op != "create" or new_w is None:
             continue
         for _, old_w in removed:
-            assert old_w is not None
+            if old_w is None:
+                continue
             same_image = _images(old_w) == _images(new_w)
             same_weights = _hint(ctx, new_w).weights_gib == ctx.old_hints.get(old_w.name, ServerHint(None, None, None)).weights_gib
             if old_w.kind == new_w.kind and same_image and same_weights and all(r is not old_w for r in renames.values()):
@@ -861,14 +863,18 @@ def _images(w: Workload) -> tuple[str, ...]:
     return tuple(c.get("image", "") for c in (w.template.get("spec") or {}).get("containers") or [])
 
 
-def _downtime(ctx: _Context, start: _Start, downloads: bool, hint: ServerHint) -> None:
+def _downtime(ctx: _Context, start: _Start, downloads: int, hint: ServerHint) -> None:
+    """``downloads``: how many claims are filled at once; replicas starting together share the
+    node's uplink, so their downloads take as long as one after the other (the planner's rate is
+    the uplink's)."""
     w = start.workload
     seconds: Optional[int] = None
     basis = ""
     if hint.load_seconds is not None and (not downloads or hint.download_seconds is not None):
-        download = (hint.download_seconds or 0) if downloads else 0
+        download = (hint.download_seconds or 0) * downloads
         seconds = hint.load_seconds + download
-        parts = ([f"download {hint.download_seconds} s"] if downloads else []) + [f"load {hint.load_seconds} s"]
+        shared = f" x {downloads} claims over one uplink" if downloads > 1 else ""
+        parts = ([f"download {hint.download_seconds} s{shared}"] if downloads else []) + [f"load {hint.load_seconds} s"]
         basis = "capacity plan: " + " + ".join(parts)
     elif w.cold_start is not None and downloads:
         seconds, basis = w.cold_start, f"{COLD_START_ANNOTATION} annotation"

@@ -159,3 +159,11 @@ def test_numbers_that_pulumi_config_set_path_writes_are_accepted():
         parse_stack(values)
     values["model_cache"]["size"] = "40Gi"
     assert parse_stack(values).models["chat"].resources.cpu_limit == "6"
+
+
+def test_a_renamed_engines_downtime_counts_both_replicas_downloading_over_one_uplink():
+    report = edit("strix-halo", lambda c: models(c)["flash"].update(name="flash-engine"))
+    (down,) = report.of_kind("downtime")
+    # 115.5 GiB at 50 MiB/s is 2366 s per claim; two claims fill at once over the same uplink.
+    assert "download 2366 s x 2 claims over one uplink + load 119 s" in down.message
+    assert "about 81 min" in down.message

@@ -127,7 +127,7 @@ def test_components_keep_the_names_stacks_already_up_know_them_by():
 def test_invariants_are_errors_not_asserts():
     """`python -O` drops asserts; the program's own checks must survive it."""
     offenders = []
-    for folder in ("common", "config", "engines", "planning", "components", "render", "policy"):
+    for folder in ("common", "config", "engines", "planning", "components", "render", "policy", "changes"):
         for path in (ROOT / folder).rglob("*.py"):
             for number, line in enumerate(path.read_text().splitlines(), 1):
                 if line.strip().startswith("assert "):
