@@ -445,6 +445,24 @@ def idle_outlasts_request(resources: list[Props], report: Report, config: Mappin
                        f"{on_route[name]:g}s; remove it or raise it")
 
 
+# Package managers installing at container start: the pod then depends on an index being up and
+# reachable (egress to it), and on unpinned transitive dependencies, at every restart.
+RUNTIME_INSTALL = re.compile(r"\b(pip3?|uv pip|npm|yarn|apt-get|apt|apk|dnf|yum)\s+(install|add)\b")
+
+
+def no_runtime_installs(props: Props, report: Report, config: Mapping) -> None:
+    """Containers run what their image holds: nothing is installed when a pod starts."""
+    spec = pod_spec(props)
+    if spec is None:
+        return
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        line = " ".join([*(container.get("command") or []), *(container.get("args") or [])])
+        found = RUNTIME_INSTALL.search(line)
+        if found:
+            report(f"container {container.get('name')} runs `{found.group(0)}` at start: every restart then needs the "
+                   "package index and unpinned dependencies; use an image that already holds the tool")
+
+
 RESOURCE_RULES = [
     Rule("pod-security-restricted", "Pods meet the restricted Pod Security Standard, read-only root included.", pod_security_restricted),
     Rule("images-pinned", "Every container image is pinned to a build tag or a digest.", images_pinned),
@@ -453,6 +471,7 @@ RESOURCE_RULES = [
     Rule("exposure-lan-only", "Ingresses use TLS and no public-DNS label; nothing else faces out.", exposure_lan_only),
     Rule("no-inline-credentials", "Credentials come from Secrets, never literals in specs.", no_inline_credentials),
     Rule("hf-cache-on-weights-volume", "Containers sharing the Hugging Face cache agree on it, on a claim.", hf_cache_on_weights_volume),
+    Rule("no-runtime-installs", "Nothing is installed from a package index when a pod starts.", no_runtime_installs),
 ]
 STACK_RULES = [
     Rule("default-deny", "Every namespace has a default-deny network policy.", default_deny, stack=True),

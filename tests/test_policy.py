@@ -72,7 +72,7 @@ def test_pack_has_every_policy_mandatory():
     assert set(BY_NAME) == {
         "pod-security-restricted", "images-pinned", "model-server-budgets", "narrow-egress", "exposure-lan-only",
         "no-inline-credentials", "default-deny", "embeddings-not-exposed", "gateway-requires-auth",
-        "hf-cache-on-weights-volume", "tailnet-name-resolves", "idle-outlasts-request",
+        "hf-cache-on-weights-volume", "tailnet-name-resolves", "idle-outlasts-request", "no-runtime-installs",
     }
     assert all(p.enforcement_level.value == "mandatory" for p in POLICIES)
 
@@ -344,3 +344,14 @@ def test_the_old_shape_ai_routes_under_the_listeners_idle_limit_are_caught(strix
             for rule in m["spec"]["rules"]:
                 rule.pop("timeouts")
     assert any("AI Gateway cuts every request at 60 s" in x for x in stack_violations("idle-outlasts-request", objects))
+
+
+def test_the_old_shape_prefetch_that_pip_installs_at_start_is_caught(strix_files):
+    """The first landing's prefetch installed huggingface_hub from PyPI at every pod start."""
+    manifest = copy.deepcopy(strix_files["statefulset_shikanime_halogen-flash.yaml"])
+    assert resource_violations("no-runtime-installs", manifest) == []
+    (init,) = manifest["spec"]["template"]["spec"]["initContainers"]
+    init["command"] = ["sh", "-c", 'pip install --quiet --no-cache-dir --user "huggingface_hub[hf_xet]==0.35.3" && '
+                       'exec "$PYTHONUSERBASE/bin/hf" download "$HF_REPO"']
+    (found,) = resource_violations("no-runtime-installs", manifest)
+    assert found.startswith("container prefetch runs `pip install` at start")
