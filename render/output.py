@@ -76,6 +76,8 @@ class RenderResult:
                 f"  {endpoint}"
             )
         lines.append("  egress: " + egress_summary(self.run.config.namespace, self.run.config.cluster))
+        # What the program warned about (as `pulumi preview` would show it), one line each.
+        lines.extend(f"  warning: {one_line(message)}" for message in self.run.logs)
         lines.extend(plan_tables(self.run.outputs.get("capacity_plan")))
         if (self.out / "plan.svg").exists():
             lines.append(f"  plan picture: {self.out / 'plan.svg'}")

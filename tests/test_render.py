@@ -235,3 +235,14 @@ def test_plan_picture_draws_the_plans_figures(tmp_path, stack):
             (size,) = [r for r in rects if r.get("data-node") == label and r.get("data-part") == "vram-size"]
             assert float(size.get("width")) == pytest.approx(gpu["vram_gib"] * scale, rel=1e-3)
     assert f"plan picture: {tmp_path / 'out' / 'plan.svg'}" in result.summary()
+
+
+def test_the_render_shows_what_the_program_warns_about(tmp_path):
+    """A stack without kubernetes:enableSecretMutable renders, and says what a key rotation would do."""
+    stack = (ROOT / "Pulumi.homelab.yaml").read_text().replace('  kubernetes:enableSecretMutable: "true"\n', "")
+    (tmp_path / "Pulumi.homelab.yaml").write_text(stack)
+    result = render_stack("homelab", tmp_path / "out", project_dir=tmp_path)
+    assert ("  warning: kubernetes:enableSecretMutable is not true: a rotated key replaces its Secret and readers "
+            "briefly find none; run: pulumi config set kubernetes:enableSecretMutable true") in result.summary()
+    shipped = render_stack("homelab", tmp_path / "shipped")
+    assert "warning:" not in shipped.summary()
