@@ -71,7 +71,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping, Optional, Protocol, Sequence, Union
+from typing import Any, Iterable, Literal, Mapping, Optional, Sequence, Union
+
+from render.mock_engine import Registered
 
 Segment = Union[str, int]
 Path = tuple[Segment, ...]
@@ -82,21 +84,8 @@ SECRET_SIG = "4dabf18193072939515e22adb298388d"
 WILDCARD = "*"
 
 
-class RegisteredLike(Protocol):
-    """What the preview reads of a registration (render's ``Registered``)."""
-
-    type: str
-    name: str
-    urn: str
-    parent: str
-    custom: bool
-    inputs: dict[str, Any]
-    retain_on_delete: bool
-    protect: bool
-    delete_before_replace: bool
-    ignore_changes: list[str]
-    replace_on_changes: list[str]
-    aliases: list[dict[str, Any]]
+# What the preview reads of a registration: the offline engine's record of it.
+RegisteredLike = Registered
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ copy of each server, and a create-first copy would wait for the GPU and memory t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -46,8 +47,18 @@ def _service_spec(model: ModelServer, headless: bool) -> dict:
     return spec
 
 
-def _timeouts(create_seconds: int, update_seconds: int) -> pulumi.CustomTimeouts:
-    return pulumi.CustomTimeouts(create=f"{create_seconds}s", update=f"{update_seconds}s")
+def _options(parts: WorkloadParts, depends_on: list, ignore: Optional[list[str]] = None) -> pulumi.ResourceOptions:
+    """What every model server's workload is registered with: Pulumi waits out the rollout's budget,
+    and a forced replacement deletes first (see the module docstring)."""
+    model = parts.model
+    create, update = rollout_waits(parts.budget, model.workload.kind, model.workload.replicas)
+    return pulumi.ResourceOptions(
+        parent=parts.parent,
+        depends_on=depends_on,
+        custom_timeouts=pulumi.CustomTimeouts(create=f"{create}s", update=f"{update}s"),
+        delete_before_replace=True,
+        ignore_changes=ignore or None,
+    )
 
 
 def deployment(parts: WorkloadParts) -> tuple[k8s.apps.v1.Deployment, k8s.core.v1.Service]:
@@ -63,19 +74,9 @@ def deployment(parts: WorkloadParts) -> tuple[k8s.apps.v1.Deployment, k8s.core.v
         "selector": {"matchLabels": selector(model.name)},
         "template": parts.template,
     }
-    workload = k8s.apps.v1.Deployment(
-        parts.name,
-        metadata=parts.metadata,
-        spec=spec,
-        opts=pulumi.ResourceOptions(
-            parent=parts.parent,
-            depends_on=parts.depends_on,
-            # Pulumi's default 10-minute wait would fail a cold start: wait out the whole budget.
-            # Replicas share the cache, so one download serves them all.
-            custom_timeouts=_timeouts(budget.wait_seconds, budget.wait_seconds),
-            delete_before_replace=True,
-        ),
-    )
+    # Pulumi's default 10-minute wait would fail a cold start: wait out the whole budget. Replicas
+    # share the cache, so one download serves them all.
+    workload = k8s.apps.v1.Deployment(parts.name, metadata=parts.metadata, spec=spec, opts=_options(parts, parts.depends_on))
     # Created once the Deployment is ready: a Service created alongside would run its own
     # 10-minute clock waiting for endpoints while the model downloads.
     service = k8s.core.v1.Service(
@@ -127,18 +128,8 @@ def statefulset(parts: WorkloadParts) -> tuple[k8s.apps.v1.StatefulSet, k8s.core
         # existing claims. The template is fixed at creation; resize the claims themselves
         # (README: "Changing a running stack").
         ignore.append("spec.volumeClaimTemplates")
-    create, update = rollout_waits(parts.budget, model.workload.kind, model.workload.replicas)
     workload = k8s.apps.v1.StatefulSet(
-        parts.name,
-        metadata=parts.metadata,
-        spec=spec,
-        opts=pulumi.ResourceOptions(
-            parent=parts.parent,
-            depends_on=[*parts.depends_on, service],
-            custom_timeouts=_timeouts(create, update),
-            delete_before_replace=True,
-            ignore_changes=ignore or None,
-        ),
+        parts.name, metadata=parts.metadata, spec=spec, opts=_options(parts, [*parts.depends_on, service], ignore)
     )
     return workload, service
 
