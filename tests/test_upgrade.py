@@ -1,0 +1,53 @@
+"""Upgrading a stack that is already up: the release before stable component names (commit
+0dec461, registrations recorded in tests/fixtures) against this program, through the change
+preview. Every resource is found again (by URN or alias); nothing is replaced, created or deleted."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from changes import preview
+from changes.provider import options_from_config
+from conftest import ROOT
+from render.mock_engine import Registered, run_stack
+
+FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "registrations-0dec461.json").read_text())
+
+# What this release changes in place on purpose (README; issue notes): the embedding server's CORS
+# flag, the metrics token beside the API key, the AI routes' idle limits, PyPI out of the egress
+# and of the prefetch, the NotReady alert's wait for parallel downloads.
+EXPECTED_UPDATES = {
+    "homelab": {("Deployment", "llama-embed"), ("Secret", "llama-server-api-key")},
+    "strix-halo": {
+        ("AIGatewayRoute", "inference-routes-1"), ("AIGatewayRoute", "inference-embedding-routes-1"),
+        ("BackendTrafficPolicy", "inference-routes-1"), ("BackendTrafficPolicy", "inference-embedding-routes-1"),
+        ("CiliumNetworkPolicy", "default-deny-ingress"), ("Deployment", "llama-cpp"), ("Secret", "llama-cpp-api-key"),
+        ("StatefulSet", "halogen-flash"), ("VMRule", "inference-plane"), ("VMServiceScrape", "llama-cpp"),
+    },
+}
+
+
+def previous_release(stack: str, config) -> SimpleNamespace:
+    fields = set(Registered.__dataclass_fields__)
+    resources = [Registered(**{k: v for k, v in r.items() if k in fields}) for r in FIXTURE[stack]["resources"]]
+    return SimpleNamespace(stack=stack, resources=resources, outputs=FIXTURE[stack]["outputs"], config=config,
+                           logs=[], secret_outputs=set())
+
+
+@pytest.mark.parametrize("stack", ["homelab", "strix-halo"])
+def test_upgrading_from_the_previous_release_replaces_nothing(stack):
+    after = run_stack(stack)
+    before = previous_release(stack, after.config)
+    config = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+    report = preview(before, after, options_from_config(config))
+    assert {e.op for e in report.changed()} == {"update"}
+    assert {(e.kind, e.after.name) for e in report.changed()} == EXPECTED_UPDATES[stack]
+    assert report.errors == [] and report.of_kind("redownload") == [] and report.of_kind("claim-orphaned") == []
+    # The renamed components are found through their aliases, children included.
+    for kind, name in [("Namespace", after.config.namespace.name), ("PersistentVolumeClaim", after.config.model_cache.claim_name),
+                       *[(m.workload.kind, m.name) for m in after.config.models.values()]]:
+        assert report.entry(kind, name).via_alias, (kind, name)
