@@ -227,12 +227,13 @@ def test_hf_repo_downloads_into_the_pods_cache_and_a_restart_needs_no_network(bi
     cache = next(item["value"] for item in container["env"] if item["name"] == "LLAMA_CACHE")
     # Outside pytest's private temp folders: the pod's user must be able to reach it.
     work = Path(tempfile.mkdtemp(prefix="llama-contract-pod-"))
-    with hub(repo, filename, gguf, seconds=1.5) as endpoint:
+    served: list[float] = []
+    with hub(repo, filename, gguf, seconds=1.5, served=served) as endpoint:
         with serve(binary, container, gguf, probe_path(container), pod_security=container[POD_SECURITY],
                    hub_endpoint=endpoint, work=work) as running:
-            not_ready = [a for a in running.before_ready if a != 200]
-            # ~1.5 s of download polled every 50 ms: the probe said "not ready" throughout.
-            assert len(not_ready) >= 10, running.before_ready
+            # Not ready while the weights were on their way, and ready only once the last byte was sent.
+            assert running.before_ready[0] != 200 and served, running.before_ready
+            assert running.ready_at > served[-1]
             check_role(running, role)
     org, name = repo.split("/")
     snapshot = work / cache.lstrip("/") / f"models--{org}--{name}" / "snapshots" / COMMIT / filename

@@ -29,15 +29,16 @@ def git_blob_sha1(data: bytes) -> str:
 
 
 @contextmanager
-def hub(repo: str, filename: str, gguf: Path, seconds: float = 1.5) -> Iterator[str]:
-    """Serve ``gguf`` as ``<repo>/<filename>``; yields the endpoint URL (ending in /)."""
-    with hub_files(repo, {filename: gguf.read_bytes()}, seconds) as endpoint:
+def hub(repo: str, filename: str, gguf: Path, seconds: float = 1.5, served: list | None = None) -> Iterator[str]:
+    """Serve ``gguf`` as ``<repo>/<filename>``; yields the endpoint URL (ending in /). ``served``
+    gets the monotonic time at which each file body finished sending."""
+    with hub_files(repo, {filename: gguf.read_bytes()}, seconds, served=served) as endpoint:
         yield endpoint
 
 
 @contextmanager
 def hub_files(repo: str, files: dict[str, bytes], seconds: float = 0.0, lfs_suffixes=(".gguf", ".safetensors", ".bin"),
-              log: list | None = None) -> Iterator[str]:
+              log: list | None = None, served: list | None = None) -> Iterator[str]:
     """Serve several files; large-file ones (by suffix) as LFS objects whose resolve URL redirects
     to a CDN path, as the Hub does."""
     lfs = {path: hashlib.sha256(data).hexdigest() for path, data in files.items() if path.endswith(lfs_suffixes)}
@@ -76,6 +77,8 @@ def hub_files(repo: str, files: dict[str, bytes], seconds: float = 0.0, lfs_suff
                 self.wfile.write(data[offset:offset + size])
                 self.wfile.flush()
                 time.sleep(seconds / chunks)
+            if served is not None:
+                served.append(time.monotonic())
 
         def _route(self, send_body: bool) -> None:
             requests.append(f"{self.command} {self.path}")

@@ -106,6 +106,7 @@ class Running:
     pid: int = 0
     # What the probe path answered while the server started, in order (a status, or "refused").
     before_ready: list = field(default_factory=list)
+    ready_at: float = 0.0  # monotonic time of the first 200
 
     def uid(self) -> int:
         """The real uid the server process runs as."""
@@ -192,6 +193,7 @@ def serve(binary: Path, container: dict, model: Path, probe_path: str, startup_s
                 answer = request(running.base + probe_path, timeout=2)
                 running.before_ready.append(answer.status)
                 if answer.status == 200:
+                    running.ready_at = time.monotonic()
                     break
             except (urllib.error.URLError, ConnectionError, socket.timeout):
                 running.before_ready.append("refused")
