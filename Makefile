@@ -16,7 +16,12 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	@touch $@
 
+# Bytecode compiled ahead: where PYTHONDONTWRITEBYTECODE is set, every run would compile the
+# program's modules again.
+PROJECT_MODULES := common config engines planning components render policy changes
+
 render: $(VENV)/.installed
+	@$(BIN)/python -m compileall -q $(PROJECT_MODULES) > /dev/null
 	$(BIN)/python -m render $(STACK) --out $(OUT)
 
 # checkov, the second opinion on the rendered manifests, in its own environment: its dependency
@@ -36,6 +41,7 @@ clean:
 	rm -rf rendered
 
 bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
+	@$(BIN)/python -m compileall -q $(PROJECT_MODULES) > /dev/null
 	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python bench/run.py
 
 # The real llama.cpp contract tests for one stack's servers (builds llama-server once, cached in

@@ -3,9 +3,11 @@ are mounted, the optional prefetch init container, and the security every contai
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
+from common.constants import OFFLINE_SECRET_PLACEHOLDER
 from config.types import ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
 from engines.llamacpp import API_KEY_DIR
@@ -48,7 +50,13 @@ CILIUM_WAIVER = {
 KEY_FINGERPRINT_ANNOTATION = "inference-plane/api-key-fingerprint"
 
 
+@functools.lru_cache(maxsize=256)
 def key_fingerprint(key: str) -> str:
+    """scrypt (~50 ms, on purpose: the annotation is readable, the key may be weak); computed once per
+    distinct key in a run. The offline render's placeholder has no key to fingerprint: a rendered
+    folder says so, and a GitOps user restarts the server when rotating (README)."""
+    if key == OFFLINE_SECRET_PLACEHOLDER:
+        return "offline-render"
     return hashlib.scrypt(key.encode(), salt=b"inference-plane/api-key", n=2**14, r=8, p=1, dklen=8).hex()
 
 

@@ -470,7 +470,7 @@ class ModelServer(Strict):
         pool = pools.get(self.node_pool)
         if pool is None:
             problems.append((f"{path}.node_pool", f"no node pool {self.node_pool!r}; defined: {', '.join(pools)}"))
-        elif self.gpu_layers > 0 and pool.gpu_resource is None:
+        elif self.gpu_layers > 0 and pool.gpu_resource is None and self.backend_on(pool) != "cpu":
             problems.append((
                 f"node_pools.{self.node_pool}.gpu_resource",
                 f"{path} offloads {self.gpu_layers} layers to a GPU, so its node pool must name the GPU resource "
@@ -825,13 +825,14 @@ class StackConfig(Strict):
                     "the cluster has no ingress controller (cluster.ingress: null); remove exposure or configure one",
                 ))
                 continue
-            ours = controller_annotations(self.cluster.ingress.kind, exposure)
+            ours = {"cert-manager.io/cluster-issuer": self.cluster.cert_manager_issuer,
+                    **controller_annotations(self.cluster.ingress.kind, exposure)}
             for name, value in exposure.annotations.items():
                 if name in ours and ours[name] != value:
                     problems.append((
                         f"models.{key}.exposure.annotations.{name}",
-                        f"the program sets {ours[name]!r} here for long streamed answers; remove it (or change "
-                        "timeout_seconds / max_body, which it is derived from)",
+                        f"the program sets {ours[name]!r} here (from cluster.cert_manager_issuer, or exposure's "
+                        "timeout_seconds / max_body for long streamed answers); remove it, or change those settings",
                     ))
                 if self.cluster.public_dns_label and name == self.cluster.public_dns_label:
                     problems.append((f"models.{key}.exposure.annotations.{name}", "would publish the API on the internet; remove it"))

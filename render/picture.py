@@ -7,7 +7,7 @@ its figures (data-node, data-server, data-part, data-gib) so a test can check th
 """
 from __future__ import annotations
 
-from xml.sax.saxutils import escape
+from html import escape
 
 PARTS = (  # (part, estimate fields, colour)
     ("weights", ("weights_gib",), "#4e79a7"),

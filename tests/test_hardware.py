@@ -155,8 +155,11 @@ def test_an_image_that_names_no_backend_needs_one():
 def test_gpu_layers_on_a_cpu_image_are_refused():
     values = cpu()
     values["models"]["chat"]["gpu_layers"] = 99
-    with pytest.raises(ConfigError, match=r"models\.chat\.gpu_layers: 99 layers to offload, but the image is a CPU build"):
+    with pytest.raises(ConfigError) as caught:
         parse_stack(values)
+    # One problem, the real one: not "name the GPU resource" on a pool that has none to name.
+    assert caught.value.problems == [("models.chat.gpu_layers", "99 layers to offload, but the image is a CPU build "
+                                      "(the server ignores the flag); set gpu_layers: 0")]
 
 
 def test_quantized_kv_cache_needs_head_dims_its_blocks_divide():
@@ -216,6 +219,14 @@ def test_user_annotations_are_kept_and_may_not_contradict_the_programs():
     values["models"]["chat"]["exposure"]["annotations"] = {"nginx.ingress.kubernetes.io/proxy-read-timeout": "60"}
     with pytest.raises(ConfigError, match=r"models\.chat\.exposure\.annotations\.nginx\.ingress\.kubernetes\.io/"
                        r"proxy-read-timeout: the program sets '1800' here"):
+        parse_stack(values)
+
+
+def test_a_user_annotation_may_not_replace_the_certificate_issuer():
+    values = rtx()
+    values["models"]["chat"]["exposure"]["annotations"] = {"cert-manager.io/cluster-issuer": "letsencrypt-prod"}
+    with pytest.raises(ConfigError, match=r"exposure\.annotations\.cert-manager\.io/cluster-issuer: the program sets "
+                       r"'tailnet-ca' here \(from cluster\.cert_manager_issuer"):
         parse_stack(values)
 
 

@@ -326,3 +326,12 @@ def test_rotating_the_api_key_restarts_the_server(homelab_values):
     old, new = template_annotation("key-one-4e2a"), template_annotation("key-two-9b1c")
     assert old == key_fingerprint("key-one-4e2a") and new == key_fingerprint("key-two-9b1c") and old != new
     assert "key-one" not in old and len(old) == 16
+
+
+def test_the_offline_render_does_not_pretend_to_fingerprint_a_key(tmp_path):
+    """Offline every secret is the same placeholder: its fingerprint would mean nothing."""
+    from render.output import render_stack
+
+    result = render_stack("homelab", tmp_path / "out")
+    (chat,) = [m for m in result.files.values() if m["kind"] == "Deployment" and m["metadata"]["name"] == "llama-server"]
+    assert chat["spec"]["template"]["metadata"]["annotations"]["inference-plane/api-key-fingerprint"] == "offline-render"
