@@ -221,8 +221,39 @@ def _entry_order(e: Entry) -> tuple:
     return (_OP_ORDER[e.op], e.kind, e.subject)
 
 
+_ARG_PATH = re.compile(r"^(?P<list>spec\.template\.spec\.(?:init)?[cC]ontainers\[(?P<i>[0-9]+)\]\.(?P<field>args|command))\[[0-9]+\]$")
+
+
+def _readable_paths(e: Entry, paths: list[str]) -> list[str]:
+    """Changed paths, with a container's changed args shown as the arguments added and removed
+    (`args: +--cors-origins localhost`) instead of list positions."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for path in paths:
+        match = _ARG_PATH.match(path)
+        if match is None or e.old is None or e.applied is None:
+            out.append(path)
+            continue
+        if match["list"] in seen:
+            continue
+        seen.add(match["list"])
+        kind = "initContainers" if ".initContainers[" in path else "containers"
+        index = int(match["i"])
+
+        def args_of(registered) -> list[str]:
+            containers = ((((registered.inputs or {}).get("spec") or {}).get("template") or {}).get("spec") or {}).get(kind) or []
+            return [str(a) for a in (containers[index].get(match["field"]) or [])] if index < len(containers) else []
+
+        old, new = args_of(e.old), args_of(e.applied)
+        added = " ".join(a for a in new if a not in old)
+        removed = " ".join(a for a in old if a not in new)
+        change = "; ".join(x for x in (f"+{added}" if added else "", f"-{removed}" if removed else "") if x) or "reordered"
+        out.append(f"{kind}[{index}].{match['field']}: {change[:80]}")
+    return out
+
+
 def _entry_line(e: Entry) -> str:
-    paths = e.action.replace_paths or e.action.changed
+    paths = _readable_paths(e, list(e.action.replace_paths or e.action.changed))
     shown = ", ".join(paths[:3]) + (f" (+{len(paths) - 3} more)" if len(paths) > 3 else "")
     notes = []
     if e.action.retained and e.op in ("delete", "replace"):

@@ -637,3 +637,12 @@ def test_an_ignored_edit_is_reported_as_not_applied():
     (ignored,) = report.of_kind("change-ignored")
     assert ignored.subject == "PersistentVolumeClaim ai/models" and ignored.message.startswith("spec.storageClassName")
     assert not report.of_kind("already-exists")
+
+
+def test_changed_container_args_are_shown_as_the_arguments_added_and_removed(homelab_base):
+    """An operator reads `+1024; -2048` (the --ctx-size value) rather than list positions."""
+    from changes.preview import _entry_line
+
+    report = preview(homelab_base, edit("homelab", "models.embed.ctx_size", 1024))
+    line = _entry_line(report.entry("Deployment", "llama-embed"))
+    assert "containers[0].args: +1024; -2048" in line
