@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 from common.errors import CapacityError
 from planning.capacity import plan_capacity as plan
 from config import ConfigError, parse_stack
-from conftest import homelab_plain_values, stack_values, strix_values
+from conftest import homelab_plain_values, plain_values, stack_values, strix_values
 from render.output import RenderError, render_stack
 
 CORPUS = Path(__file__).parent / "bad_stacks"
-BASES = {"homelab": homelab_plain_values(), "strix-halo": strix_values()}
+BASES = {"homelab": homelab_plain_values(), "strix-halo": strix_values(), "rtx4090": plain_values("rtx4090"),
+         "cpu-cluster": plain_values("cpu-cluster")}
 
 hostile_values = st.one_of(
     st.none(),
