@@ -448,8 +448,8 @@ class ModelServer(Strict):
     )
     cors_origins: Optional[Annotated[str, Field(min_length=1, max_length=1000)]] = _doc(
         "--cors-origins: which other web origins may read the API's answers. localhost (special): pages served "
-        "from localhost only; or one origin such as https://chat.example.org. null: the server echoes any Origin "
-        "with credentials allowed (seen running it), so any page a browser visits could call the API.",
+        "from localhost only; or one origin such as https://chat.example.org. Never null: without the flag the "
+        "server echoes any Origin with credentials allowed (seen running it).",
         default="localhost",
     )
     webui: bool = _doc("Serve llama.cpp's WebUI (chat servers only).", default=True)

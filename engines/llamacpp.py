@@ -92,10 +92,8 @@ class LlamaCpp:
         value as it is, except for the special values localhost and *."""
         value = model.cors_origins
         if value is None:
-            if model.exposure is not None:
-                return [(f"{path}.cors_origins", "an exposed server without it echoes any Origin with credentials: "
-                         "any page a LAN browser visits could call the API; set localhost or the one origin that may")]
-            return []
+            return [(f"{path}.cors_origins", "without it llama-server echoes any Origin with credentials allowed, so "
+                     "any page a browser visits could call the API; set localhost (no other origin) or the one origin that may")]
         if value in ("localhost",):
             return []
         if value == "*" or "," in value or not _ORIGIN.fullmatch(value):

@@ -216,7 +216,9 @@ def test_cors_origins_is_a_value_the_server_and_browsers_agree_on(homelab_values
             parse_stack(homelab_values)
 
 
-def test_an_exposed_server_must_say_which_origins_may_call_it(homelab_values):
-    homelab_values["models"]["chat"]["cors_origins"] = None
-    with pytest.raises(ConfigError, match=r"models\.chat\.cors_origins: an exposed server without it echoes any Origin"):
+@pytest.mark.parametrize("key", ["chat", "embed"])
+def test_every_llamacpp_server_says_which_origins_may_call_it(homelab_values, key):
+    """Exposed or not: a server with no --cors-origins answers any foreign origin."""
+    homelab_values["models"][key]["cors_origins"] = None
+    with pytest.raises(ConfigError, match=rf"models\.{key}\.cors_origins: without it llama-server echoes any Origin"):
         parse_stack(homelab_values)

@@ -84,10 +84,10 @@ def test_embed_flags(homelab_values):
 
 
 def test_optional_flags_are_left_out(homelab_values):
-    homelab_values["models"]["embed"].update(ubatch_size=None, cors_origins=None, metrics=False)
+    homelab_values["models"]["embed"].update(ubatch_size=None, metrics=False)
     _, model, run = build(homelab_values, "embed")
     args = container_of(run, model.name)["args"]
-    assert "--ubatch-size" not in args and "--cors-origins" not in args and "--metrics" not in args
+    assert "--ubatch-size" not in args and "--metrics" not in args
 
 
 def test_extra_args_come_last(homelab_values):
