@@ -15,8 +15,13 @@ from planning.capacity import ServerPlan
 
 from .meta import selector
 
-# The built-in downloader, run with `python3 -c` in a plain python image (see its docstring).
-HUB_DOWNLOAD_SOURCE = (Path(__file__).parent / "hub_download.py").read_text()
+
+@functools.cache
+def hub_download_source() -> str:
+    """The built-in downloader, run with `python3 -c` in a plain python image (see its docstring);
+    read only when a pod prefetches."""
+    return (Path(__file__).parent / "hub_download.py").read_text()
+
 
 RUN_AS = 1000  # any non-root UID; the cache volume is made group-writable for it through fsGroup
 HF_HOME_DIR = "/home/engine"  # HOME for engines: the Hugging Face cache defaults to $HOME/.cache/huggingface
@@ -126,7 +131,7 @@ def prefetch_container(model: ModelServer) -> dict:
     return {
         "name": "prefetch",
         "image": prefetch.image,
-        "command": list(prefetch.command) if prefetch.command else ["python3", "-c", HUB_DOWNLOAD_SOURCE],
+        "command": list(prefetch.command) if prefetch.command else ["python3", "-c", hub_download_source()],
         "env": [
             {"name": "HF_REPO", "value": prefetch.repo},
             {"name": "HF_REVISION", "value": prefetch.revision},

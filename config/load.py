@@ -50,10 +50,11 @@ SECRET_MUTABLE = "kubernetes:enableSecretMutable"
 
 
 def secrets_mutable() -> bool:
-    from pulumi.runtime import config as runtime_config
+    """A known key: the SDK's public reader is enough here."""
+    import pulumi
 
-    text = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}.get(SECRET_MUTABLE)
-    return str(text).lower() == "true"
+    namespace, key = SECRET_MUTABLE.split(":")
+    return (pulumi.Config(namespace).get(key) or "").lower() == "true"
 
 
 def load_stack() -> StackConfig:

@@ -534,8 +534,7 @@ class ModelServer(Strict):
                 f"the image {self.image} does not say which backend it is built for; set backend (vulkan, rocm, cuda, "
                 "sycl or cpu) here or on the node pool",
             ))
-        effective = backend or named
-        if effective == "cpu" and self.gpu_layers > 0 and self.engine == "llamacpp":
+        if self.backend_on(pool) == "cpu" and self.gpu_layers > 0 and self.engine == "llamacpp":
             problems.append((
                 f"{path}.gpu_layers",
                 f"{self.gpu_layers} layers to offload, but the image is a CPU build (the server ignores the flag); "

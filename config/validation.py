@@ -21,9 +21,9 @@ def path_part(part: Any) -> str:
     return text if re.fullmatch(r"[A-Za-z0-9_./:-]{1,80}", text) else repr(text)[:80]
 
 
-def _keys_at(loc: tuple) -> list[str]:
-    """The field names valid at a config path (for "did you mean"): walks the models' annotations,
-    through Optional/Annotated, dict values and list items (whose key or index is the next part)."""
+def _model_at(loc: tuple) -> Any:
+    """The config model class at a path, or None: walks the models' annotations through
+    Optional/Annotated, dict values and list items (whose key or index is the next part)."""
 
     def unwrap(annotation: Any) -> tuple[Any, bool]:
         """(a model class or None, whether a dict key / list index comes first)."""
@@ -40,15 +40,21 @@ def _keys_at(loc: tuple) -> list[str]:
     current, keyed = StackConfig, False
     for part in loc:
         if current is None:
-            return []
+            return None
         if keyed:
             keyed = False
             continue
         field = current.model_fields.get(part) if isinstance(part, str) else None
         if field is None:
-            return []
+            return None
         current, keyed = unwrap(field.annotation)
-    return [] if current is None or keyed else list(current.model_fields)
+    return None if keyed else current
+
+
+def _keys_at(loc: tuple) -> list[str]:
+    """The field names valid at a config path (for "did you mean")."""
+    model = _model_at(loc)
+    return list(model.model_fields) if model is not None else []
 
 
 def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
@@ -64,7 +70,7 @@ def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
         return path, f"expected a mapping of settings (key: value lines under {path.rsplit('.', 1)[-1]}){_null_ok(error)}"
     message = error["msg"].removeprefix("Value error, ")
     value = error.get("input")
-    if kind not in ("model_type", "dict_type") and isinstance(value, (str, int, float, bool)):
+    if isinstance(value, (str, int, float, bool)):
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
         if shown not in message:
             message = f"{message} (got {shown})"
@@ -75,22 +81,10 @@ def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
 
 def _null_ok(error: Mapping[str, Any]) -> str:
     """', or null' when the field may be left out with null."""
-    parent: Any = StackConfig
-    for part in error["loc"][:-1]:
-        fields = getattr(parent, "model_fields", None)
-        if fields is None or not isinstance(part, str) or part not in fields:
-            return ""
-        parent = _model_in(fields[part].annotation)
-    fields = getattr(parent, "model_fields", None) or {}
-    field = fields.get(error["loc"][-1]) if error["loc"] else None
+    loc = error["loc"]
+    parent = _model_at(loc[:-1]) if loc else None
+    field = parent.model_fields.get(loc[-1]) if parent is not None else None
     return ", or null" if field is not None and type(None) in typing.get_args(field.annotation) else ""
-
-
-def _model_in(annotation: Any) -> Any:
-    for candidate in (annotation, *typing.get_args(annotation)):
-        if getattr(candidate, "model_fields", None) is not None:
-            return candidate
-    return None
 
 
 def parse_stack(raw: Mapping[str, Any]) -> StackConfig:

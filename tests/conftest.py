@@ -105,3 +105,17 @@ CPU_SECRETS = {"chat_api_key": "chat-key-1b7f"}
 def plain_values(stack: str) -> dict[str, Any]:
     """A shipped stack's config without its `secure:` placeholders (tests pass real secret values)."""
     return {k: v for k, v in stack_values(stack).items() if not (isinstance(v, dict) and "secure" in v)}
+
+
+def stack_file_config(stack: str) -> dict[str, Any]:
+    """A shipped stack file's `config:` mapping as written (full keys, `secure:` entries included)."""
+    return yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+
+
+def run_stack_file(stack: str, mapping: dict[str, Any], secrets: dict[str, str] | None = None) -> ProgramRun:
+    """Run the program on a stack file's mapping; ``secrets`` (project key -> value) stand for the
+    decrypted values of its `secure:` entries (offline they all read the same placeholder)."""
+    config, secret_keys = config_from_mapping(mapping)
+    for key, value in (secrets or {}).items():
+        config[f"inference-plane:{key}"] = value
+    return run_program(config, secret_keys, stack=stack)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-import yaml
 
 from changes import engine
 from changes.preview import preview
@@ -23,6 +22,7 @@ from changes.provider import (
     parse_path,
     path_contains,
 )
+from conftest import run_stack_file, stack_file_config
 
 ROOT = Path(__file__).resolve().parent.parent
 E = engine()
@@ -479,35 +479,26 @@ def test_shrinking_a_claim_is_refused():
 P = "inference-plane:"
 
 
-def stack_mapping(stack: str) -> dict[str, Any]:
-    return yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
-
-
-def run_mapping(stack: str, mapping: dict[str, Any], secrets: Optional[dict[str, str]] = None) -> Any:
-    config, secret_keys = E.config_from_mapping(mapping)
-    for key, value in (secrets or {}).items():
-        config[P + key] = value
-    return E.run_program(config, secret_keys, stack=stack)
 
 
 def edit(stack: str, path: str, value: Any) -> Any:
-    mapping = copy.deepcopy(stack_mapping(stack))
+    mapping = copy.deepcopy(stack_file_config(stack))
     keys = path.split(".")
     node = mapping[P + keys[0]]
     for key in keys[1:-1]:
         node = node[key]
     node[keys[-1]] = value
-    return run_mapping(stack, mapping)
+    return run_stack_file(stack, mapping)
 
 
 @pytest.fixture(scope="module")
 def homelab_base() -> Any:
-    return run_mapping("homelab", stack_mapping("homelab"))
+    return run_stack_file("homelab", stack_file_config("homelab"))
 
 
 @pytest.fixture(scope="module")
 def strix_base() -> Any:
-    return run_mapping("strix-halo", stack_mapping("strix-halo"))
+    return run_stack_file("strix-halo", stack_file_config("strix-halo"))
 
 
 def changed(report: Any) -> set[tuple[str, str, str]]:
@@ -539,7 +530,7 @@ def test_homelab_cache_growth_is_an_expansion_in_place(homelab_base):
 
 
 def test_homelab_key_rotation_replaces_the_secret_and_restarts_its_server(homelab_base):
-    rotated = run_mapping("homelab", stack_mapping("homelab"), secrets={"llama_api_key": "rotated-key-5c1d"})
+    rotated = run_stack_file("homelab", stack_file_config("homelab"), secrets={"llama_api_key": "rotated-key-5c1d"})
     report = preview(homelab_base, rotated)
     assert changed(report) == {
         ("Secret", "llama-server-api-key", "replace (delete-first)"),

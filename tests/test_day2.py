@@ -6,38 +6,24 @@ retained caches, a claim class change wedged the stack, a rotated key left a Sec
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
-import yaml
 
 from changes import preview
 from changes.provider import options_from_config
 from common.errors import ConfigError
-from conftest import ROOT
-from render.mock_engine import config_from_mapping, run_program
-
-SECRET = "inference-plane:{}"
-
-
-def stack_file(stack: str) -> dict[str, Any]:
-    return yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
-
-
-def run(stack: str, config: dict[str, Any], secrets: dict[str, str]):
-    values, secret_keys = config_from_mapping(config)
-    for key, value in secrets.items():
-        values[SECRET.format(key)] = value
-    return run_program(values, secret_keys, stack=stack)
+from conftest import run_stack_file, stack_file_config
 
 
 def edit(stack: str, change: Callable[[dict], None], secrets_after: dict[str, str] | None = None):
     """The report for one edit of a shipped stack, with the provider options its file sets."""
-    before = stack_file(stack)
+    before = stack_file_config(stack)
     after = copy.deepcopy(before)
     change(after)
     secrets = {k.split(":", 1)[1]: f"{k}-value" for k, v in before.items() if isinstance(v, dict) and "secure" in v}
-    return preview(run(stack, before, secrets), run(stack, after, {**secrets, **(secrets_after or {})}),
+    return preview(run_stack_file(stack, before, secrets),
+                   run_stack_file(stack, after, {**secrets, **(secrets_after or {})}),
                    options_from_config(after))
 
 
