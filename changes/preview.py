@@ -508,6 +508,7 @@ class ServerHint:
     weights_gib: Optional[float]
     download_seconds: Optional[int]
     load_seconds: Optional[int]
+    key: Optional[str] = None  # models.<key> in the stack's config
 
 
 def server_hints(run: Any) -> dict[str, ServerHint]:
@@ -515,15 +516,17 @@ def server_hints(run: Any) -> dict[str, ServerHint]:
     plan = (getattr(run, "outputs", None) or {}).get("capacity_plan") or {}
     hints: dict[str, ServerHint] = {}
     servers = plan.get("servers") if isinstance(plan, dict) else None
-    for server in (servers or {}).values():
+    for key, server in (servers or {}).items():
         if not isinstance(server, dict) or not server.get("name"):
             continue
         budget = server.get("budget") or {}
         size = quantity_bytes(server.get("weights", ""))
-        hints[server["name"]] = ServerHint(
+        # Plans from before workload.name existed name the workload after the server.
+        hints[server.get("workload") or server["name"]] = ServerHint(
             weights_gib=round(size / GIB, 1) if size else None,
             download_seconds=_int(budget.get("download_seconds"), 0) if "download_seconds" in budget else None,
             load_seconds=_int(budget.get("load_seconds"), 0) if "load_seconds" in budget else None,
+            key=str(key),
         )
     return hints
 
@@ -861,13 +864,23 @@ def _restarts_and_downloads(ctx: _Context, starts: Sequence[_Start], fates: Mapp
                 size = f"{hint.weights_gib * len(keys):g} GiB" if hint.weights_gib else "its weights"
                 names = ", ".join(f"{ns}/{name}" for ns, name in keys)
                 ctx.add("redownload", severity, w.label, f"{verb} {size}: it mounts claims that are new or emptied "
-                        f"by this edit ({names})")
+                        f"by this edit ({names}){_keep_claims(start, hint) if keys is claims.again else ''}")
         if claims.unfamiliar and not claims.fresh:
             names = ", ".join(f"{ns}/{name}" for ns, name in claims.unfamiliar)
             ctx.add("redownload", "info", w.label, f"mounts existing claims it did not mount before ({names}): "
                     "downloads unless they already hold its weights")
         if start.down or start.partial:
             _downtime(ctx, start, len(claims.fresh), hint)
+
+
+def _keep_claims(start: _Start, hint: ServerHint) -> str:
+    """The fix, when a StatefulSet gets new claims only because its name changed: its claims are
+    named after it, and workload.name keeps the old name while the server's name changes."""
+    old, new = start.previous, start.workload
+    if old is None or new.kind != "StatefulSet" or old.kind != "StatefulSet" or old.name == new.name:
+        return ""
+    where = f"models.{hint.key}.workload.name" if hint.key else "the server's workload.name"
+    return f"; to keep the old claims and their weights, set {where}: {old.name}"
 
 
 def _apparent_renames(ctx: _Context) -> dict[str, Workload]:

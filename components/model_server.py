@@ -84,7 +84,7 @@ class ModelServerBase(pulumi.ComponentResource):
         meta = metadata(model.name, ns, model.name, component)
         cold_start = budget.load_seconds if model.prefetch is not None else budget.download_seconds + budget.load_seconds
         workload_meta = metadata(
-            model.name,
+            model.workload_name,
             ns,
             model.name,
             component,
@@ -168,7 +168,7 @@ class ModelServerBase(pulumi.ComponentResource):
             kind="VerticalPodAutoscaler",
             metadata=meta,
             spec={
-                "targetRef": {"apiVersion": "apps/v1", "kind": model.workload.kind, "name": model.name},
+                "targetRef": {"apiVersion": "apps/v1", "kind": model.workload.kind, "name": model.workload_name},
                 "updatePolicy": {"updateMode": model.workload.vpa_update_mode},
                 # CPU only: memory is pinned by the capacity plan (the seed's #2711).
                 "resourcePolicy": {

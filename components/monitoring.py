@@ -59,11 +59,11 @@ def alert_rules(args: MonitoringArgs) -> list[dict]:
             )
         kind = model.workload.kind
         if kind == "StatefulSet":
-            ready = f'kube_statefulset_status_replicas_ready{{namespace="{ns}", statefulset="{model.name}"}}'
-            wanted = f'kube_statefulset_replicas{{namespace="{ns}", statefulset="{model.name}"}}'
+            ready = f'kube_statefulset_status_replicas_ready{{namespace="{ns}", statefulset="{model.workload_name}"}}'
+            wanted = f'kube_statefulset_replicas{{namespace="{ns}", statefulset="{model.workload_name}"}}'
         else:
-            ready = f'kube_deployment_status_replicas_available{{namespace="{ns}", deployment="{model.name}"}}'
-            wanted = f'kube_deployment_spec_replicas{{namespace="{ns}", deployment="{model.name}"}}'
+            ready = f'kube_deployment_status_replicas_available{{namespace="{ns}", deployment="{model.workload_name}"}}'
+            wanted = f'kube_deployment_spec_replicas{{namespace="{ns}", deployment="{model.workload_name}"}}'
         rules.append(
             {
                 "alert": alert_name(model.name, "NotReady"),

@@ -112,7 +112,7 @@ def statefulset(parts: WorkloadParts) -> tuple[k8s.apps.v1.StatefulSet, k8s.core
     if volume is not None:
         spec["volumeClaimTemplates"] = [
             {
-                "metadata": {"name": CLAIM_TEMPLATE, "labels": labels(model.name, "model-cache")},
+                "metadata": {"name": CLAIM_TEMPLATE, "labels": labels(model.workload_name, "model-cache")},
                 "spec": {
                     # Node-local: the weights live beside the engine that reads them.
                     "accessModes": ["ReadWriteOnce"],

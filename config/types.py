@@ -231,7 +231,10 @@ class ModelCacheConfig(Strict):
 
 
 class Startup(Strict):
-    """How long a cold start may take, from which probes and Pulumi's wait are derived."""
+    """How long a cold start is expected to take: Pulumi's wait, the Deployment's progress deadline and
+    the NotReady alert follow it, and none is part of a pod, so editing these rates restarts nothing.
+    The startup probe (part of the pod) allows at least a start at the default rates, and longer only
+    when the estimate is slower than that (then an edit restarts the servers; the change preview says so)."""
 
     download_mib_per_s: Annotated[float, Field(ge=0.1, le=100_000)] = _doc(
         "Sustained download rate from the model hub; the seed's 40 min for ~19 GiB assumes about this.", default=8.5
@@ -242,7 +245,9 @@ class Startup(Strict):
     min_seconds: Annotated[int, Field(gt=0, le=86_400)] = _doc(
         "Never less: image pull on a cold node and Vulkan start-up alone can take minutes.", default=600
     )
-    probe_period_seconds: Annotated[int, Field(gt=0, le=3600)] = _doc("The probes' period.", default=10)
+    probe_period_seconds: Annotated[int, Field(gt=0, le=3600)] = _doc(
+        "The startup and readiness probes' period. Part of the pod: changing it restarts the servers.", default=10
+    )
     image_pull_seconds: Annotated[int, Field(gt=0, le=86_400)] = _doc(
         "Pulling the server image (~1-2 GiB) before the container, and its startup clock, starts.", default=600
     )
@@ -350,6 +355,12 @@ class Workload(Strict):
     kind: Literal["Deployment", "StatefulSet"] = _doc(
         "Deployment (shared cache) or StatefulSet (a claim per replica).", default="Deployment"
     )
+    name: Optional[DnsLabel] = _doc(
+        "The Deployment's or StatefulSet's own name; a StatefulSet's claims are named after it "
+        "(weights-<name>-<ordinal>). null: the server's name. When renaming a StatefulSet server, set "
+        "this to its old name to keep its claims and the weights in them.",
+        default=None,
+    )
     replicas: Annotated[int, Field(gt=0, le=100)] = _doc("Pods.", default=1)
     one_per_node: bool = _doc("Required pod anti-affinity on kubernetes.io/hostname: at most one replica per node.", default=False)
     cache_volume: Optional[CacheVolume] = _doc("A claim per replica for prefetched weights (StatefulSet only).", default=None)
@@ -406,7 +417,7 @@ class ModelServer(Strict):
     """One model server: llama.cpp in single-model mode, or another OpenAI-compatible engine."""
 
     role: Literal["chat", "embedding"] = _doc("chat, or embedding (never behind an Ingress or a chat route).")
-    name: DnsLabel = _doc("Name of the workload, its Service and its pods' app.kubernetes.io/name.")
+    name: DnsLabel = _doc("Name of its Service, its pods' app.kubernetes.io/name and (unless workload.name) its workload.")
     engine: Literal["llamacpp", "openai"] = _doc(
         "llamacpp (settings below) or openai (any OpenAI-compatible server, settings under `openai`).", default="llamacpp"
     )
@@ -500,6 +511,11 @@ class ModelServer(Strict):
         problems += self.workload.problems(f"{path}.workload", self.node_pool, pool)
         problems += self.resources.problems(f"{path}.resources")
         return problems
+
+    @property
+    def workload_name(self) -> str:
+        """The Deployment's or StatefulSet's name (not its Service's, which is always `name`)."""
+        return self.workload.name or self.name
 
     def uses_gpu(self, pool: NodePool) -> bool:
         return self.gpu_layers > 0 and pool.gpu_resource is not None and self.backend_on(pool) != "cpu"
@@ -781,6 +797,12 @@ class StackConfig(Strict):
             if model.name in names:
                 problems.append((f"{path}.name", f"{model.name!r} is already the name of models.{names[model.name]}"))
             names[model.name] = key
+            if model.workload.name is not None:
+                for other_key, other in self.models.items():
+                    if other_key != key and other.workload_name == model.workload_name:
+                        problems.append((f"{path}.workload.name", f"{model.workload_name!r} is already the workload "
+                                         f"of models.{other_key}; pick another name"))
+                        break
             if model.exposure is not None:
                 if model.exposure.host in hosts:
                     problems.append(

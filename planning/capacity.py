@@ -56,6 +56,7 @@ def ceil_gib(value: float) -> int:
 class ServerPlan:
     key: str
     name: str
+    workload: str  # the Deployment's or StatefulSet's name (models.<key>.workload.name, or name)
     node_pool: str
     replicas: int
     one_per_node: bool
@@ -175,6 +176,7 @@ def _server_plan(key: str, model: "ModelServer", stack: "StackConfig") -> Server
     return ServerPlan(
         key=key,
         name=model.name,
+        workload=model.workload_name,
         node_pool=model.node_pool,
         replicas=model.workload.replicas,
         one_per_node=model.workload.one_per_node,

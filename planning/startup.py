@@ -1,8 +1,16 @@
 """Start-up budgets: how long a cold start may take, derived from the model's size.
 
 A model server on an empty cache downloads its weights, then loads them; /health answers 503
-(or nothing) until both are done. The startup probe, Kubernetes' progress deadline and Pulumi's
-wait all have to outlast that, or a first start is killed or reported failed half-way through.
+(or nothing) until both are done. Two different numbers come out of that:
+
+- the estimate, from the stack's `startup` rates: how long Pulumi waits, the Deployment's
+  progress deadline and the NotReady alert. None of them is part of a pod, so editing a rate
+  restarts nothing.
+- the startup probe's window, which is part of the pod (a change restarts it). It is never
+  shorter than the estimate, and never shorter than a start at the built-in default rates (the
+  seed's: ~19 GiB downloaded and loaded in 40 min). So an edit that keeps to those rates or
+  faster leaves the pods alone; only an estimate slower than them lengthens the window (and
+  restarts the servers, which the change preview reports).
 """
 
 from __future__ import annotations
@@ -19,12 +27,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class StartupBudget:
+    # The estimate, from the stack's rates.
     download_seconds: int
     load_seconds: int
-    # What the startup probe allows: periods x failures.
+    # What the startup probe allows: periods x failures (at least the estimate).
     probe_period_seconds: int
     probe_failure_threshold: int
-    # What Pulumi waits for the workload to become ready, image pull included.
+    # What Pulumi waits for the workload to become ready, image pull included (from the estimate).
     wait_seconds: int
 
     @property
@@ -32,22 +41,33 @@ class StartupBudget:
         return self.probe_period_seconds * self.probe_failure_threshold
 
 
+def _cold_start(size_mib: float, download_mib_per_s: float, load_mib_per_s: float, min_seconds: int,
+                prefetched: bool) -> tuple[int, int, int]:
+    """(download, load, what the probe must cover) in seconds."""
+    download = math.ceil(size_mib / download_mib_per_s)
+    load = math.ceil(size_mib / load_mib_per_s)
+    return download, load, max(min_seconds, load if prefetched else download + load)
+
+
 def startup_budget(weights: str, startup: "Startup", prefetched: bool = False) -> StartupBudget:
     """The budget for a cold start. ``prefetched``: an init container downloads before the
     engine starts, so the startup probe (which starts with the engine) only covers the load."""
     size_mib = float(parse_quantity(weights)) / MIB
-    download = math.ceil(size_mib / startup.download_mib_per_s)
-    load = math.ceil(size_mib / startup.load_mib_per_s)
-    seconds = max(startup.min_seconds, load if prefetched else download + load)
+    download, load, estimate = _cold_start(
+        size_mib, startup.download_mib_per_s, startup.load_mib_per_s, startup.min_seconds, prefetched
+    )
+    # The floor: the same start at the default rates (type(startup)() is the config's defaults,
+    # written once, in config.types.Startup).
+    defaults = type(startup)()
+    *_, floor = _cold_start(size_mib, defaults.download_mib_per_s, defaults.load_mib_per_s, defaults.min_seconds, prefetched)
     period = startup.probe_period_seconds
-    threshold = math.ceil(seconds / period)
     before_probe = startup.image_pull_seconds + (download if prefetched else 0)
     return StartupBudget(
         download_seconds=download,
         load_seconds=load,
         probe_period_seconds=period,
-        probe_failure_threshold=threshold,
-        wait_seconds=before_probe + threshold * period + period,
+        probe_failure_threshold=math.ceil(max(estimate, floor) / period),
+        wait_seconds=before_probe + math.ceil(estimate / period) * period + period,
     )
 
 

@@ -62,6 +62,29 @@ def test_renaming_the_strix_engine_keeps_its_old_weights_and_says_what_it_costs(
     assert orphaned == {"weights-halogen-flash-0", "weights-halogen-flash-1"}
     (again,) = report.of_kind("redownload")
     assert "231 GiB" in again.message
+    # ...and names the one line that avoids it.
+    assert again.message.endswith("set models.flash.workload.name: halogen-flash")
+
+
+def test_renaming_the_strix_engine_with_its_workload_name_kept_downloads_nothing():
+    """The preview's advice taken: the server (its Service, the gateway's backend) gets the new
+    name, the StatefulSet keeps the old one and with it the claims weights-halogen-flash-<n>."""
+    def rename(c):
+        models(c)["flash"].update(name="flash-engine")
+        models(c)["flash"]["workload"]["name"] = "halogen-flash"
+
+    report = edit("strix-halo", rename)
+    no_collision_or_wait(report)
+    assert report.of_kind("redownload") == [] and report.of_kind("claim-orphaned") == []
+    assert report.of_kind("change-ignored") == []  # the claim template's labels follow workload.name too
+    engine = report.entry("StatefulSet", "halogen-flash")
+    # Its selector and serviceName follow the server's name (both immutable): replaced delete-first
+    # under the same name, so the new pods mount the same claims.
+    assert engine.op == "replace" and engine.action.create_first is False
+    assert engine.new.inputs["spec"]["serviceName"] == "flash-engine"
+    assert report.entry("Service", "flash-engine").op in ("create", "replace")
+    (down,) = report.of_kind("downtime")
+    assert "load 119 s" in down.message and "download" not in down.message
 
 
 @pytest.mark.parametrize("stack", ["homelab", "strix-halo"])
@@ -153,3 +176,43 @@ def test_a_renamed_engines_downtime_counts_both_replicas_downloading_over_one_up
     # 115.5 GiB at 50 MiB/s is 2366 s per claim; two claims fill at once over the same uplink.
     assert "download 2366 s x 2 claims over one uplink + load 119 s" in down.message
     assert "about 81 min" in down.message
+
+
+def startup(config: dict) -> dict:
+    return config.setdefault("inference-plane:startup", {})
+
+
+@pytest.mark.parametrize("stack, change", [
+    # A faster uplink or disk than the defaults, a shorter minimum, a longer image pull: each is
+    # an estimate (Pulumi's wait, the progress deadline, the alert), none is part of a pod.
+    ("homelab", {"download_mib_per_s": 40}),
+    ("homelab", {"load_mib_per_s": 900, "min_seconds": 120}),
+    ("homelab", {"image_pull_seconds": 1200}),
+    ("strix-halo", {"download_mib_per_s": 9}),
+    ("strix-halo", {"load_mib_per_s": 400, "min_seconds": 300}),
+    ("rtx4090", {"download_mib_per_s": 20, "load_mib_per_s": 3000}),
+    ("cpu-cluster", {"download_mib_per_s": 12}),
+])
+def test_tuning_a_startup_estimate_restarts_no_server(stack, change):
+    report = edit(stack, lambda c: startup(c).update(change))
+    no_collision_or_wait(report)
+    assert report.of_kind("restart") == [] and report.of_kind("downtime") == []
+    assert report.of_kind("redownload") == []
+    for workload in report.find("Deployment") + report.find("StatefulSet"):
+        assert workload.op in ("same", "update")
+        if workload.op == "update":
+            before, after = workload.old.inputs["spec"]["template"], workload.new.inputs["spec"]["template"]
+            assert before == after
+
+
+def test_an_estimate_slower_than_the_defaults_lengthens_the_probe_and_says_it_restarts():
+    """The one startup edit that must reach the pods: the probe would otherwise kill a start that
+    the new estimate expects to take longer."""
+    report = edit("homelab", lambda c: startup(c).update(download_mib_per_s=4))
+    restarted = {c.subject.rsplit("/", 1)[1] for c in report.of_kind("restart")}
+    # The chat model's 19.8 GiB at 4 MiB/s outlasts the default window; the embeddings model's
+    # 0.6 GiB still fits the 600 s minimum, so that server is left alone.
+    assert restarted == {"llama-server"}
+    chat = report.entry("Deployment", "llama-server")
+    probe = chat.new.inputs["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 19.8 * 1024 / 4

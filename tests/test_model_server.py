@@ -127,6 +127,24 @@ def test_startup_budget_grows_with_the_model(homelab_values):
     assert big / small == pytest.approx(4, rel=0.05)
 
 
+def test_faster_rates_shorten_the_wait_but_never_the_probe(homelab_values):
+    """The rates are estimates (Pulumi's wait, the progress deadline): the probe, part of the pod,
+    keeps allowing a start at the default rates, so tuning them restarts nothing."""
+    _, model, run_default = build(homelab_values, "chat")
+    homelab_values["startup"] = {"download_mib_per_s": 80, "load_mib_per_s": 2000}
+    stack, _, run_fast = build(homelab_values, "chat")
+    probes = [container_of(run, model.name)["startupProbe"] for run in (run_default, run_fast)]
+    assert probes[0] == probes[1]
+    weights_mib = 19.8 * 1024
+    assert probes[1]["periodSeconds"] * probes[1]["failureThreshold"] >= weights_mib / 8.5 + weights_mib / 200
+    fast = run_fast.one("Deployment", model.name)
+    estimate = weights_mib / 80 + weights_mib / 2000
+    wait = int(fast.custom_timeouts["create"].rstrip("s"))
+    # The wait follows the estimate (at least the 600 s minimum), not the probe's longer window.
+    assert stack.startup.image_pull_seconds + max(600, estimate) <= wait <= stack.startup.image_pull_seconds + 600 + 20
+    assert fast.inputs["spec"]["progressDeadlineSeconds"] == wait
+
+
 def test_small_model_gets_the_minimum_budget(homelab_values):
     stack, model, run = build(homelab_values, "embed")
     probe = container_of(run, model.name)["startupProbe"]

@@ -207,3 +207,37 @@ def test_a_local_tier_sent_the_same_name_as_a_remote_one_is_refused(strix):
                                               r"'qwen/qwen3-embedding-8b', as tier openrouter is, so the fallback alert cannot tell them apart; "
                                               r"give the local tier a distinct model name"):
         run_strix(strix)
+
+
+def test_a_kept_workload_name_names_everything_that_watches_the_workload():
+    """workload.name: the StatefulSet, its claims, the VPA's target and the NotReady alert's series
+    keep the old name; the Service, the pods' label and the gateway's backend take the new one."""
+    from conftest import STRIX_SECRETS, run_values, strix_values
+
+    values = strix_values()
+    values["models"]["flash"]["name"] = "flash-engine"
+    values["models"]["flash"]["workload"]["name"] = "halogen-flash"
+    run = run_values(values, secrets=STRIX_SECRETS, stack="strix-halo")
+    spec = engine(run).inputs["spec"]
+    assert spec["serviceName"] == "flash-engine"
+    service = run.one("Service", "flash-engine")
+    assert service.inputs["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
+    (claim,) = spec["volumeClaimTemplates"]
+    assert claim["metadata"]["labels"]["app.kubernetes.io/name"] == "halogen-flash"
+    (vpa,) = run.find("VerticalPodAutoscaler")
+    assert vpa.inputs["spec"]["targetRef"]["name"] == "halogen-flash"
+    (rule,) = run.find("VMRule")
+    exprs = [r["expr"] for group in rule.inputs["spec"]["groups"] for r in group["rules"]]
+    assert any('statefulset="halogen-flash"' in e for e in exprs)
+    assert not any('statefulset="flash-engine"' in e for e in exprs)
+    backends = [b for b in run.find("Backend") if "flash-engine" in str(b.inputs["spec"])]
+    assert backends, "the gateway's backend follows the Service's new name"
+
+
+def test_two_servers_cannot_share_a_workload_name():
+    from conftest import STRIX_SECRETS, run_values, strix_values
+
+    values = strix_values()
+    values["models"]["embed"].setdefault("workload", {})["name"] = "halogen-flash"
+    with pytest.raises(pulumi.RunError, match=r"models\.embed\.workload\.name: 'halogen-flash' is already the workload of models\.flash"):
+        run_values(values, secrets=STRIX_SECRETS, stack="strix-halo")
