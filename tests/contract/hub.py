@@ -29,10 +29,12 @@ def git_blob_sha1(data: bytes) -> str:
 
 
 @contextmanager
-def hub(repo: str, filename: str, gguf: Path, seconds: float = 1.5, served: list | None = None) -> Iterator[str]:
+def hub(repo: str, filename: str, gguf: Path, seconds: float = 1.5, served: list | None = None,
+        log: list | None = None) -> Iterator[str]:
     """Serve ``gguf`` as ``<repo>/<filename>``; yields the endpoint URL (ending in /). ``served``
-    gets the monotonic time at which each file body finished sending."""
-    with hub_files(repo, {filename: gguf.read_bytes()}, seconds, served=served) as endpoint:
+    gets the monotonic time at which each file body finished sending; ``log`` each request line
+    (with its Range header, if any)."""
+    with hub_files(repo, {filename: gguf.read_bytes()}, seconds, served=served, log=log) as endpoint:
         yield endpoint
 
 
@@ -74,14 +76,18 @@ def hub_files(repo: str, files: dict[str, bytes], seconds: float = 0.0, lfs_suff
             chunks = 20
             size = max(1, (len(data) - start) // chunks + 1)
             for offset in range(start, len(data), size):
-                self.wfile.write(data[offset:offset + size])
-                self.wfile.flush()
+                try:
+                    self.wfile.write(data[offset:offset + size])
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    return  # the client went away mid-download (a test stops it on purpose)
                 time.sleep(seconds / chunks)
             if served is not None:
                 served.append(time.monotonic())
 
         def _route(self, send_body: bool) -> None:
-            requests.append(f"{self.command} {self.path}")
+            ranged = self.headers.get("Range")
+            requests.append(f"{self.command} {self.path}" + (f" Range: {ranged}" if ranged else ""))
             path = self.path.split("?", 1)[0]
             resolve = f"/{repo}/resolve/{COMMIT}/"
             if path == f"/api/models/{repo}/refs":

@@ -25,7 +25,7 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 # Lines a CPU build prints for the GPU flags (--n-gpu-layers), which the render sets on purpose.
 GPU_WARNINGS = ("no usable GPU found", "compiled without GPU support", "consult docs/build.md")
@@ -97,6 +97,10 @@ def local_args(args: list[str], model: Optional[Path], port: int, key_file: Opti
     return out
 
 
+class StoppedEarly(Exception):
+    """serve() stopped the server during its start, as asked (``stop_when``)."""
+
+
 @dataclass
 class Running:
     base: str
@@ -146,10 +150,12 @@ def _shared_copy(path: Path, folder: Path, mode: int) -> Path:
 def serve(binary: Path, container: dict, model: Path, probe_path: str, startup_seconds: float = 60,
           key_file_text: str = TEST_KEY, pod_security: Optional[dict] = None,
           key_file_mode: Optional[int] = None, hub_endpoint: Optional[str] = None,
-          work: Optional[Path] = None) -> Iterator[Running]:
+          work: Optional[Path] = None, stop_when: Optional[Callable[[], bool]] = None) -> Iterator[Running]:
     """``hub_endpoint``: keep --hf-repo and download from this stand-in Hub (MODEL_ENDPOINT) into the
-    pod's cache folder; ``work``: reuse a folder (and its cache) from an earlier start."""
+    pod's cache folder; ``work``: reuse a folder (and its cache) from an earlier start; ``stop_when``:
+    stop the server (SIGTERM, as the kubelet does) once this holds during the start, raising StoppedEarly."""
     args = list(container.get("args") or [])
+    owned = work is None  # removed at the end (it holds a copy of the binary); a given folder is the caller's
     work = work or Path(tempfile.mkdtemp(prefix="llama-contract-"))
     prefix, fs_group = as_pod(pod_security)
     if prefix:
@@ -201,6 +207,8 @@ def serve(binary: Path, container: dict, model: Path, probe_path: str, startup_s
                     break
             except (urllib.error.URLError, ConnectionError, socket.timeout):
                 running.before_ready.append("refused")
+            if stop_when is not None and stop_when():
+                raise StoppedEarly(running.before_ready)
             if time.monotonic() > deadline:
                 raise ContractFailure(f"{probe_path} never answered 200 within {startup_seconds:.0f}s")
             time.sleep(0.05)
@@ -211,6 +219,9 @@ def serve(binary: Path, container: dict, model: Path, probe_path: str, startup_s
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+        if owned:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def last_error(running: Running) -> str:
