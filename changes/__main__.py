@@ -26,7 +26,6 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
 
 from . import engine
 from .preview import preview
@@ -52,12 +51,12 @@ class InputError(Exception):
 
 
 def _document(text: str, where: str) -> dict[str, Any]:
+    from render.mock_engine import StackFileError, load_stack_text
+
     try:
-        document = yaml.safe_load(text) or {}
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        at = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        raise InputError(f"{where}{at}: invalid YAML: {getattr(error, 'problem', None) or error}") from None
+        document = load_stack_text(text, where) or {}
+    except StackFileError as error:
+        raise InputError(str(error)) from None
     if not isinstance(document, dict) or not isinstance(document.get("config") or {}, dict):
         raise InputError(f"{where}: expected a mapping with a `config:` mapping at the top")
     return document.get("config") or {}

@@ -405,6 +405,21 @@ class Workload:
     def label(self) -> str:
         return f"{self.kind} {self.namespace}/{self.name}"
 
+    def weights_source(self) -> tuple[str, ...]:
+        """What its pods download: llama.cpp's model flags and the prefetch's repo and revision.
+        When it changes, the weights on its claims are not the ones it needs."""
+        pod = self.template.get("spec") or {}
+        found: list[str] = []
+        for container in (pod.get("initContainers") or []) + (pod.get("containers") or []):
+            args = [str(a) for a in (container.get("args") or []) + (container.get("command") or [])]
+            for i, arg in enumerate(args[:-1]):
+                if arg in WEIGHTS_FLAGS:
+                    found.append(f"{WEIGHTS_FLAGS[arg]} {args[i + 1]}")
+            env = {e.get("name"): e.get("value") for e in container.get("env") or [] if isinstance(e, dict)}
+            if env.get("HF_REPO"):
+                found.append(f"{env['HF_REPO']}@{env.get('HF_REVISION') or 'main'}")
+        return tuple(found)
+
     def claims(self) -> list[ClaimKey]:
         """Every claim its pods mount: the shared ones, then one per template per ordinal."""
         return [key for key, _ in self.claim_slots()]
@@ -421,6 +436,11 @@ class Workload:
 
     def timeout(self, which: str) -> Optional[str]:
         return (getattr(self.resource, "custom_timeouts", None) or {}).get(which)
+
+
+# llama.cpp's flags that name the weights it downloads (common/arg.cpp), by their long form.
+WEIGHTS_FLAGS = {"-hf": "--hf-repo", "-hfr": "--hf-repo", "--hf-repo": "--hf-repo", "-hff": "--hf-file",
+                 "--hf-file": "--hf-file", "-mu": "--model-url", "--model-url": "--model-url"}
 
 
 def _int(value: Any, default: int) -> int:
@@ -869,8 +889,47 @@ def _restarts_and_downloads(ctx: _Context, starts: Sequence[_Start], fates: Mapp
             names = ", ".join(f"{ns}/{name}" for ns, name in claims.unfamiliar)
             ctx.add("redownload", "info", w.label, f"mounts existing claims it did not mount before ({names}): "
                     "downloads unless they already hold its weights")
+        downloads = len(claims.fresh)
+        kept = [key for key in w.claims() if key not in claims.fresh]
+        before_source = start.previous.weights_source() if start.previous is not None else ()
+        if kept and before_source and w.weights_source() != before_source:
+            # The claims keep the old weights; the pods need others (another quant, repo or revision).
+            size = f"{hint.weights_gib * len(kept):g} GiB" if hint.weights_gib else "its new weights"
+            ctx.add("redownload", "warning", w.label,
+                    f"downloads {size}: it now fetches {', '.join(w.weights_source())} (was {', '.join(before_source)}); "
+                    "the old weights stay on its claims")
+            downloads += 1 if start.partial else len(kept)
+            _cache_space(ctx, start, hint)
         if start.down or start.partial:
-            _downtime(ctx, start, len(claims.fresh), hint)
+            _downtime(ctx, start, downloads if not start.partial else min(downloads, 1), hint)
+
+
+def _cache_space(ctx: _Context, start: _Start, hint: ServerHint) -> None:
+    """Nothing removes the old weights: a claim must hold them beside the new ones (and, on the
+    shared cache, beside every other server's)."""
+    w = start.workload
+    old_hint = ctx.old_hints.get(start.previous.name) if start.previous is not None else None
+    if hint.weights_gib is None or old_hint is None or old_hint.weights_gib is None:
+        return
+    places: list[tuple[str, Optional[float], float]] = []
+    for template, spec in w.claim_templates.items():
+        size = quantity_bytes(((spec.get("resources") or {}).get("requests") or {}).get("storage"))
+        places.append((f"each {template}-{w.name}-<i> claim", size, old_hint.weights_gib + hint.weights_gib))
+    for claim in w.shared_claims:
+        pvc = next((e for e in ctx.entries if e.kind == "PersistentVolumeClaim" and e.applied is not None
+                    and (object_id(e.applied) or ObjectId("", "", "", None)).name == claim), None)
+        size = quantity_bytes(_get(pvc.applied.inputs, ("spec", "resources", "requests", "storage"))) if pvc else None
+        others = sum(
+            (ctx.hints.get(other.name) or ServerHint(None, None, None)).weights_gib or 0.0
+            for other in (workload(e.applied) for e in ctx.entries)
+            if other is not None and other.name != w.name and claim in other.shared_claims
+        )
+        places.append((f"the shared claim {claim}", size, others + old_hint.weights_gib + hint.weights_gib))
+    for where, size, need in places:
+        if size is not None and need > size / GIB:
+            ctx.add("cache-space", "error", w.label,
+                    f"{where} ({size / GIB:g} GiB) must hold {need:g} GiB with the old weights still on it: the download "
+                    "runs out of space and the server never starts; grow the claim first, or delete the old weights from it")
 
 
 def _keep_claims(start: _Start, hint: ServerHint) -> str:
@@ -1056,8 +1115,21 @@ def _pvc_size(ctx: _Context) -> None:
             ctx.add("update-rejected", "error", e.subject,
                     f"storage {old_size} -> {new_size}: the API server refuses to shrink a claim; pulumi up fails")
         else:
-            ctx.add("volume-expansion", "info", e.subject,
-                    f"storage {old_size} -> {new_size} in place: needs allowVolumeExpansion on its StorageClass")
+            storage_class = _get(unwrap_secrets(e.applied.inputs), ("spec", "storageClassName"))
+            if storage_class in NON_EXPANDING_CLASSES:
+                ctx.add("update-rejected", "error", e.subject,
+                        f"storage {old_size} -> {new_size}: {storage_class} volumes cannot grow (its StorageClass has no "
+                        "allowVolumeExpansion), so the API server refuses the resize and every pulumi up fails until the "
+                        "size is set back")
+            else:
+                ctx.add("volume-expansion", "warning", e.subject,
+                        f"storage {old_size} -> {new_size} in place: only if its StorageClass sets allowVolumeExpansion; "
+                        "otherwise the API server refuses it and every pulumi up fails until the size is set back")
+
+
+# Storage classes whose provisioner cannot expand a volume: rancher's local-path-provisioner
+# (node-local folders; it neither enforces nor grows a size) under its usual class names.
+NON_EXPANDING_CLASSES = frozenset({"local-path", "local-storage"})
 
 
 def _get(value: Any, path: Sequence[str]) -> Any:
@@ -1087,12 +1159,35 @@ def _secrets(ctx: _Context, restarted: set[tuple[str, str]]) -> None:
                         "do not restart: a process that reads it at start keeps the old value")
 
 
-def _applied(old: Optional[RegisteredLike], new: Optional[RegisteredLike]) -> Optional[RegisteredLike]:
-    if old is None or new is None or not new.ignore_changes or not new.custom:
+def _applied(old: Optional[RegisteredLike], new: Optional[RegisteredLike], action: Action) -> Optional[RegisteredLike]:
+    """What the cluster gets: the new inputs with ignored paths reset, except for a replacement,
+    which is created from the program's own values (fact 4)."""
+    if old is None or new is None or not new.ignore_changes or not new.custom or action.op == "replace":
         return new
     applied = copy.copy(new)
     applied.inputs = apply_ignore_changes(old.inputs, new.inputs, new.ignore_changes)
     return applied
+
+
+def _missing_volumes(ctx: _Context) -> None:
+    """A pod template mounting a volume that neither its volumes nor the StatefulSet's claim
+    templates define: the API server takes the workload (it does not check its template's
+    volumes), then every pod it makes is refused, and the rollout waits until Pulumi times out."""
+    for e in ctx.entries:
+        if e.op not in ("create", "update", "replace") or e.applied is None or not e.applied.custom:
+            continue
+        spec = e.applied.inputs.get("spec") or {}
+        pod = (spec.get("template") or {}).get("spec") if isinstance(spec, dict) else None
+        if not isinstance(pod, dict):
+            continue
+        defined = {v.get("name") for v in pod.get("volumes") or []}
+        defined |= {(t.get("metadata") or {}).get("name") for t in spec.get("volumeClaimTemplates") or []}
+        for container in (pod.get("initContainers") or []) + (pod.get("containers") or []):
+            missing = sorted({m.get("name") for m in container.get("volumeMounts") or []} - defined)
+            if missing:
+                ctx.add("pods-cannot-start", "error", e.subject,
+                        f"container {container.get('name')} mounts {', '.join(missing)}, which no volume or claim "
+                        "template defines after this update: no pod can be created and the rollout waits until it times out")
 
 
 def _ignored(ctx: _Context) -> None:
@@ -1108,26 +1203,27 @@ def _ignored(ctx: _Context) -> None:
 def preview(before: Any, after: Any, options: ProviderOptions = DEFAULT_OPTIONS) -> ChangeReport:
     """The change report for going from the ``before`` run's resources to the ``after`` run's."""
     pairs, _ = pair(before.resources, after.resources)
-    entries = [
-        Entry(
+    entries = []
+    for old, new, alias in pairs:
+        action = decide(old, new, options)
+        entries.append(Entry(
             urn=(new or old).urn,
             type=(new or old).type,
             name=(new or old).name,
-            action=decide(old, new, options),
+            action=action,
             old_urn=old.urn if old is not None else None,
             before=object_id(old) if old is not None else None,
             after=object_id(new) if new is not None else None,
             via_alias=alias,
             old=old,
             new=new,
-            applied=_applied(old, new),
-        )
-        for old, new, alias in pairs
-    ]
+            applied=_applied(old, new, action),
+        ))
     ctx = _Context(entries, server_hints(after), server_hints(before), gpu_slots(after) or gpu_slots(before), options)
     gone = _deleted_namespaces(entries)
     _protect(ctx)
     _ignored(ctx)
+    _missing_volumes(ctx)
     _collisions(ctx)
     _namespace_targets(ctx, gone)
     fates = _claims(ctx, gone)

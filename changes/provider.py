@@ -41,7 +41,12 @@ provider has the same Diff). ``pulumi`` is github.com/pulumi/pulumi at commit
 4. ``ignoreChanges``: the engine resets each listed path in the new inputs to its old value
    before diffing (step_generator.go ``processIgnoreChanges``) and the provider drops diff paths
    under them (pk8s provider.go ``Diff``, "Remove any ignored changes"); ``*`` matches any key
-   or index (pulumi sdk/go/common/resource/properties_path.go ``Contains``).
+   or index (pulumi sdk/go/common/resource/properties_path.go ``Contains``). A path that meets an
+   element only one side has (an added claim template, say) is a path error: the program's value
+   stays, and its change counts (properties_path.go ``reset``). A replacement is created from the
+   program's values, ignored paths included: the engine re-runs Check on the goal's properties
+   before the replacement (step_generator.go, "If we are going to perform a replacement, we need
+   to recompute the default values").
 5. ``protect``: replacing a resource that is protected before and after fails the update
    (step_generator.go, "unable to replace resource ... marked for protection"); deleting a
    protected resource fails (pulumi pkg/resource/deploy/step.go ``DeleteStep.Apply``).
@@ -68,6 +73,8 @@ provider has the same Diff). ``pulumi`` is github.com/pulumi/pulumi at commit
 """
 
 from __future__ import annotations
+
+import copy
 
 import re
 from dataclasses import dataclass
@@ -320,45 +327,86 @@ def diff_values(old: Any, new: Any, path: Path = ()) -> list[Change]:
     return [] if _equal_scalars(old, new) else [Change(path, old, new, "update")]
 
 
-def _reset(old: Any, new: Any, path: Path) -> Any:
-    """``new`` with ``path`` set back to its value in ``old`` (removed when ``old`` has none)."""
+def _reset(old: Any, new: Any, path: Path) -> bool:
+    """Set ``path`` in ``new`` (in place) back to its value in ``old``: a port of pulumi's
+    ``PropertyPath.reset`` (sdk/go/common/resource/properties_path.go). False is its "path
+    error": an element added or removed on the way (an array index only one side has, a key only
+    old has); the engine then leaves ``new`` as the program wrote it for that path (only an info
+    line, step_generator.go ``processIgnoreChanges``). A missing ``old`` value is None."""
     if not path:
-        return old
+        return False
     head, rest = path[0], path[1:]
+    if isinstance(head, int):
+        if head < 0:
+            return False
+        old_list, new_list = isinstance(old, list), isinstance(new, list)
+        if not rest:
+            if not old_list and not new_list:
+                return True
+            if not old_list or not new_list:
+                return False
+            if head >= len(old) and head >= len(new):
+                return True
+            if head >= len(old) or head >= len(new):
+                return False
+            new[head] = copy.deepcopy(old[head])
+            return True
+        if not old_list or not new_list:
+            return not old_list and not new_list
+        if head >= len(old) or head >= len(new):
+            return False
+        return _reset(old[head], new[head], rest)
     if head == WILDCARD:
-        keys = list(new) if isinstance(new, dict) else range(len(new)) if isinstance(new, list) else []
-        for key in keys:
-            new = _reset(old, new, (key,) + rest)
-        return new
-    if isinstance(new, dict) and isinstance(head, str):
-        has_old, old_child = _lookup(old, (head,))
-        copy = dict(new)
         if not rest:
-            if has_old:
-                copy[head] = old_child
-            else:
-                copy.pop(head, None)
-            return copy
-        if head in copy:
-            copy[head] = _reset(old_child if has_old else None, copy[head], rest)
-        return copy
-    if isinstance(new, list) and isinstance(head, int) and 0 <= head < len(new):
-        has_old, old_child = _lookup(old, (head,))
-        copy_list = list(new)
-        if not rest:
-            if has_old:
-                copy_list[head] = old_child
-            return copy_list
-        copy_list[head] = _reset(old_child if has_old else None, copy_list[head], rest)
-        return copy_list
-    return new
+            if isinstance(new, dict):
+                if isinstance(old, dict):
+                    for key in list(new):
+                        if key not in old:
+                            del new[key]
+                    new.update(copy.deepcopy(old))
+                return True
+            if isinstance(new, list):
+                if isinstance(old, list):
+                    for i in range(min(len(old), len(new))):
+                        new[i] = copy.deepcopy(old[i])
+                    return len(old) == len(new)
+                return True
+            return False
+        if isinstance(old, dict) and isinstance(new, dict):
+            for key in old:
+                if key not in new or not _reset(old[key], new[key], rest):
+                    return False
+            return True
+        if isinstance(old, list) and isinstance(new, list):
+            for i in range(min(len(old), len(new))):
+                if not _reset(old[i], new[i], rest):
+                    return False
+            return len(old) == len(new)
+        return False
+    if not rest:
+        if isinstance(old, dict) and head in old:
+            if not isinstance(new, dict):
+                return False
+            new[head] = copy.deepcopy(old[head])
+        elif isinstance(new, dict):
+            new.pop(head, None)
+        return True
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return not isinstance(old, dict) and not isinstance(new, dict)
+    has_old, has_new = head in old, head in new
+    if has_old and not has_new:
+        return False
+    if not has_old and not has_new:
+        return True
+    return _reset(old.get(head), new[head], rest)
 
 
 def apply_ignore_changes(old_inputs: Mapping[str, Any], new_inputs: Mapping[str, Any], ignore: Iterable[str]) -> dict:
-    """The new inputs with every ignored path holding its old value (fact 4)."""
-    result: Any = dict(new_inputs)
+    """The new inputs with every ignored path holding its old value (fact 4); a path that meets an
+    added or removed element keeps the program's value."""
+    result = copy.deepcopy(dict(new_inputs))
     for text in ignore:
-        result = _reset(old_inputs, result, parse_path(text))
+        _reset(old_inputs, result, parse_path(text))
     return result
 
 
@@ -527,6 +575,7 @@ def decide(
         dbr, why = False, "replaceOnChanges: the engine's default, create-first"
     paths = tuple(dict.fromkeys(c.text for c in provider_replaces + option_replaces))
     blocked = "protected: pulumi up refuses to replace it" if (old.protect and new.protect) else None
+    # The replacement takes the program's values, ignored paths too (fact 4): nothing stays ignored.
     return Action(
         "replace",
         changed=changed,
@@ -534,6 +583,5 @@ def decide(
         create_first=not dbr,
         retained=old.retain_on_delete,
         blocked=blocked,
-        ignored=ignored,
         why_order=why,
     )

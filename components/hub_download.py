@@ -10,6 +10,11 @@ llama.cpp's downloader asks (common/hf-cache.cpp at b10729): ``api/models/<repo>
 ``api/models/<repo>/tree/<commit>?recursive=true``, then ``<repo>/resolve/<commit>/<path>``.
 Files already complete are skipped, partial ones resumed with a byte range: a restart is cheap.
 
+A finished revision leaves a marker (``.prefetch-complete-<commit>`` beside ``blobs``), so a pod's
+restart needs no Hub: a pinned commit that is complete is not asked about at all, and a branch
+whose last commit is complete starts from it when the Hub cannot be reached (the weights are on
+disk; an outage of the Hub should not take the server down with it).
+
 Environment: HF_REPO, HF_REVISION (a branch, or a 40-hex commit), HF_HOME; optional HF_ENDPOINT
 and HF_TOKEN.
 """
@@ -17,7 +22,9 @@ and HF_TOKEN.
 import json
 import os
 import re
+import socket
 import sys
+import urllib.error
 import urllib.request
 
 
@@ -58,13 +65,43 @@ def _fetch(url, token, blob, size):
     os.replace(partial, blob)
 
 
+def _complete(root, commit):
+    return os.path.join(root, ".prefetch-complete-" + commit)
+
+
+def _cached_commit(root, revision):
+    """The commit a finished earlier run left for this revision, or None."""
+    commit = revision
+    if not re.fullmatch(r"[0-9a-f]{40}", revision):
+        try:
+            with open(os.path.join(root, "refs", revision)) as ref:
+                commit = ref.read().strip()
+        except OSError:
+            return None
+    return commit if os.path.exists(_complete(root, commit)) else None
+
+
 def main():
     repo, revision = os.environ["HF_REPO"], os.environ.get("HF_REVISION", "main")
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/") + "/"
     token = os.environ.get("HF_TOKEN")
     root = os.path.join(os.environ["HF_HOME"], "hub", "models--" + repo.replace("/", "--"))
-    commit = _commit(endpoint, repo, revision, token)
-    files = [f for f in _json(f"{endpoint}api/models/{repo}/tree/{commit}?recursive=true", token) if f.get("type") == "file"]
+    cached = _cached_commit(root, revision)
+    if cached is not None and cached == revision:
+        print(f"prefetch: {repo}@{cached} complete (a pinned commit: the Hub is not asked)", flush=True)
+        return
+    try:
+        commit = _commit(endpoint, repo, revision, token)
+        files = [f for f in _json(f"{endpoint}api/models/{repo}/tree/{commit}?recursive=true", token)
+                 if f.get("type") == "file"]
+    except (urllib.error.URLError, socket.timeout, ConnectionError) as error:
+        if isinstance(error, urllib.error.HTTPError) and error.code not in (408, 429) and error.code < 500:
+            raise  # the Hub answered: a wrong repo or token is not an outage
+        if cached is None:
+            sys.exit(f"prefetch: the Hub is unreachable ({error}) and {repo}@{revision} was never fetched completely")
+        print(f"prefetch: the Hub is unreachable ({error}); starting from {repo}@{cached}, "
+              f"the last complete commit of {revision}", flush=True)
+        return
     for folder in ("blobs", "refs", os.path.join("snapshots", commit)):
         os.makedirs(os.path.join(root, folder), exist_ok=True)
     for item in files:
@@ -85,6 +122,7 @@ def main():
     if revision != commit:
         with open(os.path.join(root, "refs", revision), "w") as ref:
             ref.write(commit)  # no newline: readers use the content as a folder name
+    open(_complete(root, commit), "w").close()
     print(f"prefetch: {repo}@{commit} complete ({len(files)} files)", flush=True)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from typing import Any
 
 from common.constants import OFFLINE_SECRET_PLACEHOLDER, PROJECT
@@ -74,7 +75,20 @@ def load_stack() -> StackConfig:
         problems.append((key, "structured config must not be secret; keep credentials in their own keys"))
     if problems:
         raise ConfigError(problems)
+    _warn_moving_revisions(stack)
     return stack
+
+
+def _warn_moving_revisions(stack: StackConfig) -> None:
+    import pulumi
+
+    for key, model in stack.models.items():
+        if model.prefetch is not None and not re.fullmatch(r"[0-9a-f]{40}", model.prefetch.revision):
+            pulumi.log.warn(
+                f"models.{key}.prefetch.revision {model.prefetch.revision!r} is a branch: each pod start asks the Hub "
+                "and downloads the branch's new commits beside the old ones (no preview sees that coming); "
+                "pin a 40-hex commit to start offline"
+            )
 
 
 def _secret_key_problems(stack: StackConfig, values: dict[str, Any], secret_keys: set[str]) -> list[tuple[str, str]]:

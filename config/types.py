@@ -47,6 +47,9 @@ def _doc(text: str, **constraints) -> object:
 
 # --- cluster -------------------------------------------------------------------------------------
 
+# Namespaces Kubernetes itself uses: a stack must never label or fence them.
+SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "default"})
+
 
 class PodPeer(Strict):
     """A set of pods in another namespace that the inference namespace talks to."""
@@ -231,10 +234,10 @@ class ModelCacheConfig(Strict):
 
 
 class Startup(Strict):
-    """How long a cold start is expected to take: Pulumi's wait, the Deployment's progress deadline and
-    the NotReady alert follow it, and none is part of a pod, so editing these rates restarts nothing.
-    The startup probe (part of the pod) allows at least a start at the default rates, and longer only
-    when the estimate is slower than that (then an edit restarts the servers; the change preview says so)."""
+    """How long a cold start is expected to take. The startup probe, Pulumi's wait, the Deployment's
+    progress deadline and the NotReady alert allow the estimate, but never less than a start at the
+    default rates: rates at or above the defaults change no pod (and restart nothing); a slower
+    estimate lengthens the probe, which restarts the servers (the change preview says which)."""
 
     download_mib_per_s: Annotated[float, Field(ge=0.1, le=100_000)] = _doc(
         "Sustained download rate from the model hub; the seed's 40 min for ~19 GiB assumes about this.", default=8.5
@@ -787,6 +790,26 @@ class StackConfig(Strict):
             keys |= self.gateway.secret_config_keys()
         return keys
 
+    def _namespace_owned(self) -> list[Problem]:
+        """The namespace is the stack's own: it gets a Pod Security level and a default-deny policy.
+        On a system namespace or a peer's, those would lock the cluster's own pods out."""
+        name = self.namespace.name
+        if name in SYSTEM_NAMESPACES:
+            return [("namespace.name", f"{name} is a Kubernetes system namespace; the stack labels it (Pod Security) "
+                     "and denies all traffic not listed: use a namespace of its own, e.g. ai")]
+        peers = {
+            "cluster.dns.namespace": self.cluster.dns.namespace,
+            "cluster.ingress.namespace": self.cluster.ingress.namespace if self.cluster.ingress else None,
+            "cluster.monitoring.namespace": self.cluster.monitoring.namespace if self.cluster.monitoring else None,
+            "cluster.storage.namespace": self.cluster.storage.namespace if self.cluster.storage else None,
+            "gateway.envoy_namespace": self.gateway.envoy_namespace if self.gateway else None,
+        }
+        for where, peer in peers.items():
+            if peer == name:
+                return [("namespace.name", f"{name} is also {where}: the stack's default-deny policy would cut that "
+                         "peer's own pods off; use a namespace of its own")]
+        return []
+
     def problems(self) -> list[Problem]:
         """Checks between fields that no single field's type can express."""
         problems: list[Problem] = []
@@ -810,6 +833,7 @@ class StackConfig(Strict):
                     )
                 hosts[model.exposure.host] = key
             problems += model.problems(path, self.node_pools)
+        problems += self._namespace_owned()
         problems += self.namespace.model_hub_egress.problems("namespace.model_hub_egress")
         problems += self._egress_expressible()
         problems += self._exposure_problems()

@@ -280,9 +280,39 @@ def plan_capacity(stack: "StackConfig") -> CapacityPlan:
                 f"({workloads}) but offers {node.offers_gib:.1f} GiB (allocatable less reserved); move a model to "
                 "another pool, shrink it, or add nodes",
             ))
+    problems += _cache_problems(stack, result)
     if problems:
         raise CapacityError(problems)
     return result
+
+
+def _cache_problems(stack: "StackConfig", plan: CapacityPlan) -> list[Problem]:
+    """The volumes the weights land on must hold them: a download that runs out of space fails at
+    the end, after its whole cold start (nothing prunes a cache, so these are the least). The
+    shared cache must also reach every node the plan puts its servers on."""
+    problems: list[Problem] = []
+    shared = {key: server for key, server in plan.servers.items() if stack.models[key].workload.cache_volume is None}
+    need = sum(float(parse_quantity(server.weights)) / GIB for server in shared.values())
+    size = float(parse_quantity(stack.model_cache.size)) / GIB
+    if shared and size < need:
+        each = ", ".join(f"{key} {float(parse_quantity(s.weights)) / GIB:.1f}" for key, s in shared.items())
+        problems.append(("model_cache.size", f"{stack.model_cache.size} holds less than the {need:.1f} GiB the servers on "
+                         f"it download ({each}); set it to at least {math.ceil(need)}Gi"))
+    for key, server in plan.servers.items():
+        volume = stack.models[key].workload.cache_volume
+        weights = float(parse_quantity(server.weights)) / GIB
+        if volume is not None and float(parse_quantity(volume.size)) / GIB < weights:
+            problems.append((f"models.{key}.workload.cache_volume.size", f"{volume.size} holds less than its "
+                             f"{weights:.1f} GiB of weights; set it to at least {math.ceil(weights)}Gi"))
+    if stack.model_cache.access_mode == "ReadWriteOnce" and shared:
+        names = {server.name: key for key, server in shared.items()}
+        nodes = sorted({(n.pool, n.node) for n in plan.nodes for name, _ in n.workloads if name in names})
+        if len(nodes) > 1:
+            where = ", ".join(f"{pool} node {node + 1}" for pool, node in nodes)
+            problems.append(("model_cache.access_mode", f"ReadWriteOnce attaches to one node, but the plan puts the "
+                             f"servers on it ({', '.join(sorted(names.values()))}) on {where}: use ReadWriteMany "
+                             "(CephFS, NFS, Longhorn RWX), or give each server a cache of its own"))
+    return problems
 
 
 def _vram_problems(key: str, model: "ModelServer", server: ServerPlan, pool: "NodePool") -> list[Problem]:

@@ -3,14 +3,15 @@
 A model server on an empty cache downloads its weights, then loads them; /health answers 503
 (or nothing) until both are done. Two different numbers come out of that:
 
-- the estimate, from the stack's `startup` rates: how long Pulumi waits, the Deployment's
-  progress deadline and the NotReady alert. None of them is part of a pod, so editing a rate
-  restarts nothing.
-- the startup probe's window, which is part of the pod (a change restarts it). It is never
-  shorter than the estimate, and never shorter than a start at the built-in default rates (the
-  seed's: ~19 GiB downloaded and loaded in 40 min). So an edit that keeps to those rates or
-  faster leaves the pods alone; only an estimate slower than them lengthens the window (and
-  restarts the servers, which the change preview reports).
+- the estimate, from the stack's `startup` rates (the cold-start annotation the policies check);
+- the window: the estimate, but never shorter than the same start at the built-in default rates
+  (the seed's: ~19 GiB downloaded and loaded in 40 min). The startup probe allows it, and
+  Pulumi's wait, the Deployment's progress deadline and the NotReady alert add the image pull
+  (and a prefetch's download) to it, so nothing reports a failure that Kubernetes would not.
+
+The probe is part of the pod (a change restarts it), so the floor is what keeps a rate edit away
+from running servers: rates at or above the defaults change nothing; only an estimate slower
+than the defaults lengthens the window and restarts the servers (the change preview says which).
 
 A start the probe does cut short keeps its progress: llama.cpp resumes a partial download with a
 Range request (tests/test_llama_contract.py), as the prefetch downloader does (tests/test_prefetch.py).
@@ -64,13 +65,16 @@ def startup_budget(weights: str, startup: "Startup", prefetched: bool = False) -
     defaults = type(startup)()
     *_, floor = _cold_start(size_mib, defaults.download_mib_per_s, defaults.load_mib_per_s, defaults.min_seconds, prefetched)
     period = startup.probe_period_seconds
+    threshold = math.ceil(max(estimate, floor) / period)
     before_probe = startup.image_pull_seconds + (download if prefetched else 0)
     return StartupBudget(
         download_seconds=download,
         load_seconds=load,
         probe_period_seconds=period,
-        probe_failure_threshold=math.ceil(max(estimate, floor) / period),
-        wait_seconds=before_probe + math.ceil(estimate / period) * period + period,
+        probe_failure_threshold=threshold,
+        # As long as the probe allows: Pulumi never reports a failure for a start Kubernetes still
+        # lets run (and a wait is not part of a pod: changing it restarts nothing).
+        wait_seconds=before_probe + threshold * period + period,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import re
 import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,15 +87,60 @@ class StackFileError(Exception):
     """A stack file that is not valid YAML; ``str()`` names the file, line and column."""
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first: Any, again: Any):
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.first, self.again = key, first, again
+
+
+# libyaml's parser when available: the pure-Python one dominates reading a large stack file.
+_BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class StackLoader(_BASE_LOADER):  # type: ignore[misc, valid-type]
+    """What the Pulumi CLI reads (Go's yaml.v3), not PyYAML's defaults: a key given twice is an
+    error, not a silent last-one-wins (a pasted second `chat:` would drop a server), and only
+    true/false are booleans (YAML 1.2: `webui: no` is the string "no", as `pulumi preview` sees it)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise _DuplicateKey(key, seen[key], key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
+
+StackLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in _BASE_LOADER.yaml_implicit_resolvers.items()
+}
+StackLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
 def _load_yaml(path: Path) -> Any:
     try:
-        # libyaml's parser when available: the pure-Python one dominates reading a large stack file.
-        return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        text = path.read_text()
     except UnicodeDecodeError as error:
         raise StackFileError(f"{path.name}: not UTF-8 text ({error.reason} at byte {error.start}); save it as UTF-8") from None
+    return load_stack_text(text, path.name)
+
+
+def load_stack_text(text: str, name: str) -> Any:
+    """A stack file's document, read as the Pulumi CLI reads it (StackLoader); errors name ``name``."""
+    try:
+        return yaml.load(text, Loader=StackLoader)
+    except _DuplicateKey as error:
+        raise StackFileError(
+            f"{name}:{error.again.line + 1}:{error.again.column + 1}: duplicate key {error.key!r} (first at line "
+            f"{error.first.line + 1}): the second would silently replace the first; remove or rename one"
+        ) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        where = f"{path.name}:{mark.line + 1}:{mark.column + 1}" if mark else path.name
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         hint = "; indent with spaces, not tabs" if "cannot start any token" in problem else ""
         raise StackFileError(f"{where}: invalid YAML: {problem}{hint}; fix the stack file there") from None

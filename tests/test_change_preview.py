@@ -288,6 +288,40 @@ def test_ignore_changes_keeps_the_old_value():
     assert apply_ignore_changes({"a": [1, 2]}, {"a": [3, 4]}, ["a[*]"]) == {"a": [1, 2]}
 
 
+def test_ignore_changes_follows_the_engines_path_rules_for_added_and_removed_elements():
+    """pulumi's PropertyPath.reset: an element only one side has is a path error, and the
+    program's value stays (so an added claim template is not silently dropped)."""
+    added = apply_ignore_changes({"spec": {}}, {"spec": {"t": [{"n": 1}]}}, ["spec.t[0]"])
+    assert added == {"spec": {"t": [{"n": 1}]}}
+    removed = apply_ignore_changes({"spec": {"t": [{"n": 1}]}}, {"spec": {}}, ["spec.t[0]"])
+    assert removed == {"spec": {}}
+    assert apply_ignore_changes({"spec": {"t": [{"n": 1}]}}, {"spec": {"t": [{"n": 2}]}}, ["spec.t[0]"]) == {"spec": {"t": [{"n": 1}]}}
+    # A leaf key that old lacks is removed from new; deeper, a key only new has is left alone.
+    assert apply_ignore_changes({"a": {}}, {"a": {"b": 1}}, ["a.b"]) == {"a": {}}
+    assert apply_ignore_changes({}, {"a": {"b": {"c": 1}}}, ["a.b.c"]) == {"a": {"b": {"c": 1}}}
+
+
+def test_a_replacement_takes_the_programs_values_even_where_changes_are_ignored():
+    old = statefulset()
+    new = edited(edited(old, "spec.volumeClaimTemplates.0.spec.resources.requests.storage", "300Gi"), "spec.serviceName", "renamed")
+    new = with_options(new, ignore_changes=["spec.volumeClaimTemplates[0]"])
+    report = preview(run_of(old), run_of(new))
+    (entry,) = report.find("StatefulSet")
+    assert entry.op == "replace" and entry.action.ignored == ()
+    assert entry.applied.inputs["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "300Gi"
+    assert report.of_kind("change-ignored") == []
+    (kept,) = report.of_kind("claim-template-ignored")
+    assert "weights-engine-0, weights-engine-1 are re-used as they are" in kept.message
+
+
+def test_a_template_mounting_a_volume_nothing_defines_is_an_error():
+    old = statefulset()
+    new = edited(old, "spec.template.spec.containers.0.volumeMounts", [{"name": "models", "mountPath": "/models"}])
+    report = preview(run_of(old), run_of(new))
+    (error,) = report.of_kind("pods-cannot-start")
+    assert error.severity == "error" and "mounts models" in error.message
+
+
 def test_replace_on_changes_replaces_create_first_even_under_the_same_name():
     old = deployment()
     new = with_options(edited(old, "spec.replicas", 2), replace_on_changes=["spec.replicas"])
@@ -526,7 +560,9 @@ def test_homelab_ingress_host_is_an_ingress_update_and_nothing_else(homelab_base
 def test_homelab_cache_growth_is_an_expansion_in_place(homelab_base):
     report = preview(homelab_base, edit("homelab", "model_cache.size", "80Gi"))
     assert changed(report) == {("PersistentVolumeClaim", "llama-server-models", "update")}
-    assert [c.kind for c in report.consequences] == ["volume-expansion"]
+    (expansion,) = report.consequences
+    assert expansion.kind == "volume-expansion" and expansion.severity == "warning"
+    assert "allowVolumeExpansion" in expansion.message
 
 
 def test_homelab_key_rotation_replaces_the_secret_and_restarts_its_server(homelab_base):

@@ -216,3 +216,74 @@ def test_an_estimate_slower_than_the_defaults_lengthens_the_probe_and_says_it_re
     chat = report.entry("Deployment", "llama-server")
     probe = chat.new.inputs["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
     assert probe["periodSeconds"] * probe["failureThreshold"] >= 19.8 * 1024 / 4
+
+
+def test_giving_a_statefulset_claims_of_its_own_replaces_it_with_them():
+    """Adding cache_volume to a StatefulSet that used the shared cache: the claim template is
+    added (a path the old object lacks, which ignoreChanges cannot hold back), so the StatefulSet
+    is replaced with it; ignoring the whole list used to drop it and leave pods that mount a
+    volume nothing defines (stuck until Pulumi's timeout)."""
+    before = stack_file_config("strix-halo")
+    del models(before)["flash"]["workload"]["cache_volume"], models(before)["flash"]["prefetch"]
+    after = copy.deepcopy(before)
+    models(after)["flash"]["workload"]["cache_volume"] = {"storage_class": "local-path", "size": "256Gi"}
+    models(after)["flash"]["prefetch"] = {"repo": "peonist/qwen38-flash-next-w4b"}
+    secrets = {k.split(":", 1)[1]: f"{k}-value" for k, v in before.items() if isinstance(v, dict) and "secure" in v}
+    report = preview(run_stack_file("strix-halo", before, secrets), run_stack_file("strix-halo", after, secrets),
+                     options_from_config(after))
+    no_collision_or_wait(report)
+    assert report.of_kind("pods-cannot-start") == []
+    engine = report.entry("StatefulSet", "halogen-flash")
+    assert engine.op == "replace" and engine.action.create_first is False
+    assert engine.applied.inputs["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "weights"
+    (fills,) = report.of_kind("redownload")
+    assert fills.message.startswith("downloads 231 GiB")
+
+
+def test_a_quant_swap_on_the_full_homelab_cache_is_refused_before_it_starts():
+    """Another quant is another file: the server downloads it beside the old one (nothing
+    prunes the cache), and 19.8 + 0.6 + 28.5 GiB do not fit the 40 GiB claim."""
+    def swap(c):
+        chat = models(c)["chat"]
+        chat["hf_repo"] = chat["hf_repo"].replace(":Q4_K_M", ":Q6_K")
+        chat["weights"] = "28.5Gi"
+        chat["resources"].update(memory_request="44Gi", memory_limit="48Gi")
+
+    report = edit("homelab", swap)
+    (download,) = report.of_kind("redownload")
+    assert download.message.startswith("downloads 28.5 GiB") and ":Q6_K" in download.message
+    (space,) = report.of_kind("cache-space")
+    assert space.severity == "error" and "(40 GiB) must hold 48.9 GiB" in space.message
+    (down,) = report.of_kind("downtime")
+    assert "download 3434 s + load 146 s" in down.message  # 28.5 GiB at 8.5 MiB/s, not just the load
+
+
+def test_a_new_prefetch_revision_downloads_on_each_replica_in_turn():
+    report = edit("strix-halo", lambda c: models(c)["flash"]["prefetch"].update(revision="a" * 40))
+    (download,) = report.of_kind("redownload")
+    assert download.message.startswith("downloads 231 GiB") and "@" + "a" * 40 in download.message
+    assert report.of_kind("cache-space") == []  # 2 x 115.5 GiB fit each 256 GiB claim
+    (out,) = report.of_kind("reduced-capacity")
+    assert "download 2366 s + load 119 s" in out.message
+
+
+def test_a_rename_and_a_claim_resize_together_replace_with_the_new_template():
+    """A replacement is created from the program's values, ignored paths included: the new
+    StatefulSet's template says 300Gi, while the claims it re-uses keep their size."""
+    def both(c):
+        models(c)["flash"].update(name="flash-engine")
+        models(c)["flash"]["workload"].update(name="halogen-flash")
+        models(c)["flash"]["workload"]["cache_volume"]["size"] = "300Gi"
+
+    report = edit("strix-halo", both)
+    engine = report.entry("StatefulSet", "halogen-flash")
+    assert engine.op == "replace"
+    assert engine.applied.inputs["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "300Gi"
+    assert report.of_kind("change-ignored") == [] and report.of_kind("redownload") == []
+    assert len(report.of_kind("claim-template-ignored")) == 1
+
+
+def test_growing_a_local_path_cache_says_the_resize_is_refused():
+    report = edit("strix-halo", lambda c: c["inference-plane:model_cache"].update(size="32Gi"))
+    (refused,) = report.of_kind("update-rejected")
+    assert refused.severity == "error" and "local-path volumes cannot grow" in refused.message

@@ -109,3 +109,46 @@ def test_an_interrupted_download_resumes(init_container, tmp_path):
     assert big.read_bytes() == data
     assert any(r.startswith("GET /cdn/") for r in log)
     assert read_like_the_engine(engine, tmp_path).name == COMMIT
+
+
+def pinned(init: dict, commit: str) -> dict:
+    return {**init, "env": [{**e, "value": commit} if e["name"] == "HF_REVISION" else e for e in init["env"]]}
+
+
+def test_a_pinned_complete_commit_starts_without_the_hub(init_container, tmp_path):
+    init, engine = init_container
+    init = pinned(init, COMMIT)
+    with hub_files(REPO, FILES) as endpoint:
+        assert run_init(init, tmp_path, endpoint).returncode == 0
+    log: list[str] = []
+    with hub_files(REPO, FILES, log=log) as endpoint:
+        again = run_init(init, tmp_path, endpoint)
+    assert again.returncode == 0, again.stderr
+    assert log == []  # not even asked
+    for path, data in FILES.items():
+        assert (next(tmp_path.rglob(f"snapshots/{COMMIT}")) / path).read_bytes() == data
+
+
+def test_a_branch_starts_from_its_last_complete_commit_when_the_hub_is_down(init_container, tmp_path):
+    from server import free_port
+
+    init, engine = init_container
+    with hub_files(REPO, FILES) as endpoint:
+        assert run_init(init, tmp_path, endpoint).returncode == 0
+    down = f"http://127.0.0.1:{free_port()}/"
+    again = run_init(init, tmp_path, down)
+    assert again.returncode == 0, again.stderr
+    assert f"starting from {REPO}@{COMMIT}" in again.stdout
+    assert read_like_the_engine(engine, tmp_path).name == COMMIT
+
+
+def test_a_download_never_finished_does_not_start_when_the_hub_is_down(init_container, tmp_path):
+    from server import free_port
+
+    init, _ = init_container
+    with hub_files(REPO, FILES) as endpoint:
+        assert run_init(init, tmp_path, endpoint).returncode == 0
+    next(tmp_path.rglob(".prefetch-complete-*")).unlink()  # as if the pod died before the end
+    again = run_init(init, tmp_path, f"http://127.0.0.1:{free_port()}/")
+    assert again.returncode != 0
+    assert "was never fetched completely" in again.stderr

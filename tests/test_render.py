@@ -246,3 +246,37 @@ def test_the_render_shows_what_the_program_warns_about(tmp_path):
             "briefly find none; run: pulumi config set kubernetes:enableSecretMutable true") in result.summary()
     shipped = render_stack("homelab", tmp_path / "shipped")
     assert "warning:" not in shipped.summary()
+
+
+def _stack_text_render(tmp_path, text: str) -> subprocess.CompletedProcess:
+    (tmp_path / "Pulumi.mine.yaml").write_text(text)
+    return subprocess.run(
+        [sys.executable, "-m", "render", "mine", "--out", str(tmp_path / "out"), "--stack-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    """PyYAML's default keeps the last of two equal keys: a second `chat:` pasted under models
+    would drop the first server without a word (and `pulumi up` would delete it)."""
+    text = (ROOT / "Pulumi.homelab.yaml").read_text()
+    lines = text.splitlines()
+    models = lines.index("  inference-plane:models:")
+    chat = lines.index("    chat:")
+    pasted = "\n".join(lines[:models + 1] + ["    chat:", "      role: chat"] + lines[models + 1:]) + "\n"
+    proc = _stack_text_render(tmp_path, pasted)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1
+    # The original chat: (two lines further down now) is the second one; the pasted one is first.
+    assert f"Pulumi.mine.yaml:{chat + 3}:5: duplicate key 'chat' (first at line {models + 2})" in proc.stderr
+    assert "remove or rename one" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_yes_and_no_are_strings_as_the_pulumi_cli_reads_them(tmp_path):
+    text = (ROOT / "Pulumi.homelab.yaml").read_text()
+    assert text.count("      webui: false\n") == 1
+    no_webui = text.replace("      webui: false\n", "      webui: no\n")
+    proc = _stack_text_render(tmp_path, no_webui)
+    assert proc.returncode == 2
+    assert "models.embed.webui" in proc.stderr and "'no'" in proc.stderr
