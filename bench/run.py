@@ -170,9 +170,13 @@ def main() -> int:
     tests = None
     if not args.skip_tests:
         start = time.perf_counter()
-        subprocess.run([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=ROOT, check=True,
-                       stdout=subprocess.DEVNULL)
+        suite = subprocess.run([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         tests = time.perf_counter() - start
+        if suite.returncode != 0:
+            summary = suite.stdout.strip().splitlines()[-1] if suite.stdout.strip() else f"exit {suite.returncode}"
+            raise SystemExit(f"bench: the test suite failed ({summary}); run make test to see why, or make bench "
+                             "with --skip-tests")
 
     print(f"{'case':<26}{'resources':>10}{'seconds':>9}{'over floor':>12}{'peak RSS MiB':>14}")
     for row in rows:

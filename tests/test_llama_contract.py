@@ -12,6 +12,7 @@ import copy
 import shutil
 import sys
 import tempfile
+import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -40,7 +41,10 @@ def servers() -> list[tuple[str, str, dict, dict | None, str, str | None]]:
 
     found = []
     for stack in STACKS:
-        run = run_stack(stack)
+        try:
+            run = run_stack(stack)
+        except Exception:  # noqa: BLE001 - a stack that does not render fails its own test below, not the collection
+            continue
         files = manifests(run).values()
         for key, model in run.config.models.items():
             if model.engine != "llamacpp":
@@ -172,11 +176,19 @@ def check_cors(running, args: list[str]) -> None:
         assert allowed == setting and allowed != evil
 
 
-def test_the_suite_covers_every_llamacpp_server_of_every_stack():
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_suite_covers_every_llamacpp_server_of_the_stack(stack):
+    """Also where a stack of the user's does not render: that stack fails here, with its one line,
+    instead of stopping the whole collection."""
     from render.mock_engine import run_stack
 
-    expected = {(s, k) for s in STACKS for k, m in run_stack(s).config.models.items() if m.engine == "llamacpp"}
-    assert {(c[0], c[1]) for c in servers()} == expected and len(expected) >= 3
+    expected = {(stack, k) for k, m in run_stack(stack).config.models.items() if m.engine == "llamacpp"}
+    assert {(c[0], c[1]) for c in servers() if c[0] == stack} == expected
+
+
+def test_the_shipped_stacks_have_llamacpp_servers_to_run():
+    shipped = {(c[0], c[1]) for c in servers() if c[0] in ("homelab", "strix-halo", "rtx4090", "cpu-cluster")}
+    assert shipped == {(s, k) for s in ("homelab", "rtx4090", "cpu-cluster") for k in ("chat", "embed")} | {("strix-halo", "embed")}
 
 
 def test_a_misspelt_flag_fails_with_the_servers_own_words(binary, models):
@@ -290,7 +302,8 @@ def test_a_start_cut_short_mid_download_resumes_where_it_stopped(binary, models,
     def some_bytes_arrived() -> bool:
         return any(p.stat().st_size > 0 for p in (pod_folder / cache.lstrip("/")).rglob("*.downloadInProgress"))
 
-    with hub(repo, filename, gguf, seconds=3, log=log) as endpoint:
+    held = threading.Event()  # the Hub sends one chunk, then waits: the stop lands mid-download on any machine
+    with hub(repo, filename, gguf, seconds=1, log=log, hold=held) as endpoint:
         with pytest.raises(StoppedEarly) as stopped:
             with serve(binary, container, gguf, probe_path(container), pod_security=container[POD_SECURITY],
                        hub_endpoint=endpoint, work=pod_folder, stop_when=some_bytes_arrived):
@@ -301,6 +314,7 @@ def test_a_start_cut_short_mid_download_resumes_where_it_stopped(binary, models,
         fetched = partials[0].stat().st_size
         assert 0 < fetched < gguf.stat().st_size
         assert not snapshot.exists()
+        held.set()
         log.clear()
         with serve(binary, container, gguf, probe_path(container), startup_seconds=60,
                    pod_security=container[POD_SECURITY], hub_endpoint=endpoint, work=pod_folder) as running:

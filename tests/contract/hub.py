@@ -30,19 +30,21 @@ def git_blob_sha1(data: bytes) -> str:
 
 @contextmanager
 def hub(repo: str, filename: str, gguf: Path, seconds: float = 1.5, served: list | None = None,
-        log: list | None = None) -> Iterator[str]:
+        log: list | None = None, hold: threading.Event | None = None) -> Iterator[str]:
     """Serve ``gguf`` as ``<repo>/<filename>``; yields the endpoint URL (ending in /). ``served``
     gets the monotonic time at which each file body finished sending; ``log`` each request line
     (with its Range header, if any)."""
-    with hub_files(repo, {filename: gguf.read_bytes()}, seconds, served=served, log=log) as endpoint:
+    with hub_files(repo, {filename: gguf.read_bytes()}, seconds, served=served, log=log, hold=hold) as endpoint:
         yield endpoint
 
 
 @contextmanager
 def hub_files(repo: str, files: dict[str, bytes], seconds: float = 0.0, lfs_suffixes=(".gguf", ".safetensors", ".bin"),
-              log: list | None = None, served: list | None = None) -> Iterator[str]:
+              log: list | None = None, served: list | None = None,
+              hold: threading.Event | None = None) -> Iterator[str]:
     """Serve several files; large-file ones (by suffix) as LFS objects whose resolve URL redirects
-    to a CDN path, as the Hub does."""
+    to a CDN path, as the Hub does. ``hold``: a whole-file download stops after its first chunk
+    until the event is set (a test can then stop the client mid-download, whatever its speed)."""
     lfs = {path: hashlib.sha256(data).hexdigest() for path, data in files.items() if path.endswith(lfs_suffixes)}
     cdn = {sha: files[path] for path, sha in lfs.items()}
     requests = log if log is not None else []
@@ -81,9 +83,13 @@ def hub_files(repo: str, files: dict[str, bytes], seconds: float = 0.0, lfs_suff
                     self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
                     return  # the client went away mid-download (a test stops it on purpose)
+                if offset + size >= len(data):
+                    if served is not None:
+                        served.append(time.monotonic())  # the last byte is out
+                    break
+                if hold is not None and offset == 0:
+                    hold.wait(60)
                 time.sleep(seconds / chunks)
-            if served is not None:
-                served.append(time.monotonic())
 
         def _route(self, send_body: bool) -> None:
             ranged = self.headers.get("Range")
