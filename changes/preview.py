@@ -244,12 +244,61 @@ def _readable_paths(e: Entry, paths: list[str]) -> list[str]:
             containers = ((((registered.inputs or {}).get("spec") or {}).get("template") or {}).get("spec") or {}).get(kind) or []
             return [str(a) for a in (containers[index].get(match["field"]) or [])] if index < len(containers) else []
 
-        old, new = args_of(e.old), args_of(e.applied)
-        added = " ".join(a for a in new if a not in old)
-        removed = " ".join(a for a in old if a not in new)
-        change = "; ".join(x for x in (f"+{added}" if added else "", f"-{removed}" if removed else "") if x) or "reordered"
-        out.append(f"{kind}[{index}].{match['field']}: {change[:80]}")
+        change = _arg_changes(args_of(e.old), args_of(e.applied))
+        out.append(f"{kind}[{index}].{match['field']}: {change[:120]}")
     return out
+
+
+def _flag_values(args: list[str]) -> tuple[dict[str, list[Optional[str]]], list[str]]:
+    """A command line as flag -> its values (None for a bare switch), in order, plus the bare
+    arguments. A token after a flag is its value unless it is itself a flag (negative numbers are values)."""
+    flags: dict[str, list[Optional[str]]] = {}
+    bare: list[str] = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if token.startswith("-") and not _NUMBER.fullmatch(token):
+            name, eq, inline = token.partition("=")
+            if eq:
+                flags.setdefault(name, []).append(inline)
+            elif i + 1 < len(args) and (not args[i + 1].startswith("-") or _NUMBER.fullmatch(args[i + 1])):
+                flags.setdefault(name, []).append(args[i + 1])
+                i += 1
+            else:
+                flags.setdefault(name, []).append(None)
+        else:
+            bare.append(token)
+        i += 1
+    return flags, bare
+
+
+def _arg_changes(old: list[str], new: list[str]) -> str:
+    """`--cache-ram 1024 -> 4; added --cors-origins localhost; removed --metrics`: per flag, not by
+    position or as a set of words (a value another flag also has would vanish from a set)."""
+    old_flags, old_bare = _flag_values(old)
+    new_flags, new_bare = _flag_values(new)
+
+    def shown(flag: str, values: list[Optional[str]]) -> str:
+        return " ".join(f"{flag} {v}" if v is not None else flag for v in values)
+
+    parts: list[str] = []
+    for flag in dict.fromkeys([*old_flags, *new_flags]):
+        before, after = old_flags.get(flag), new_flags.get(flag)
+        if before == after:
+            continue
+        if before is None:
+            parts.append(f"added {shown(flag, after or [])}")
+        elif after is None:
+            parts.append(f"removed {shown(flag, before)}")
+        else:
+            values = lambda vs: ",".join("(switch)" if v is None else v for v in vs)  # noqa: E731
+            parts.append(f"{flag} {values(before)} -> {values(after)}")
+    if old_bare != new_bare:
+        parts.append(f"arguments {' '.join(old_bare) or '(none)'} -> {' '.join(new_bare) or '(none)'}")
+    return "; ".join(parts) or "same flags, another order"
+
+
+_NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
 
 
 def _entry_line(e: Entry) -> str:

@@ -14,11 +14,25 @@ if TYPE_CHECKING:
 NGINX = "nginx.ingress.kubernetes.io"
 
 
-def controller_annotations(kind: str, exposure: "Exposure") -> dict[str, str]:
+TRAEFIK_MIDDLEWARES = "traefik.ingress.kubernetes.io/router.middlewares"
+
+
+def source_middleware(server: str) -> str:
+    """The Traefik Middleware admitting only exposure.source_ranges to a server's Ingress."""
+    return f"{server}-sources"
+
+
+def controller_annotations(kind: str, exposure: "Exposure", namespace: str, server: str) -> dict[str, str]:
     """The Ingress annotations the program sets for this controller (they win over the user's)."""
     if kind == "ingress-nginx":
         body_mib = -(-int(parse_quantity(exposure.max_body)) // MIB)
+        sources = {}
+        if exposure.source_ranges is not None:
+            # The older name: every ingress-nginx release reads it (allowlist-source-range, the new
+            # one, is an alias only in recent ones; internal/ingress/annotations/ipallowlist).
+            sources = {f"{NGINX}/whitelist-source-range": ",".join(exposure.source_ranges)}
         return {
+            **sources,
             # Defaults 60 s: the gap between two reads; the first token of a long prompt (or a whole
             # non-streamed answer) can take longer than that.
             f"{NGINX}/proxy-read-timeout": str(exposure.timeout_seconds),
@@ -33,4 +47,7 @@ def controller_annotations(kind: str, exposure: "Exposure") -> dict[str, str]:
     # Traefik streams responses (flushes every 100 ms, SSE at once) and has no body limit unless a
     # Buffering middleware sets one; it has no per-Ingress timeout annotation. Its entrypoint's
     # 60 s readTimeout bounds reading the request only (an upload slower than that), not the answer.
+    if kind == "traefik" and exposure.source_ranges is not None:
+        # A CRD middleware is referred to as <namespace>-<name>@kubernetescrd.
+        return {TRAEFIK_MIDDLEWARES: f"{namespace}-{source_middleware(server)}@kubernetescrd"}
     return {}

@@ -27,7 +27,7 @@ from engines import engine_of
 from engines.llamacpp import first_key
 from policy.rules import MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAME, tailnet_device
 
-from .meta import token
+from .meta import VALUE_NOTES_ANNOTATION, token, value_notes
 
 AIGW = "aigateway.envoyproxy.io/v1beta1"
 EG = "gateway.envoyproxy.io/v1alpha1"
@@ -285,10 +285,16 @@ class InferenceGateway(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on or []),
         )
 
-    def _secret(self, resource_name: str, secret_name: str, values: dict[str, pulumi.Input[str]]):
+    def _secret(self, resource_name: str, secret_name: str, values: dict[str, pulumi.Input[str]],
+                holds: Optional[dict[str, str]] = None):
+        """``holds``: what each key must hold, for whoever creates the Secret by hand (a rendered
+        folder's SECRETS.md reads it from the VALUE_NOTES_ANNOTATION)."""
+        meta = self._meta(secret_name)
+        if holds:
+            meta["annotations"] = {**meta.get("annotations", {}), VALUE_NOTES_ANNOTATION: value_notes(holds)}
         return k8s.core.v1.Secret(
             resource_name,
-            metadata=self._meta(secret_name),
+            metadata=meta,
             type="Opaque",
             string_data=pulumi.Output.secret(pulumi.Output.all(**values)) if values else {},
             opts=pulumi.ResourceOptions(parent=self),
@@ -317,7 +323,8 @@ class InferenceGateway(pulumi.ComponentResource):
     def _api_keys(self, name: str, gateway_ref: dict) -> None:
         gw = self._args.gateway
         secret_name = f"{gw.name}-api-keys"
-        secret = self._secret(f"{name}-api-keys", secret_name, {c: self._args.client_keys[c] for c in sorted(gw.clients)})
+        secret = self._secret(f"{name}-api-keys", secret_name, {c: self._args.client_keys[c] for c in sorted(gw.clients)},
+                              holds={c: f"client {c}'s own gateway key" for c in sorted(gw.clients)})
         self._cr(
             f"{name}-api-key-auth",
             EG,
@@ -379,7 +386,8 @@ class InferenceGateway(pulumi.ComponentResource):
             )
             if tier_name in self._args.provider_keys:
                 key_secret = f"{tier_name}-provider-key"
-                secret = self._secret(f"{name}-provider-key-{tier_name}", key_secret, {"apiKey": self._args.provider_keys[tier_name]})
+                secret = self._secret(f"{name}-provider-key-{tier_name}", key_secret, {"apiKey": self._args.provider_keys[tier_name]},
+                                      holds={"apiKey": self._key_source(tier_name)})
                 self._cr(
                     f"{name}-provider-auth-{tier_name}",
                     AIGW,
@@ -519,7 +527,8 @@ class InferenceGateway(pulumi.ComponentResource):
             # The client's gateway key was stripped; llama.cpp wants its own as a bearer token.
             credential = f"{gw.name}-llamacpp-credential"
             secret = self._secret(
-                f"{name}-llamacpp-credential", credential, {"credential": pulumi.Output.concat("Bearer ", key)}
+                f"{name}-llamacpp-credential", credential, {"credential": pulumi.Output.concat("Bearer ", key)},
+                holds={"credential": "'Bearer ' followed by " + self._key_source(self._local_tier_of(path.model) or "")},
             )
             inject = self._cr(
                 f"{name}-llamacpp-credential-filter",
@@ -573,6 +582,17 @@ class InferenceGateway(pulumi.ComponentResource):
             },
             depends_on=[route],
         )
+
+    def _key_source(self, tier_name: str) -> str:
+        """Where a tier's upstream key comes from, in words a person creating the Secret can follow."""
+        tier = self._args.gateway.tiers[tier_name]
+        model = self._args.stack.models.get(tier.local) if tier.local else None
+        if model is not None and model.api_key is not None:
+            return (f"the first line of {model.api_key.secret_key} in Secret {model.api_key.secret_name} "
+                    f"(models.{tier.local}'s llama.cpp key)")
+        if tier.remote is not None and tier.remote.api_key_config:
+            return f"the provider's API key (config {tier.remote.api_key_config})"
+        return f"tier {tier_name}'s upstream key"
 
     def _local_tier_of(self, model_key: str) -> Optional[str]:
         return next((n for n, t in self._args.gateway.tiers.items() if t.local == model_key), None)

@@ -29,3 +29,13 @@ def metadata(name: str, namespace: str, app: Optional[str] = None, component: Op
     if annotations:
         meta["annotations"] = annotations
     return meta
+
+
+# On a Secret the program creates: what each of its keys must hold, one "key: what" per line. A
+# rendered folder has no values, so its SECRETS.md says how the keys relate (e.g. a metrics token
+# that must be the first line of the key file) instead of leaving a person to guess.
+VALUE_NOTES_ANNOTATION = "inference-plane/values"
+
+
+def value_notes(holds: dict[str, str]) -> str:
+    return "\n".join(f"{key}: {what}" for key, what in sorted(holds.items()))

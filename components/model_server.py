@@ -17,7 +17,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from common.constants import COMPONENT_LABEL, service_fqdn
-from common.ingress import controller_annotations
+from common.ingress import controller_annotations, source_middleware
 from config.types import ClusterConfig, ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
 from engines.llamacpp import METRICS_TOKEN_KEY, first_key
@@ -25,7 +25,7 @@ from planning.capacity import ServerPlan
 from planning.startup import StartupBudget
 from policy.rules import COLD_START_ANNOTATION, HEALTH_ANNOTATION
 
-from .meta import labels, metadata, selector, token
+from .meta import VALUE_NOTES_ANNOTATION, labels, metadata, selector, token, value_notes
 from .pod import KEY_FINGERPRINT_ANNOTATION, checkov_waivers, key_fingerprint, pod_spec
 from .workloads import WorkloadParts, build
 
@@ -97,9 +97,15 @@ class ModelServerBase(pulumi.ComponentResource):
 
         self.api_key_secret = None
         if model.api_key is not None and model.api_key.from_config is not None:
+            key_file = model.api_key.secret_key
             self.api_key_secret = k8s.core.v1.Secret(
                 f"{name}-api-key",
-                metadata=metadata(model.api_key.secret_name, ns, model.name, component),
+                metadata=metadata(model.api_key.secret_name, ns, model.name, component, annotations={
+                    VALUE_NOTES_ANNOTATION: value_notes({
+                        key_file: "the server's API key; while rotating, two lines: the old key, then the new",
+                        METRICS_TOKEN_KEY: f"the first line of {key_file} (the metrics scrape's bearer token)",
+                    }),
+                }),
                 type="Opaque",
                 # The key file, and its first key alone as the metrics scrape's bearer token.
                 string_data=pulumi.Output.secret(pulumi.Output.from_input(args.api_key_value).apply(
@@ -183,7 +189,18 @@ class ModelServerBase(pulumi.ComponentResource):
         controller = cluster.ingress
         if exposure is None or controller is None:  # refused by StackConfig.problems
             raise ValueError(f"{model.name}: exposure needs exposure settings and an ingress controller")
-        # LAN-only: no public-DNS label, so only the LAN's DNS publishes the record.
+        depends: list[pulumi.Resource] = [self.service]
+        if controller.kind == "traefik" and exposure.source_ranges is not None:
+            # Only the listed client ranges reach the server (controller_annotations names it).
+            depends.append(k8s.apiextensions.CustomResource(
+                f"{name}-sources",
+                api_version="traefik.io/v1alpha1",
+                kind="Middleware",
+                metadata=metadata(source_middleware(model.name), args.namespace, model.name, "chat"),
+                spec={"ipAllowList": {"sourceRange": list(exposure.source_ranges)}},
+                opts=pulumi.ResourceOptions(parent=self),
+            ))
+        # No public-DNS label, so only the LAN's DNS publishes the record; the source ranges above.
         return k8s.networking.v1.Ingress(
             f"{name}-ingress",
             metadata=metadata(
@@ -196,7 +213,7 @@ class ModelServerBase(pulumi.ComponentResource):
                     "cert-manager.io/cluster-issuer": cluster.cert_manager_issuer,
                     # What long streamed answers need from this controller (the config refuses a
                     # user annotation that contradicts one of these).
-                    **controller_annotations(controller.kind, exposure),
+                    **controller_annotations(controller.kind, exposure, args.namespace, model.name),
                 },
             ),
             spec={
@@ -217,5 +234,5 @@ class ModelServerBase(pulumi.ComponentResource):
                     }
                 ],
             },
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.service]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=depends),
         )

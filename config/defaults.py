@@ -19,3 +19,8 @@ DEVICE_PLUGIN_SHARING = {
 # The prefetch init container's image: Python's standard library is all the downloader
 # (components/hub_download.py) needs, so nothing is installed at start.
 PREFETCH_IMAGE = "docker.io/library/python:3.12.11-slim-bookworm"
+
+# Who may reach an exposed chat endpoint: the private address ranges (RFC 1918), carrier-grade
+# NAT (RFC 6598, where Tailscale addresses live) and IPv6 unique-local ones. A home router's port
+# forward or a misplaced LoadBalancer then still cannot open the API to the internet.
+PRIVATE_SOURCE_RANGES = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"]

@@ -92,20 +92,27 @@ def _warn_moving_revisions(stack: StackConfig) -> None:
 
 
 def _secret_key_problems(stack: StackConfig, values: dict[str, Any], secret_keys: set[str]) -> list[tuple[str, str]]:
-    allowed_secrets = stack.secret_config_keys()
+    refs = stack.secret_config_refs()
+    allowed_secrets = set(refs)
     problems: list[tuple[str, str]] = []
+    misnamed: set[str] = set()
     for key in sorted(set(values) - set(TOP_LEVEL_KEYS)):
         if key in allowed_secrets:
             continue
         near = difflib.get_close_matches(key, [*TOP_LEVEL_KEYS, *allowed_secrets], n=1, cutoff=0.6)
-        if near:
+        if near and near[0] in refs and near[0] not in values and key in secret_keys:
+            # A secret that is set, and a setting naming a near spelling that is not: the setting
+            # is the typo (renaming the secret to match it would keep the typo forever).
+            misnamed.add(near[0])
+            problems.append((refs[near[0]], f"no secret {near[0]!r} is set; did you mean {key}, which is?"))
+        elif near:
             problems.append((path_part(key), f"unknown config key; did you mean {near[0]}?"))
         elif key in secret_keys:
             # Typically left behind when a section that named it (the gateway, an api_key) was removed.
             problems.append((path_part(key), f"a secret no setting names any more; remove it: pulumi config rm {key}"))
         else:
             problems.append((path_part(key), f"unknown config key; known keys: {', '.join(TOP_LEVEL_KEYS)}"))
-    for key in sorted(allowed_secrets):
+    for key in sorted(allowed_secrets - misnamed):
         if key not in values:
             problems.append((key, f"not set; run: pulumi config set --secret {key} <value>"))
         elif key not in secret_keys:

@@ -9,6 +9,7 @@ these). Checks between fields live beside the fields, as ``problems()`` methods 
 
 from __future__ import annotations
 
+import difflib
 import typing
 from typing import Annotated, Literal, Optional
 
@@ -16,9 +17,10 @@ from pydantic import Field
 
 from planning.quantity import parse_quantity
 
-from .defaults import DEVICE_PLUGIN_SHARING, MODEL_HUB_HOSTS, PREFETCH_IMAGE
+from .defaults import DEVICE_PLUGIN_SHARING, MODEL_HUB_HOSTS, PREFETCH_IMAGE, PRIVATE_SOURCE_RANGES
 from .values import (
     Args,
+    Cidr,
     ConfigKey,
     Cpu,
     DnsLabel,
@@ -30,6 +32,7 @@ from .values import (
     HttpPath,
     Labels,
     Memory,
+    Number,
     PinnedImage,
     Positive,
     Reason,
@@ -168,7 +171,7 @@ class NodePool(Strict):
     reserved: Memory = _doc(
         "Held on each node by workloads this program does not manage (storage daemons, DNS ...).", default="0Gi"
     )
-    memory_bandwidth_gbs: Optional[Annotated[float, Field(gt=0)]] = _doc(
+    memory_bandwidth_gbs: Optional[Annotated[Number, Field(gt=0)]] = _doc(
         "Sustained memory bandwidth of one node in GB/s, for the decode-speed bound; null: not shown.", default=None
     )
     vram: Optional[Memory] = _doc(
@@ -177,7 +180,7 @@ class NodePool(Strict):
         default=None,
     )
     gpus_per_node: Annotated[int, Field(gt=0, le=16)] = _doc("Discrete GPUs per node the device plugin advertises.", default=1)
-    vram_bandwidth_gbs: Optional[Annotated[float, Field(gt=0)]] = _doc(
+    vram_bandwidth_gbs: Optional[Annotated[Number, Field(gt=0)]] = _doc(
         "Memory bandwidth of one discrete GPU in GB/s (RTX 4090: 1008), for the decode-speed bound.", default=None
     )
     runtime_class: Optional[DnsName] = _doc(
@@ -239,10 +242,10 @@ class Startup(Strict):
     default rates: rates at or above the defaults change no pod (and restart nothing); a slower
     estimate lengthens the probe, which restarts the servers (the change preview says which)."""
 
-    download_mib_per_s: Annotated[float, Field(ge=0.1, le=100_000)] = _doc(
+    download_mib_per_s: Annotated[Number, Field(ge=0.1, le=100_000)] = _doc(
         "Sustained download rate from the model hub; the seed's 40 min for ~19 GiB assumes about this.", default=8.5
     )
-    load_mib_per_s: Annotated[float, Field(ge=0.1, le=100_000)] = _doc(
+    load_mib_per_s: Annotated[Number, Field(ge=0.1, le=100_000)] = _doc(
         "Reading the weights back off the cache volume and onto the GPU.", default=200.0
     )
     min_seconds: Annotated[int, Field(gt=0, le=86_400)] = _doc(
@@ -283,8 +286,8 @@ class Resources(Strict):
 class ModelFacts(Strict):
     """What the memory model needs to know about a model's architecture."""
 
-    params_b: Annotated[float, Field(gt=0)] = _doc("Parameters, in billions.")
-    active_params_b: Optional[Annotated[float, Field(gt=0)]] = _doc(
+    params_b: Annotated[Number, Field(gt=0)] = _doc("Parameters, in billions.")
+    active_params_b: Optional[Annotated[Number, Field(gt=0)]] = _doc(
         "Parameters read per token, for mixture-of-experts; null: dense (all of them).", default=None
     )
     layers: Positive = _doc("Transformer blocks.")
@@ -301,10 +304,10 @@ class ModelFacts(Strict):
     )
     kv_heads: Positive = _doc("Key/value heads per attention layer.")
     head_dim: Positive = _doc("Dimension of one head.")
-    recurrent_state_mib: Annotated[float, Field(ge=0)] = _doc(
+    recurrent_state_mib: Annotated[Number, Field(ge=0)] = _doc(
         "Fixed-size recurrent state per slot (hybrid models), independent of context.", default=0.0
     )
-    bits_per_weight: Optional[Annotated[float, Field(gt=0, le=32)]] = _doc(
+    bits_per_weight: Optional[Annotated[Number, Field(gt=0, le=32)]] = _doc(
         "Overrides the quant's table value (checkpoints that are not GGUF).", default=None
     )
     pooling: Optional[Literal["none", "mean", "cls", "last", "rank"]] = _doc(
@@ -384,9 +387,17 @@ class Workload(Strict):
 
 
 class Exposure(Strict):
-    """An Ingress for the chat endpoint: LAN-only, TLS from cert-manager."""
+    """An Ingress for the chat endpoint: TLS from cert-manager, no public DNS record, and only the
+    source ranges listed may connect."""
 
     host: Hostname = _doc("The LAN host name.")
+    source_ranges: Optional[Annotated[list[Cidr], Field(min_length=1)]] = _doc(
+        "Client address ranges the controller admits (ingress-nginx: whitelist-source-range; Traefik v3: an "
+        "ipAllowList Middleware). Only as good as the client address the controller sees: its Service needs "
+        "externalTrafficPolicy: Local (or the PROXY protocol), or every client arrives as a node's address. "
+        "null: anyone who reaches the controller (the API key is then the only guard).",
+        default=PRIVATE_SOURCE_RANGES,
+    )
     tls_secret: DnsName = _doc("The Secret cert-manager writes the certificate to.")
     timeout_seconds: Annotated[int, Field(ge=60, le=86_400)] = _doc(
         "The longest a client waits for the first token or a whole non-streamed answer; the controller's read "
@@ -538,15 +549,18 @@ class ModelServer(Strict):
         named = self.image_backend()
         backend = self.backend or pool.backend
         where = f"{path}.backend" if self.backend else f"node_pools.{self.node_pool}.backend"
-        if named is not None and backend is not None and named != backend:
+        if named is not None and named not in typing.get_args(GpuBackend):
+            # One problem, with one fix: an unknown build (a misspelt tag) is not a backend to switch to.
+            near = difflib.get_close_matches(named, typing.get_args(GpuBackend), n=1, cutoff=0.6)
+            hint = f" (did you mean the {near[0]} build?)" if near else ""
+            problems.append((f"{path}.image", f"llama.cpp's {named} build is not one this program plans for{hint}; use "
+                             f"the cuda, rocm, vulkan, intel (sycl) or CPU image"))
+        elif named is not None and backend is not None and named != backend:
             problems.append((
                 where,
                 f"{backend}, but the image {self.image} is llama.cpp's {named} build; use the {backend} image "
                 f"(or set backend: {named})",
             ))
-        if named is not None and named not in typing.get_args(GpuBackend):
-            problems.append((f"{path}.image", f"llama.cpp's {named} build is not one this program plans for; use "
-                             f"the cuda, rocm, vulkan, intel (sycl) or CPU image"))
         if named is None and backend is None:
             problems.append((
                 f"{path}.backend",
@@ -683,12 +697,21 @@ class GatewayConfig(Strict):
             reached.add(self.llamacpp_embeddings.model)
         return reached
 
-    def secret_config_keys(self) -> set[str]:
-        keys = {c.key_config for c in self.clients.values() if c.key_config}
-        keys |= {t.remote.api_key_config for t in self.tiers.values() if t.remote and t.remote.api_key_config}
+    def secret_config_refs(self) -> dict[str, str]:
+        """Each secret config key the gateway names -> the first setting that names it."""
+        refs: dict[str, str] = {}
         if self.master_key_config:
-            keys.add(self.master_key_config)
-        return keys
+            refs[self.master_key_config] = "gateway.master_key_config"
+        for name, client in self.clients.items():
+            if client.key_config:
+                refs.setdefault(client.key_config, f"gateway.clients.{name}.key_config")
+        for name, tier in self.tiers.items():
+            if tier.remote and tier.remote.api_key_config:
+                refs.setdefault(tier.remote.api_key_config, f"gateway.tiers.{name}.remote.api_key_config")
+        return refs
+
+    def secret_config_keys(self) -> set[str]:
+        return set(self.secret_config_refs())
 
     def problems(self, models: dict[str, ModelServer]) -> list[Problem]:
         problems: list[Problem] = []
@@ -783,12 +806,18 @@ class StackConfig(Strict):
     gateway: Optional[GatewayConfig] = _doc("Envoy AI Gateway in front of the servers; null: none.", default=None)
     observability: Optional[Observability] = _doc("Scrapes and alerts; null: none.", default=None)
 
-    def secret_config_keys(self) -> set[str]:
-        """The config keys that must hold Pulumi secrets (credentials)."""
-        keys = {m.api_key.from_config for m in self.models.values() if m.api_key and m.api_key.from_config}
+    def secret_config_refs(self) -> dict[str, str]:
+        """Each config key that must hold a Pulumi secret (a credential) -> the setting naming it."""
+        refs = {
+            m.api_key.from_config: f"models.{key}.api_key.from_config"
+            for key, m in reversed(list(self.models.items())) if m.api_key and m.api_key.from_config
+        }
         if self.gateway is not None:
-            keys |= self.gateway.secret_config_keys()
-        return keys
+            refs = {**self.gateway.secret_config_refs(), **refs}
+        return refs
+
+    def secret_config_keys(self) -> set[str]:
+        return set(self.secret_config_refs())
 
     def _namespace_owned(self) -> list[Problem]:
         """The namespace is the stack's own: it gets a Pod Security level and a default-deny policy.
@@ -870,8 +899,14 @@ class StackConfig(Strict):
                     "the cluster has no ingress controller (cluster.ingress: null); remove exposure or configure one",
                 ))
                 continue
+            if exposure.source_ranges is not None and self.cluster.ingress.kind == "other":
+                problems.append((
+                    f"models.{key}.exposure.source_ranges",
+                    "the program can restrict sources only on ingress-nginx or Traefik (cluster.ingress.kind); restrict "
+                    "them in your controller and set source_ranges: null",
+                ))
             ours = {"cert-manager.io/cluster-issuer": self.cluster.cert_manager_issuer,
-                    **controller_annotations(self.cluster.ingress.kind, exposure)}
+                    **controller_annotations(self.cluster.ingress.kind, exposure, self.namespace.name, model.name)}
             for name, value in exposure.annotations.items():
                 if name in ours and ours[name] != value:
                     problems.append((

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Any
 
@@ -56,6 +57,28 @@ def _number_as_quantity(value: Any) -> Any:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
+def _decimal_text(value: Any) -> Any:
+    """`pulumi config set --path x.load_mib_per_s 12.5` stores the string "12.5" (the CLI types only
+    whole numbers and true/false): a plain decimal string is that number."""
+    return float(value) if isinstance(value, str) and _DECIMAL.fullmatch(value) else value
+
+
+def _cidr(value: str) -> str:
+    try:
+        network = ipaddress.ip_network(value, strict=True)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an address range in CIDR form, such as 192.168.0.0/16 (host bits zero)") from None
+    return str(network)
+
+
+Cidr = Annotated[str, AfterValidator(_cidr)]
+
+
+# A fractional number, as written in a stack file or stored by `pulumi config set --path`.
+Number = Annotated[float, BeforeValidator(_decimal_text)]
 DnsLabel = Annotated[str, matches(_DNS_LABEL, "a DNS label (lower-case letters, digits, '-', at most 63)")]
 DnsName = Annotated[str, matches(_DNS_NAME, "a DNS subdomain name (lower-case letters, digits, '-', '.')")]
 Hostname = Annotated[str, matches(_HOSTNAME, "a fully qualified host name such as llm.example.org")]

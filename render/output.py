@@ -8,9 +8,11 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
+
+from components.meta import VALUE_NOTES_ANNOTATION
 
 from .mock_engine import PROJECT_DIR, ProgramRun, StackFileError, run_stack
 from .manifests import dump, manifests
@@ -44,8 +46,12 @@ class RenderResult:
 
     def summary(self) -> str:
         kinds = Counter(m["kind"] for m in self.files.values())
+        written = sum(n for kind, n in kinds.items() if kind != "Secret")
         lines = [
-            f"rendered stack {self.stack!r}: {len(self.files)} manifests in {self.out}, all valid, "
+            f"rendered stack {self.stack!r}: {written} manifests in {self.out} (and {kinds['Secret']} Secrets to create, "
+            f"{SECRETS_FILE}), all valid, {len(RESOURCE_RULES) + len(STACK_RULES)} policies passed"
+            if kinds["Secret"] else
+            f"rendered stack {self.stack!r}: {written} manifests in {self.out}, all valid, "
             f"{len(RESOURCE_RULES) + len(STACK_RULES)} policies passed"
         ]
         lines.append("  " + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())))
@@ -132,22 +138,41 @@ def plan_tables(plan: dict | None) -> list[str]:
 SECRETS_FILE = "SECRETS.md"
 
 
-def secrets_to_create(stack: str, secrets: list[dict[str, Any]]) -> str:
-    """What to create before `kubectl apply -k`: one command per Secret, values left to the user."""
+def supplied_secrets(run: ProgramRun) -> list[str]:
+    """Secrets the stack names but neither the program nor cert-manager creates."""
+    gateway = run.config.gateway if run.config is not None else None
+    if gateway is None or gateway.client_ca_secret is None:
+        return []
+    return [f"`{gateway.client_ca_secret}` in namespace `{run.config.namespace.name}` (key: ca.crt): the CA that signs "
+            "the clients' certificates (gateway.client_ca_secret; the gateway requires and verifies them)"]
+
+
+def secrets_to_create(stack: str, secrets: list[dict[str, Any]], supplied: Optional[list[str]] = None) -> str:
+    """What to create before `kubectl apply -k`: one command per Secret, values left to the user,
+    with what each key must hold; ``supplied``: Secrets the stack refers to but never creates."""
     lines = [
         f"# Secrets to create before applying this folder (stack {stack})",
         "",
         "`pulumi up` creates these itself. This folder holds no Secret objects: their values are Pulumi",
         "secrets, never written here. Before `kubectl apply -k .`, create each one with its real value",
-        "(or the equivalent SealedSecret / SOPS-encrypted Secret in your GitOps repository):",
+        "(or the equivalent SealedSecret / SOPS-encrypted Secret in your GitOps repository, kept outside",
+        "this folder: a new render replaces the folder whole). Write each value to its file without a",
+        "trailing newline (`printf %s '<value>' > ./apiKey`): a header value cannot hold one.",
         "",
     ]
     for secret in sorted(secrets, key=lambda m: (m["metadata"].get("namespace", ""), m["metadata"]["name"])):
         meta = secret["metadata"]
         keys = sorted({*(secret.get("stringData") or {}), *(secret.get("data") or {})})
-        literals = " ".join(f"--from-literal={k}=<{k}>" for k in keys)
-        lines += [f"- `{meta['name']}` in namespace `{meta.get('namespace', 'default')}` (keys: {', '.join(keys)})", "",
-                  f"      kubectl -n {meta.get('namespace', 'default')} create secret generic {meta['name']} {literals}", ""]
+        # From files: a key file may hold two lines while a key rotates, which a literal cannot.
+        sources = " ".join(f"--from-file={k}=./{k}" for k in keys)
+        lines += [f"- `{meta['name']}` in namespace `{meta.get('namespace', 'default')}` (keys: {', '.join(keys)})", ""]
+        notes = (meta.get("annotations") or {}).get(VALUE_NOTES_ANNOTATION)
+        if notes:
+            lines += [f"  - `{line.split(': ', 1)[0]}`: {line.split(': ', 1)[1]}" for line in notes.splitlines()] + [""]
+        lines += [f"      kubectl -n {meta.get('namespace', 'default')} create secret generic {meta['name']} {sources}", ""]
+    if supplied:
+        lines += ["Also referred to, never created by `pulumi up` either (they must exist in both cases):", ""]
+        lines += [f"- {what}" for what in supplied] + [""]
     return "\n".join(lines)
 
 
@@ -198,7 +223,7 @@ def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> Rend
         (staging / "kustomization.yaml").write_text(_kustomization(applied))
         secrets = [m for m in files.values() if m["kind"] == "Secret"]
         if secrets:
-            (staging / SECRETS_FILE).write_text(secrets_to_create(stack, secrets))
+            (staging / SECRETS_FILE).write_text(secrets_to_create(stack, secrets, supplied_secrets(run)))
         if run.outputs.get("capacity_plan"):
             (staging / "plan.json").write_text(json.dumps(run.outputs["capacity_plan"], indent=2, sort_keys=True) + "\n")
             (staging / "plan.svg").write_text(plan_svg(run.outputs["capacity_plan"]))

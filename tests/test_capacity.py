@@ -112,6 +112,7 @@ def one_node_stacks(draw):
         values["models"][key]["resources"]["memory_request"] = None
         values["models"][key]["resources"]["memory_limit"] = None
     values["models"]["chat"]["weights"] = f"{draw(st.integers(1, 80))}Gi"
+    values["model_cache"]["size"] = "100Gi"  # memory is under test here; the cache check has its bad stacks
     return parse_stack(values)
 
 

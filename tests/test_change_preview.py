@@ -666,10 +666,16 @@ def test_an_ignored_edit_is_reported_as_not_applied():
     assert not report.of_kind("already-exists")
 
 
-def test_changed_container_args_are_shown_as_the_arguments_added_and_removed(homelab_base):
-    """An operator reads `+1024; -2048` (the --ctx-size value) rather than list positions."""
-    from changes.preview import _entry_line
+def test_changed_container_args_are_shown_per_flag(homelab_base):
+    """An operator reads `--ctx-size 2048 -> 1024` rather than list positions; a new value that
+    another flag already has (1024 is also chat's --ubatch-size; 4 its --threads) still shows."""
+    from changes.preview import _arg_changes, _entry_line
 
     report = preview(homelab_base, edit("homelab", "models.embed.ctx_size", 1024))
     line = _entry_line(report.entry("Deployment", "llama-embed"))
-    assert "containers[0].args: +1024; -2048" in line
+    assert "containers[0].args: --ctx-size 2048 -> 1024" in line
+    chat = preview(homelab_base, edit("homelab", "models.chat.cache_ram_mib", 4))
+    assert "containers[0].args: --cache-ram 1024 -> 4" in _entry_line(chat.entry("Deployment", "llama-server"))
+    assert _arg_changes(["--a", "1", "--metrics"], ["--a", "1", "--b", "-1"]) == "removed --metrics; added --b -1"
+    assert _arg_changes(["--x=1", "serve"], ["--x", "2", "run"]) == "--x 1 -> 2; arguments serve -> run"
+    assert _arg_changes(["--a", "1", "--b"], ["--b", "--a", "1"]) == "same flags, another order"

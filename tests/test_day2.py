@@ -168,6 +168,14 @@ def test_numbers_that_pulumi_config_set_path_writes_are_accepted():
         parse_stack(values)
     values["model_cache"]["size"] = "40Gi"
     assert parse_stack(values).models["chat"].resources.cpu_limit == "6"
+    # Anything but a whole number or true/false it stores as a string: "12.5" is still 12.5.
+    values["startup"] = {"download_mib_per_s": "12.5"}
+    values["node_pools"]["iris-xe"]["memory_bandwidth_gbs"] = "53.9"
+    parsed = parse_stack(values)
+    assert parsed.startup.download_mib_per_s == 12.5 and parsed.node_pools["iris-xe"].memory_bandwidth_gbs == 53.9
+    values["startup"] = {"download_mib_per_s": "12.5 MiB/s"}
+    with pytest.raises(ConfigError, match=r"startup\.download_mib_per_s: Input should be a valid number"):
+        parse_stack(values)
 
 
 def test_a_renamed_engines_downtime_counts_both_replicas_downloading_over_one_uplink():
@@ -225,6 +233,8 @@ def test_giving_a_statefulset_claims_of_its_own_replaces_it_with_them():
     volume nothing defines (stuck until Pulumi's timeout)."""
     before = stack_file_config("strix-halo")
     del models(before)["flash"]["workload"]["cache_volume"], models(before)["flash"]["prefetch"]
+    # On the shared cache, both replicas need one both nodes can mount, large enough for the weights.
+    before["inference-plane:model_cache"].update(storage_class="ceph-filesystem", access_mode="ReadWriteMany", size="128Gi")
     after = copy.deepcopy(before)
     models(after)["flash"]["workload"]["cache_volume"] = {"storage_class": "local-path", "size": "256Gi"}
     models(after)["flash"]["prefetch"] = {"repo": "peonist/qwen38-flash-next-w4b"}

@@ -389,3 +389,33 @@ def test_gateway_does_not_wait_for_the_model_servers(strix_run):
     assert not servers & set(component.dependencies)
     for resource in gateway_parts:
         assert not servers & set(resource.dependencies), resource.name
+
+
+def test_what_secrets_md_says_each_key_holds_is_what_the_program_puts_there(strix_run, tmp_path):
+    """A GitOps user creates the Secrets by hand from SECRETS.md: each relation it states between
+    keys (first line of the key file, 'Bearer ' + the llama.cpp key) holds for the values the
+    program itself writes under `pulumi up` (a two-line key file, as while rotating)."""
+    from components.meta import VALUE_NOTES_ANNOTATION
+    from conftest import STRIX_SECRETS, run_strix
+    from render.output import secrets_to_create, supplied_secrets
+
+    run = run_strix(secrets={**STRIX_SECRETS, "llamacpp_api_key": "old-key-1\nnew-key-2"})
+    secrets = {s.inputs["metadata"]["name"]: s.inputs for s in run.find("Secret")}
+    value = {name: secret_value(inputs) for name, inputs in secrets.items()}
+    notes = {name: dict(line.split(": ", 1) for line in inputs["metadata"]["annotations"][VALUE_NOTES_ANNOTATION].splitlines())
+             for name, inputs in secrets.items()}
+    assert notes["llama-cpp-api-key"]["metrics-token"] == "the first line of api-keys (the metrics scrape's bearer token)"
+    assert value["llama-cpp-api-key"]["metrics-token"] == "old-key-1"
+    first_line = "the first line of api-keys in Secret llama-cpp-api-key (models.embed's llama.cpp key)"
+    assert notes["llama-cpp-provider-key"]["apiKey"] == first_line
+    assert value["llama-cpp-provider-key"]["apiKey"] == "old-key-1"
+    assert notes["inference-llamacpp-credential"]["credential"] == "'Bearer ' followed by " + first_line
+    assert value["inference-llamacpp-credential"]["credential"] == "Bearer old-key-1"
+    assert notes["nous-provider-key"]["apiKey"] == "the provider's API key (config nous_api_key)"
+    assert value["nous-provider-key"]["apiKey"] == STRIX_SECRETS["nous_api_key"]
+    # Every key of every Secret is described, and the file lists the CA the gateway refers to.
+    for name, inputs in secrets.items():
+        assert set(notes[name]) == set(value[name]), name
+    text = secrets_to_create("strix-halo", [r.inputs for r in strix_run.find("Secret")], supplied_secrets(strix_run))
+    assert "`inference-client-ca` in namespace `shikanime` (key: ca.crt)" in text
+    assert "  - `metrics-token`: the first line of api-keys" in text

@@ -204,18 +204,51 @@ def test_ingress_nginx_gets_what_long_streams_need():
     assert run.one("Ingress", "llama-chat").inputs["spec"]["ingressClassName"] == "nginx"
 
 
-def test_traefik_ingresses_get_no_controller_annotations():
+def test_a_traefik_ingress_admits_only_the_source_ranges_through_its_middleware():
+    """Traefik refers to a CRD middleware as <namespace>-<name>@kubernetescrd: the annotation must
+    name the Middleware the program creates, in the Ingress's own namespace."""
     run = run_values(rtx(), secrets=RTX_SECRETS, stack="rtx4090")
+    ingress = run.one("Ingress", "llama-chat").inputs["metadata"]
+    assert set(ingress["annotations"]) == {"cert-manager.io/cluster-issuer", "traefik.ingress.kubernetes.io/router.middlewares"}
+    (middleware,) = run.find("Middleware")
+    meta = middleware.inputs["metadata"]
+    assert ingress["annotations"]["traefik.ingress.kubernetes.io/router.middlewares"] == \
+        f"{ingress['namespace']}-{meta['name']}@kubernetescrd"
+    assert meta["namespace"] == ingress["namespace"]
+    ranges = middleware.inputs["spec"]["ipAllowList"]["sourceRange"]
+    assert "192.168.0.0/16" in ranges and "0.0.0.0/0" not in ranges and "100.64.0.0/10" in ranges
+
+
+def test_ingress_nginx_admits_only_the_source_ranges():
+    values = cpu()
+    values["models"]["chat"]["exposure"]["source_ranges"] = ["192.168.1.0/24"]
+    run = run_values(values, secrets=CPU_SECRETS, stack="cpu-cluster")
     annotations = run.one("Ingress", "llama-chat").inputs["metadata"]["annotations"]
-    assert set(annotations) == {"cert-manager.io/cluster-issuer"}
+    assert annotations["nginx.ingress.kubernetes.io/whitelist-source-range"] == "192.168.1.0/24"
+    assert run.find("Middleware") == []
+    values["models"]["chat"]["exposure"]["source_ranges"] = ["192.168.1.1/24"]
+    with pytest.raises(ConfigError, match=r"source_ranges\[0\]|source_ranges\.0"):
+        parse_stack(values)
+    values["models"]["chat"]["exposure"]["source_ranges"] = None
+    run = run_values(values, secrets=CPU_SECRETS, stack="cpu-cluster")
+    assert "nginx.ingress.kubernetes.io/whitelist-source-range" not in run.one("Ingress", "llama-chat").inputs["metadata"]["annotations"]
+
+
+def test_source_ranges_need_a_controller_the_program_knows():
+    values = cpu()
+    values["cluster"]["ingress"]["kind"] = "other"
+    with pytest.raises(ConfigError, match=r"models\.chat\.exposure\.source_ranges: the program can restrict sources only"):
+        parse_stack(values)
+    values["models"]["chat"]["exposure"]["source_ranges"] = None
+    parse_stack(values)
 
 
 def test_user_annotations_are_kept_and_may_not_contradict_the_programs():
     values = cpu()
-    values["models"]["chat"]["exposure"]["annotations"] = {"nginx.ingress.kubernetes.io/whitelist-source-range": "192.168.0.0/16"}
+    values["models"]["chat"]["exposure"]["annotations"] = {"nginx.ingress.kubernetes.io/limit-rps": "5"}
     run = run_values(values, secrets=CPU_SECRETS, stack="cpu-cluster")
     annotations = run.one("Ingress", "llama-chat").inputs["metadata"]["annotations"]
-    assert annotations["nginx.ingress.kubernetes.io/whitelist-source-range"] == "192.168.0.0/16"
+    assert annotations["nginx.ingress.kubernetes.io/limit-rps"] == "5"
     values["models"]["chat"]["exposure"]["annotations"] = {"nginx.ingress.kubernetes.io/proxy-read-timeout": "60"}
     with pytest.raises(ConfigError, match=r"models\.chat\.exposure\.annotations\.nginx\.ingress\.kubernetes\.io/"
                        r"proxy-read-timeout: the program sets '1800' here"):

@@ -242,7 +242,8 @@ def test_ingress_routes_to_the_service_with_tls(homelab_values):
     stack, model, run = build(homelab_values, "chat")
     service = run.one("Service", model.name).inputs
     ingress = run.one("Ingress", model.name).inputs
-    assert ingress["metadata"]["annotations"] == {"cert-manager.io/cluster-issuer": "letsencrypt-cluster"}
+    assert ingress["metadata"]["annotations"] == {"cert-manager.io/cluster-issuer": "letsencrypt-cluster",
+                                                  "traefik.ingress.kubernetes.io/router.middlewares": "ai-llama-server-sources@kubernetescrd"}
     assert ingress["spec"]["ingressClassName"] == stack.cluster.ingress.class_name
     (rule,) = ingress["spec"]["rules"]
     (tls,) = ingress["spec"]["tls"]

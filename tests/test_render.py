@@ -145,7 +145,7 @@ def test_rendered_folder_holds_no_placeholder_credential(tmp_path):
     guide = (out / "SECRETS.md").read_text()
     for secret in secrets:
         meta = secret["metadata"]
-        keys = " ".join(f"--from-literal={k}=<{k}>" for k in sorted(secret["stringData"]))
+        keys = " ".join(f"--from-file={k}=./{k}" for k in sorted(secret["stringData"]))
         assert f"kubectl -n {meta['namespace']} create secret generic {meta['name']} {keys}" in guide
     assert f"{len(secrets)} Secret(s) are not in the folder" in result.summary()
 
@@ -280,3 +280,13 @@ def test_yes_and_no_are_strings_as_the_pulumi_cli_reads_them(tmp_path):
     proc = _stack_text_render(tmp_path, no_webui)
     assert proc.returncode == 2
     assert "models.embed.webui" in proc.stderr and "'no'" in proc.stderr
+
+
+def test_the_summary_counts_the_files_it_wrote(tmp_path):
+    result = render_stack("strix-halo", tmp_path / "out")
+    written = [p for p in (tmp_path / "out").glob("*.yaml") if p.name != "kustomization.yaml"]
+    secrets = sum(1 for m in result.files.values() if m["kind"] == "Secret")
+    assert secrets > 0
+    assert result.summary().splitlines()[0].startswith(
+        f"rendered stack 'strix-halo': {len(written)} manifests in {tmp_path / 'out'} (and {secrets} Secrets to create, SECRETS.md)"
+    )

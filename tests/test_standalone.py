@@ -42,7 +42,8 @@ def test_schema_generator_closes_objects_but_not_branches():
     out = schemas(crd)
     assert list(out) == ["example.io/widget_v1.json"]
     schema = out["example.io/widget_v1.json"]
-    assert schema["additionalProperties"] is False and "metadata" not in schema["properties"]
+    # metadata is the API server's (ObjectMeta): present, open.
+    assert schema["additionalProperties"] is False and schema["properties"]["metadata"] == {"type": "object"}
     spec = schema["properties"]["spec"]
     assert spec["additionalProperties"] is False
     assert "additionalProperties" not in spec["anyOf"][0]

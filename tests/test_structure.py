@@ -121,7 +121,7 @@ def test_components_keep_the_names_stacks_already_up_know_them_by():
     assert components["model-cache"].aliases == [{"name": "llama-server-models"}]
     # Children keep their names relative to the component, so the engine derives their old URNs.
     children = {r.name for r in run.resources if r.custom and "LlamaServer" in r.urn}
-    assert children == {"chat", "chat-svc", "chat-api-key", "chat-ingress"}
+    assert children == {"chat", "chat-svc", "chat-api-key", "chat-ingress", "chat-sources"}
 
 
 def test_invariants_are_errors_not_asserts():

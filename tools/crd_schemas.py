@@ -46,7 +46,8 @@ def schemas(crd: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if not version.get("served", True):
             continue
         schema = strict(version["schema"]["openAPIV3Schema"])
-        schema.get("properties", {}).pop("metadata", None)
+        # Left to the API server (ObjectMeta), as in the published kubeconform schemas.
+        schema.setdefault("properties", {})["metadata"] = {"type": "object"}
         out[f"{spec['group']}/{spec['names']['kind'].lower()}_{version['name']}.json"] = schema
     return out
 
