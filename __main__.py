@@ -118,7 +118,8 @@ def main() -> Built:
         stack = load_stack()
         capacity = check(stack)
     except Problems as error:
-        raise pulumi.RunError(str(error)) from None
+        # The file the paths are in: the stack's own settings file.
+        raise pulumi.RunError(f"Pulumi.{pulumi.get_stack()}.yaml: {error}") from None
     return build(stack, capacity)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import re
 import typing
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from pydantic import ValidationError
 
@@ -57,8 +57,34 @@ def _keys_at(loc: tuple) -> list[str]:
     return list(model.model_fields) if model is not None else []
 
 
+def config_path(loc: Sequence[Any]) -> str:
+    """models.chat.extra_args[0]: list positions in brackets, as `pulumi config set --path` takes them."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (("." if out else "") + path_part(part))
+    return out
+
+
+# What to write instead, for pydantic's type errors (which say only what was expected).
+_TYPE_FIXES = {
+    "int_parsing": "write a whole number without quotes or units, e.g. 16384",
+    "int_type": "write a whole number without quotes or units, e.g. 16384",
+    "int_from_float": "write a whole number, e.g. 16384",
+    "float_parsing": "write a number without quotes or units, e.g. 12.5",
+    "float_type": "write a number without quotes or units, e.g. 12.5",
+    "bool_parsing": "write true or false, without quotes",
+    "bool_type": "write true or false, without quotes",
+    "string_type": "quote it, e.g. \"1.33\" (unquoted, YAML reads a number)",
+    "list_type": "write a list, e.g. [a, b] (a single item too)",
+    "greater_than": "raise it",
+    "greater_than_equal": "raise it",
+    "less_than": "lower it",
+    "less_than_equal": "lower it",
+}
+
+
 def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
-    path = ".".join(path_part(part) for part in error["loc"]) or "(stack)"
+    path = config_path(error["loc"]) or "(stack)"
     kind = error["type"]
     if kind == "extra_forbidden":
         near = difflib.get_close_matches(str(error["loc"][-1]), _keys_at(error["loc"][:-1]), n=1, cutoff=0.6)
@@ -74,6 +100,9 @@ def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
         if shown not in message:
             message = f"{message} (got {shown})"
+    fix = _TYPE_FIXES.get(kind)
+    if fix:
+        message = f"{message}; {fix}"
     if len(message) > 300:
         message = message[:297] + "..."
     return path, message

@@ -218,7 +218,7 @@ def test_embeddings_never_fail_over_on_a_rejected_request(strix_run):
 
 def test_a_retried_500_on_embeddings_is_refused(strix):
     strix["gateway"]["retry"] = {"embedding_status_codes": [500, 503]}
-    with pytest.raises(pulumi.RunError, match=r"gateway.retry.embedding_status_codes.0: Input should be greater than or equal to 502"):
+    with pytest.raises(pulumi.RunError, match=r"gateway.retry.embedding_status_codes\[0\]: Input should be greater than or equal to 502"):
         run_strix(strix)
 
 
