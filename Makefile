@@ -47,6 +47,7 @@ bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 # The real llama.cpp contract tests for one stack's servers (builds llama-server once, cached in
 # ~/.cache/inference-plane): `make contract STACK=my-cluster`.
 contract: $(VENV)/.installed
+	@test -f Pulumi.$(STACK).yaml || { echo "make contract: no stack '$(STACK)': Pulumi.$(STACK).yaml does not exist" >&2; exit 2; }
 	$(BIN)/python -m pytest -q tests/test_llama_contract.py -k "$(STACK)/"
 
 # The README's configuration reference, regenerated from config/types.py (a test checks it).

@@ -117,7 +117,9 @@ def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, 
         "resources": {"requests": requests, "limits": limits},
         # Sized for a cold start: the download (unless prefetched) plus the load; then liveness.
         "startupProbe": _probe(health, budget.probe_period_seconds, failureThreshold=budget.probe_failure_threshold),
-        "readinessProbe": _probe(health, budget.probe_period_seconds),
+        # 5 s, not the 1 s default: with every core computing (threads = the CPU limit) the HTTP
+        # thread can answer /health late, and a flapping readiness drops the only replica.
+        "readinessProbe": _probe(health, budget.probe_period_seconds, timeoutSeconds=5),
         # Generous: a long prompt keeps the server busy, and a restart costs a full model load.
         "livenessProbe": _probe(health, 30, timeoutSeconds=10, failureThreshold=6),
         "volumeMounts": mounts,

@@ -185,6 +185,24 @@ def _kustomization(files: dict[str, dict[str, Any]]) -> str:
     return dump(document)
 
 
+def _check_previous_render(out: Path, stack: str) -> None:
+    """A new render replaces the folder whole: refuse when that would drop something it did not
+    write (a SealedSecret put beside the manifests) or another stack's render."""
+    marker = out / MARKER
+    if not marker.is_file():
+        return
+    first, *listed = marker.read_text().splitlines()
+    origin = first.removeprefix("rendered by inference-plane from ").split(";")[0]
+    if origin != f"Pulumi.{stack}.yaml":
+        raise RenderError(f"{out}: holds the render of {origin}, not Pulumi.{stack}.yaml; choose another --out", exit_code=2)
+    if listed:  # renders before this release listed nothing
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in {*listed, MARKER})
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" (+{len(foreign) - 3} more)" if len(foreign) > 3 else "")
+            raise RenderError(f"{out}: holds files the render did not write ({shown}) and a new render would delete; "
+                              "move them out of the folder first", exit_code=2)
+
+
 def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> RenderResult:
     import pulumi
 
@@ -194,6 +212,7 @@ def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> Rend
     out = Path(out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).exists())):
         raise RenderError(f"{out} exists and is not a previous render; choose another --out", exit_code=2)
+    _check_previous_render(out, stack)
     try:
         run = run_stack(stack, project_dir)
     except (FileNotFoundError, StackFileError) as error:
@@ -227,7 +246,9 @@ def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> Rend
         if run.outputs.get("capacity_plan"):
             (staging / "plan.json").write_text(json.dumps(run.outputs["capacity_plan"], indent=2, sort_keys=True) + "\n")
             (staging / "plan.svg").write_text(plan_svg(run.outputs["capacity_plan"]))
-        (staging / MARKER).write_text(f"rendered by inference-plane from Pulumi.{stack}.yaml; do not edit\n")
+        written = sorted(p.name for p in staging.iterdir())
+        (staging / MARKER).write_text(f"rendered by inference-plane from Pulumi.{stack}.yaml; do not edit\n"
+                                      + "".join(f"{name}\n" for name in written))
         if out.exists():
             retired = out.with_name(f".{out.name}.old")
             shutil.rmtree(retired, ignore_errors=True)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from common.errors import CapacityError
 from planning.capacity import plan_capacity as plan
 from config import ConfigError, parse_stack
-from conftest import homelab_plain_values, plain_values, stack_values, strix_values
+from conftest import ROOT, homelab_plain_values, plain_values, stack_values, strix_values
 from render.output import RenderError, render_stack
 
 CORPUS = Path(__file__).parent / "bad_stacks"
@@ -99,7 +99,9 @@ def test_mutated_config_ends_in_a_clear_error_or_a_valid_plan(values):
 def test_mutated_stack_never_half_writes_or_clobbers(tmp_path_factory, values):
     folder = tmp_path_factory.mktemp("fuzz")
     out = folder / "out"
-    render_stack("homelab", out)  # a previous render, from the real stack file
+    # A previous render of this stack, from the real homelab file.
+    (folder / "Pulumi.fuzz.yaml").write_text((ROOT / "Pulumi.homelab.yaml").read_text())
+    render_stack("fuzz", out, project_dir=folder)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     config = {f"inference-plane:{k}": v for k, v in values.items()}
     config.update({f"inference-plane:{k}": {"secure": "v1:eA=="} for k in _secret_keys(values)})

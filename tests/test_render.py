@@ -290,3 +290,20 @@ def test_the_summary_counts_the_files_it_wrote(tmp_path):
     assert result.summary().splitlines()[0].startswith(
         f"rendered stack 'strix-halo': {len(written)} manifests in {tmp_path / 'out'} (and {secrets} Secrets to create, SECRETS.md)"
     )
+
+
+def test_a_new_render_keeps_what_it_did_not_write(tmp_path):
+    """The folder is replaced whole: a file a user put there (a SealedSecret, as SECRETS.md
+    suggests) or another stack's render is not deleted silently."""
+    out = tmp_path / "out"
+    render_stack("homelab", out)
+    sealed = out / "sealedsecret_ai_llama-server-api-key.yaml"
+    sealed.write_text("kind: SealedSecret\n")
+    with pytest.raises(RenderError, match=r"holds files the render did not write \(sealedsecret_ai_llama-server-api-key\.yaml\)"):
+        render_stack("homelab", out)
+    assert sealed.exists()
+    sealed.unlink()
+    render_stack("homelab", out)  # its own files only: replaced as before
+    with pytest.raises(RenderError, match=r"holds the render of Pulumi\.homelab\.yaml, not Pulumi\.cpu-cluster\.yaml"):
+        render_stack("cpu-cluster", out)
+    assert (out / "deployment_ai_llama-server.yaml").exists()

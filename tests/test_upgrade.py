@@ -21,9 +21,11 @@ FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "registrations-0dec461.json"
 # What this release changes in place on purpose (README; issue notes): the embedding server's CORS
 # flag, the metrics token beside the API key, the AI routes' idle limits, PyPI out of the egress
 # and of the prefetch, the NotReady alert's wait for parallel downloads, what each Secret key holds
-# (an annotation), the exposed endpoint's source ranges (homelab's Ingress names a new Middleware).
+# (an annotation), the exposed endpoint's source ranges (homelab's Ingress names a new Middleware),
+# a 5 s readiness timeout (every server's pod template).
 EXPECTED_UPDATES = {
-    "homelab": {("Deployment", "llama-embed"), ("Secret", "llama-server-api-key"), ("Ingress", "llama-server")},
+    "homelab": {("Deployment", "llama-embed"), ("Deployment", "llama-server"), ("Secret", "llama-server-api-key"),
+                ("Ingress", "llama-server")},
     "strix-halo": {
         ("AIGatewayRoute", "inference-routes-1"), ("AIGatewayRoute", "inference-embedding-routes-1"),
         ("BackendTrafficPolicy", "inference-routes-1"), ("BackendTrafficPolicy", "inference-embedding-routes-1"),
