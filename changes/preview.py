@@ -299,6 +299,7 @@ def _arg_changes(old: list[str], new: list[str]) -> str:
 
 
 _NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
+COMMIT_ID = re.compile(r"[0-9a-f]{40}")  # a git commit, which never moves (branches and tags can)
 
 
 def _entry_line(e: Entry) -> str:
@@ -944,13 +945,32 @@ def _restarts_and_downloads(ctx: _Context, starts: Sequence[_Start], fates: Mapp
         if kept and before_source and w.weights_source() != before_source:
             # The claims keep the old weights; the pods need others (another quant, repo or revision).
             size = f"{hint.weights_gib * len(kept):g} GiB" if hint.weights_gib else "its new weights"
-            ctx.add("redownload", "warning", w.label,
-                    f"downloads {size}: it now fetches {', '.join(w.weights_source())} (was {', '.join(before_source)}); "
-                    "the old weights stay on its claims")
-            downloads += 1 if start.partial else len(kept)
-            _cache_space(ctx, start, hint)
+            change = f"it now fetches {', '.join(w.weights_source())} (was {', '.join(before_source)})"
+            if _only_a_moving_revision(before_source, w.weights_source()):
+                # A branch and a commit: offline, nobody knows whether the branch already pointed there.
+                ctx.add("redownload", "warning", w.label,
+                        f"downloads up to {size}: {change}; nothing if that commit is the one the branch had when the "
+                        "claims were filled")
+            else:
+                ctx.add("redownload", "warning", w.label, f"downloads {size}: {change}; the old weights stay on its claims")
+                downloads += 1 if start.partial else len(kept)
+                _cache_space(ctx, start, hint)
         if start.down or start.partial:
             _downtime(ctx, start, downloads if not start.partial else min(downloads, 1), hint)
+
+
+def _only_a_moving_revision(before: Sequence[str], after: Sequence[str]) -> bool:
+    """Whether the sources differ only in a revision where one side is a branch or tag."""
+    if len(before) != len(after):
+        return False
+    for old, new in zip(before, after):
+        if old == new:
+            continue
+        old_repo, _, old_rev = old.rpartition("@")
+        new_repo, _, new_rev = new.rpartition("@")
+        if not old_repo or old_repo != new_repo or (COMMIT_ID.fullmatch(old_rev) and COMMIT_ID.fullmatch(new_rev)):
+            return False
+    return True
 
 
 def _cache_space(ctx: _Context, start: _Start, hint: ServerHint) -> None:

@@ -15,6 +15,9 @@ NGINX = "nginx.ingress.kubernetes.io"
 
 
 TRAEFIK_MIDDLEWARES = "traefik.ingress.kubernetes.io/router.middlewares"
+# ingress-nginx's allowlist under both its names (the newer one is read first,
+# internal/ingress/annotations/ipallowlist): only exposure.source_ranges may set them.
+SOURCE_RANGE_ANNOTATIONS = (f"{NGINX}/whitelist-source-range", f"{NGINX}/allowlist-source-range")
 
 
 def source_middleware(server: str) -> str:
@@ -30,7 +33,7 @@ def controller_annotations(kind: str, exposure: "Exposure", namespace: str, serv
         if exposure.source_ranges is not None:
             # The older name: every ingress-nginx release reads it (allowlist-source-range, the new
             # one, is an alias only in recent ones; internal/ingress/annotations/ipallowlist).
-            sources = {f"{NGINX}/whitelist-source-range": ",".join(exposure.source_ranges)}
+            sources = {SOURCE_RANGE_ANNOTATIONS[0]: ",".join(exposure.source_ranges)}
         return {
             **sources,
             # Defaults 60 s: the gap between two reads; the first token of a long prompt (or a whole

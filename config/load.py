@@ -85,9 +85,9 @@ def _warn_moving_revisions(stack: StackConfig) -> None:
     for key, model in stack.models.items():
         if model.prefetch is not None and not re.fullmatch(r"[0-9a-f]{40}", model.prefetch.revision):
             pulumi.log.warn(
-                f"models.{key}.prefetch.revision {model.prefetch.revision!r} is a branch: each pod start asks the Hub "
-                "and downloads the branch's new commits beside the old ones (no preview sees that coming); "
-                "pin a 40-hex commit to start offline"
+                f"models.{key}.prefetch.revision {model.prefetch.revision!r} is a branch or tag, not a commit: each pod "
+                "start asks the Hub and downloads where it has moved, beside the old files (no preview sees that "
+                "coming); pin a 40-hex commit to start offline"
             )
 
 

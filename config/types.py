@@ -239,8 +239,9 @@ class ModelCacheConfig(Strict):
 class Startup(Strict):
     """How long a cold start is expected to take. The startup probe, Pulumi's wait, the Deployment's
     progress deadline and the NotReady alert allow the estimate, but never less than a start at the
-    default rates: rates at or above the defaults change no pod (and restart nothing); a slower
-    estimate lengthens the probe, which restarts the servers (the change preview says which)."""
+    defaults: rates at or above the default rates, and a min_seconds at or below the default, change
+    no pod (and restart nothing); a slower estimate lengthens the probe, which restarts the servers
+    (the change preview says which)."""
 
     download_mib_per_s: Annotated[Number, Field(ge=0.1, le=100_000)] = _doc(
         "Sustained download rate from the model hub; the seed's 40 min for ~19 GiB assumes about this.", default=8.5
@@ -339,7 +340,7 @@ class Prefetch(Strict):
     """An init container that downloads the weights before the engine starts (idempotent)."""
 
     repo: RepoId = _doc("The Hugging Face repo to download.")
-    revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9._/-]+$")] = _doc("Branch, tag or commit.", default="main")
+    revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9._/-]+$")] = _doc("Branch, tag or 40-hex commit; a commit, once fetched, starts with no Hub.", default="main")
     image: PinnedImage = _doc("The init container's image (needs python3; nothing is installed).", default=PREFETCH_IMAGE)
     command: Optional[Annotated[list[str], Field(min_length=1)]] = _doc(
         "null: the built-in downloader (components/hub_download.py, standard library only: no PyPI at start). "
@@ -886,7 +887,7 @@ class StackConfig(Strict):
         return []
 
     def _exposure_problems(self) -> list[Problem]:
-        from common.ingress import controller_annotations
+        from common.ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, controller_annotations
 
         problems: list[Problem] = []
         for key, model in self.models.items():
@@ -908,9 +909,15 @@ class StackConfig(Strict):
             ours = {"cert-manager.io/cluster-issuer": self.cluster.cert_manager_issuer,
                     **controller_annotations(self.cluster.ingress.kind, exposure, self.namespace.name, model.name)}
             for name, value in exposure.annotations.items():
-                if name in ours and ours[name] != value:
+                where = f"models.{key}.exposure.annotations.{name}"
+                if name == TRAEFIK_MIDDLEWARES:
+                    continue  # the user's middlewares run after the program's (components/model_server.py)
+                if name in SOURCE_RANGE_ANNOTATIONS:
+                    problems.append((where, "who may connect is exposure.source_ranges (ingress-nginx reads this name "
+                                     "before the program's); set the ranges there instead"))
+                elif name in ours and ours[name] != value:
                     problems.append((
-                        f"models.{key}.exposure.annotations.{name}",
+                        where,
                         f"the program sets {ours[name]!r} here (from cluster.cert_manager_issuer, or exposure's "
                         "timeout_seconds / max_body for long streamed answers); remove it, or change those settings",
                     ))

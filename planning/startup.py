@@ -34,10 +34,10 @@ class StartupBudget:
     # The estimate, from the stack's rates.
     download_seconds: int
     load_seconds: int
-    # What the startup probe allows: periods x failures (at least the estimate).
+    # What the startup probe allows: periods x failures (the window: at least the estimate).
     probe_period_seconds: int
     probe_failure_threshold: int
-    # What Pulumi waits for the workload to become ready, image pull included (from the estimate).
+    # What Pulumi waits for the workload to become ready: image pull (and a prefetch) + the window.
     wait_seconds: int
 
     @property

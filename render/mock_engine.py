@@ -103,21 +103,40 @@ class StackLoader(_BASE_LOADER):  # type: ignore[misc, valid-type]
     true/false are booleans (YAML 1.2: `webui: no` is the string "no", as `pulumi preview` sees it)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, Any] = {}
+        # As yaml.v3 does: keys compared by their text (1 and true are two keys), merge keys (<<)
+        # left to the merge, where a key written here overrides a merged one.
+        seen: dict[tuple[str, str], Any] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise _DuplicateKey(key, seen[key], key_node.start_mark)
-            seen[key] = key_node.start_mark
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            text = (key_node.tag, key_node.value)
+            if text in seen:
+                raise _DuplicateKey(key_node.value, seen[text], key_node.start_mark)
+            seen[text] = key_node.start_mark
         return super().construct_mapping(node, deep)
 
 
+# yaml.v3's scalars (resolve.go), not YAML 1.1's: no yes/no/on/off booleans, no sexagesimal 1:30,
+# no `=` value, no timestamps (strings); 0o17 octal and 1e3 are numbers.
+_REPLACED = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+             "tag:yaml.org,2002:value", "tag:yaml.org,2002:timestamp"}
 StackLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _REPLACED]
     for first, resolvers in _BASE_LOADER.yaml_implicit_resolvers.items()
 }
 StackLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+StackLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7_]+|0x[0-9a-fA-F_]+|0b[01_]+)$"),
+    list("-+0123456789"),
+)
+StackLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)?\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."),
 )
 
 

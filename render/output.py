@@ -157,14 +157,15 @@ def secrets_to_create(stack: str, secrets: list[dict[str, Any]], supplied: Optio
         "secrets, never written here. Before `kubectl apply -k .`, create each one with its real value",
         "(or the equivalent SealedSecret / SOPS-encrypted Secret in your GitOps repository, kept outside",
         "this folder: a new render replaces the folder whole). Write each value to its file without a",
-        "trailing newline (`printf %s '<value>' > ./apiKey`): a header value cannot hold one.",
+        "trailing newline (`printf %s '<value>' > ./nous-provider-key.apiKey`): a header value cannot hold one.",
         "",
     ]
     for secret in sorted(secrets, key=lambda m: (m["metadata"].get("namespace", ""), m["metadata"]["name"])):
         meta = secret["metadata"]
         keys = sorted({*(secret.get("stringData") or {}), *(secret.get("data") or {})})
         # From files: a key file may hold two lines while a key rotates, which a literal cannot.
-        sources = " ".join(f"--from-file={k}=./{k}" for k in keys)
+        # One file per Secret and key: four provider Secrets all hold an apiKey, each a different one.
+        sources = " ".join(f"--from-file={k}=./{meta['name']}.{k}" for k in keys)
         lines += [f"- `{meta['name']}` in namespace `{meta.get('namespace', 'default')}` (keys: {', '.join(keys)})", ""]
         notes = (meta.get("annotations") or {}).get(VALUE_NOTES_ANNOTATION)
         if notes:

@@ -268,13 +268,30 @@ def test_a_quant_swap_on_the_full_homelab_cache_is_refused_before_it_starts():
     assert "download 3434 s + load 146 s" in down.message  # 28.5 GiB at 8.5 MiB/s, not just the load
 
 
-def test_a_new_prefetch_revision_downloads_on_each_replica_in_turn():
-    report = edit("strix-halo", lambda c: models(c)["flash"]["prefetch"].update(revision="a" * 40))
+def test_a_new_prefetch_commit_downloads_on_each_replica_in_turn():
+    before = stack_file_config("strix-halo")
+    models(before)["flash"]["prefetch"]["revision"] = "a" * 40
+    after = copy.deepcopy(before)
+    models(after)["flash"]["prefetch"]["revision"] = "b" * 40
+    secrets = {k.split(":", 1)[1]: f"{k}-value" for k, v in before.items() if isinstance(v, dict) and "secure" in v}
+    report = preview(run_stack_file("strix-halo", before, secrets), run_stack_file("strix-halo", after, secrets),
+                     options_from_config(after))
     (download,) = report.of_kind("redownload")
-    assert download.message.startswith("downloads 231 GiB") and "@" + "a" * 40 in download.message
+    assert download.message.startswith("downloads 231 GiB") and "@" + "b" * 40 in download.message
     assert report.of_kind("cache-space") == []  # 2 x 115.5 GiB fit each 256 GiB claim
     (out,) = report.of_kind("reduced-capacity")
     assert "download 2366 s + load 119 s" in out.message
+
+
+def test_pinning_a_branch_to_a_commit_may_download_nothing():
+    """main -> its commit is what the warning recommends: offline nobody knows whether main still
+    points there, so the preview says "up to", counts no download and refuses no cache space."""
+    report = edit("strix-halo", lambda c: models(c)["flash"]["prefetch"].update(revision="a" * 40))
+    (download,) = report.of_kind("redownload")
+    assert download.message.startswith("downloads up to 231 GiB") and "nothing if that commit" in download.message
+    assert report.of_kind("cache-space") == []
+    (out,) = report.of_kind("reduced-capacity")
+    assert "download" not in out.message
 
 
 def test_a_rename_and_a_claim_resize_together_replace_with_the_new_template():

@@ -308,3 +308,23 @@ def test_sliding_window_layers_hold_a_window_per_slot_not_the_context():
     per_token_layer = 16 * 128 * 4  # KV heads x head dim x (2 bytes K + 2 bytes V)
     expected = (10 * per_token_layer * 32768 + 52 * per_token_layer * 4608) / GIB  # 4 x 1024 + 512 = 4608 cells
     assert plan.servers["chat"].vram.kv_gib == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_allowlist_cannot_be_widened_through_an_annotation():
+    """ingress-nginx reads allowlist-source-range before whitelist-source-range: a user value
+    under either name would replace exposure.source_ranges."""
+    values = cpu()
+    for name in ("allowlist-source-range", "whitelist-source-range"):
+        values["models"]["chat"]["exposure"]["annotations"] = {f"nginx.ingress.kubernetes.io/{name}": "0.0.0.0/0"}
+        with pytest.raises(ConfigError, match=rf"exposure\.annotations\.nginx\.ingress\.kubernetes\.io/{name}: who may "
+                           r"connect is exposure\.source_ranges"):
+            parse_stack(values)
+
+
+def test_a_users_traefik_middlewares_run_after_the_source_check():
+    values = rtx()
+    values["models"]["chat"]["exposure"]["annotations"] = {"traefik.ingress.kubernetes.io/router.middlewares": "auth-sso@kubernetescrd"}
+    run = run_values(values, secrets=RTX_SECRETS, stack="rtx4090")
+    annotations = run.one("Ingress", "llama-chat").inputs["metadata"]["annotations"]
+    assert annotations["traefik.ingress.kubernetes.io/router.middlewares"] == \
+        "llm-llama-chat-sources@kubernetescrd,auth-sso@kubernetescrd"

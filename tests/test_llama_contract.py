@@ -283,7 +283,7 @@ def test_without_cors_origins_the_server_answers_any_origin(binary, models):
 
 def test_a_start_cut_short_mid_download_resumes_where_it_stopped(binary, models, pod_folder):
     """A cold start stopped while it downloads (SIGTERM, as the kubelet sends on a failed startup
-    probe, an eviction or a drain) loses what it fetched: the next start asks the Hub only for the
+    probe, an eviction or a drain) keeps what it fetched: the next start asks the Hub only for the
     rest (a Range request from the partial file's size) and the weights end up whole. So a slow
     download that outlasts the probe costs a restart, not the progress (planning/startup.py)."""
     from hub import COMMIT, hub

@@ -115,18 +115,58 @@ def pinned(init: dict, commit: str) -> dict:
     return {**init, "env": [{**e, "value": commit} if e["name"] == "HF_REVISION" else e for e in init["env"]]}
 
 
-def test_a_pinned_complete_commit_starts_without_the_hub(init_container, tmp_path):
+def repo_cache(root: Path) -> Path:
+    return next(root.rglob("models--peonist--qwen38-flash-next-w4b"))
+
+
+def test_a_pinned_complete_commit_starts_without_the_hub_and_the_engine_reads_it(init_container, tmp_path):
     init, engine = init_container
     init = pinned(init, COMMIT)
     with hub_files(REPO, FILES) as endpoint:
         assert run_init(init, tmp_path, endpoint).returncode == 0
+    assert read_like_the_engine(engine, tmp_path).name == COMMIT  # the engine asks for main, offline
+    # A claim filled earlier from main at another commit: the pin, not the old main, is what loads.
+    (repo_cache(tmp_path) / "refs" / "main").write_text("b" * 40)
     log: list[str] = []
     with hub_files(REPO, FILES, log=log) as endpoint:
         again = run_init(init, tmp_path, endpoint)
     assert again.returncode == 0, again.stderr
     assert log == []  # not even asked
+    assert read_like_the_engine(engine, tmp_path).name == COMMIT
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+def test_a_pinned_commit_whose_files_are_damaged_is_fetched_again(init_container, tmp_path, damage):
+    """The marker lists the files and sizes: a cache cleanup (hf cache delete) or a short write
+    after a power cut sends the start back to the Hub instead of to a missing or short file."""
+    init, engine = init_container
+    init = pinned(init, COMMIT)
+    with hub_files(REPO, FILES) as endpoint:
+        assert run_init(init, tmp_path, endpoint).returncode == 0
+    blobs = repo_cache(tmp_path) / "blobs"
+    big = max(blobs.iterdir(), key=lambda p: p.stat().st_size)
+    data = big.read_bytes()
+    if damage == "deleted":
+        big.unlink()
+    else:
+        big.write_bytes(data[:1000])
+    log: list[str] = []
+    with hub_files(REPO, FILES, log=log) as endpoint:
+        assert run_init(init, tmp_path, endpoint).returncode == 0
+    assert big.read_bytes() == data
+    assert any(r.startswith("GET /cdn/") for r in log)
+
+
+def test_a_tag_and_a_paged_listing_are_followed(init_container, tmp_path):
+    init, engine = init_container
+    log: list[str] = []
+    with hub_files(REPO, FILES, log=log, page=1) as endpoint:
+        done = run_init(pinned(init, "v1"), tmp_path, endpoint)
+    assert done.returncode == 0, done.stderr
+    assert sum(1 for r in log if "/tree/" in r) == len(FILES)  # one file per page
+    snapshot = read_like_the_engine(engine, tmp_path)
     for path, data in FILES.items():
-        assert (next(tmp_path.rglob(f"snapshots/{COMMIT}")) / path).read_bytes() == data
+        assert (snapshot / path).read_bytes() == data
 
 
 def test_a_branch_starts_from_its_last_complete_commit_when_the_hub_is_down(init_container, tmp_path):
@@ -140,6 +180,39 @@ def test_a_branch_starts_from_its_last_complete_commit_when_the_hub_is_down(init
     assert again.returncode == 0, again.stderr
     assert f"starting from {REPO}@{COMMIT}" in again.stdout
     assert read_like_the_engine(engine, tmp_path).name == COMMIT
+
+
+@pytest.mark.parametrize("status, body, starts", [
+    (503, b"busy", True),                       # an outage: start from the cache
+    (200, b"<html>captive portal</html>", True),  # not JSON: the Hub is not what answered
+    (401, b"{}", False),                        # the Hub answered: a wrong token is not an outage
+])
+def test_what_counts_as_the_hub_being_down(init_container, tmp_path, status, body, starts):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    init, _ = init_container
+    with hub_files(REPO, FILES) as endpoint:
+        assert run_init(init, tmp_path, endpoint).returncode == 0
+
+    class Broken(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Broken)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        again = run_init(init, tmp_path, f"http://127.0.0.1:{server.server_address[1]}/")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (again.returncode == 0) is starts, again.stderr
 
 
 def test_a_download_never_finished_does_not_start_when_the_hub_is_down(init_container, tmp_path):

@@ -145,7 +145,7 @@ def test_rendered_folder_holds_no_placeholder_credential(tmp_path):
     guide = (out / "SECRETS.md").read_text()
     for secret in secrets:
         meta = secret["metadata"]
-        keys = " ".join(f"--from-file={k}=./{k}" for k in sorted(secret["stringData"]))
+        keys = " ".join(f"--from-file={k}=./{meta['name']}.{k}" for k in sorted(secret["stringData"]))
         assert f"kubectl -n {meta['namespace']} create secret generic {meta['name']} {keys}" in guide
     assert f"{len(secrets)} Secret(s) are not in the folder" in result.summary()
 
@@ -307,3 +307,16 @@ def test_a_new_render_keeps_what_it_did_not_write(tmp_path):
     with pytest.raises(RenderError, match=r"holds the render of Pulumi\.homelab\.yaml, not Pulumi\.cpu-cluster\.yaml"):
         render_stack("cpu-cluster", out)
     assert (out / "deployment_ai_llama-server.yaml").exists()
+
+
+def test_stack_files_read_as_yaml_v3_reads_them():
+    """The Pulumi CLI reads stack files with Go's yaml.v3: merge keys work (a key written beside
+    one overrides it), and scalars resolve as its resolve.go does, not as YAML 1.1."""
+    from render.mock_engine import StackFileError, load_stack_text
+
+    text = "base: &b {a: 1, c: 1}\nx: {<<: *b, c: 2}\nn: [1:30, 0o17, 1e3, =, 2024-01-01, 1_000, on, no, True]\n"
+    document = load_stack_text(text, "Pulumi.t.yaml")
+    assert document["x"] == {"a": 1, "c": 2}
+    assert document["n"] == ["1:30", 15, 1000.0, "=", "2024-01-01", 1000, "on", "no", True]
+    with pytest.raises(StackFileError, match=r"^Pulumi\.t\.yaml:2:1: duplicate key 'a' \(first at line 1\)"):
+        load_stack_text("a: 1\na: 2\n", "Pulumi.t.yaml")

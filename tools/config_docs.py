@@ -64,7 +64,8 @@ def reference() -> str:
     while index < len(seen):
         model = seen[index]
         index += 1
-        doc = (model.__doc__ or "").strip().splitlines()[0]
+        # The docstring's first paragraph, however many lines it is wrapped over.
+        doc = " ".join((model.__doc__ or "").strip().split("\n\n")[0].split())
         rows = ["| field | type | default | what it is for |", "| --- | --- | --- | --- |"]
         for name, field in model.model_fields.items():
             description = (field.description or "").replace("|", "\\|")

@@ -41,10 +41,11 @@ def hub(repo: str, filename: str, gguf: Path, seconds: float = 1.5, served: list
 @contextmanager
 def hub_files(repo: str, files: dict[str, bytes], seconds: float = 0.0, lfs_suffixes=(".gguf", ".safetensors", ".bin"),
               log: list | None = None, served: list | None = None,
-              hold: threading.Event | None = None) -> Iterator[str]:
+              hold: threading.Event | None = None, page: int = 0) -> Iterator[str]:
     """Serve several files; large-file ones (by suffix) as LFS objects whose resolve URL redirects
     to a CDN path, as the Hub does. ``hold``: a whole-file download stops after its first chunk
-    until the event is set (a test can then stop the client mid-download, whatever its speed)."""
+    until the event is set (a test can then stop the client mid-download, whatever its speed).
+    ``page``: list a tree in pages of this many files."""
     lfs = {path: hashlib.sha256(data).hexdigest() for path, data in files.items() if path.endswith(lfs_suffixes)}
     cdn = {sha: files[path] for path, sha in lfs.items()}
     requests = log if log is not None else []
@@ -53,9 +54,11 @@ def hub_files(repo: str, files: dict[str, bytes], seconds: float = 0.0, lfs_suff
         def log_message(self, *args) -> None:  # quiet
             pass
 
-        def _json(self, value) -> None:
+        def _json(self, value, link: str | None = None) -> None:
             body = json.dumps(value).encode()
             self.send_response(200)
+            if link:
+                self.send_header("Link", f'<{link}>; rel="next"')
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -97,13 +100,19 @@ def hub_files(repo: str, files: dict[str, bytes], seconds: float = 0.0, lfs_suff
             path = self.path.split("?", 1)[0]
             resolve = f"/{repo}/resolve/{COMMIT}/"
             if path == f"/api/models/{repo}/refs":
-                return self._json({"branches": [{"name": "main", "ref": "refs/heads/main", "targetCommit": COMMIT}]})
+                return self._json({"branches": [{"name": "main", "ref": "refs/heads/main", "targetCommit": COMMIT}],
+                                   "tags": [{"name": "v1", "ref": "refs/tags/v1", "targetCommit": COMMIT}]})
             if path == f"/api/models/{repo}/tree/{COMMIT}":
-                return self._json([
+                listing = [
                     {"type": "file", "path": name, "oid": git_blob_sha1(data), "size": len(data),
                      **({"lfs": {"oid": lfs[name], "size": len(data)}} if name in lfs else {})}
                     for name, data in files.items()
-                ])
+                ]
+                # Paged as the Hub pages it: a cursor in the query, the next page in a Link header.
+                cursor = int(self.path.split("cursor=", 1)[1]) if "cursor=" in self.path else 0
+                end = cursor + page if page else len(listing)
+                more = f"http://{self.headers['Host']}{path}?recursive=true&cursor={end}" if end < len(listing) else None
+                return self._json(listing[cursor:end], more)
             if path.startswith(resolve) and path[len(resolve):] in files:
                 name = path[len(resolve):]
                 if name in lfs and not self.headers.get("X-No-Redirect"):
