@@ -231,3 +231,15 @@ def test_mean_pooling_embedder_with_a_micro_batch_below_its_context_is_refused(h
         plan(parse_stack(homelab_values))
     homelab_values["models"][embed]["ubatch_size"] = ctx
     plan(parse_stack(homelab_values))
+
+
+def test_a_request_below_the_estimate_is_warned_about(homelab_values):
+    """The seed's chat server asks for 24Gi and uses ~31 GiB: allowed, but the kubelet evicts pods
+    above their request first, so the render says so; a request at the estimate says nothing."""
+    from conftest import run_values
+
+    run = run_values(homelab_values)
+    (warning,) = [line for line in run.logs if "memory_request" in line]
+    assert warning.startswith("models.chat.resources.memory_request 24Gi is below the estimate of")
+    homelab_values["models"]["chat"]["resources"]["memory_request"] = None
+    assert [line for line in run_values(homelab_values).logs if "memory_request" in line] == []
