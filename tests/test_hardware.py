@@ -243,11 +243,14 @@ def test_source_ranges_need_a_controller_the_program_knows():
     parse_stack(values)
 
 
+def chat_ingress_annotations(values: dict, secrets: dict, stack: str) -> dict:
+    return run_values(values, secrets=secrets, stack=stack).one("Ingress", "llama-chat").inputs["metadata"]["annotations"]
+
+
 def test_user_annotations_are_kept_and_may_not_contradict_the_programs():
     values = cpu()
     values["models"]["chat"]["exposure"]["annotations"] = {"nginx.ingress.kubernetes.io/limit-rps": "5"}
-    run = run_values(values, secrets=CPU_SECRETS, stack="cpu-cluster")
-    annotations = run.one("Ingress", "llama-chat").inputs["metadata"]["annotations"]
+    annotations = chat_ingress_annotations(values, CPU_SECRETS, "cpu-cluster")
     assert annotations["nginx.ingress.kubernetes.io/limit-rps"] == "5"
     values["models"]["chat"]["exposure"]["annotations"] = {"nginx.ingress.kubernetes.io/proxy-read-timeout": "60"}
     with pytest.raises(ConfigError, match=r"models\.chat\.exposure\.annotations\.nginx\.ingress\.kubernetes\.io/"
@@ -324,7 +327,6 @@ def test_the_allowlist_cannot_be_widened_through_an_annotation():
 def test_a_users_traefik_middlewares_run_after_the_source_check():
     values = rtx()
     values["models"]["chat"]["exposure"]["annotations"] = {"traefik.ingress.kubernetes.io/router.middlewares": "auth-sso@kubernetescrd"}
-    run = run_values(values, secrets=RTX_SECRETS, stack="rtx4090")
-    annotations = run.one("Ingress", "llama-chat").inputs["metadata"]["annotations"]
+    annotations = chat_ingress_annotations(values, RTX_SECRETS, "rtx4090")
     assert annotations["traefik.ingress.kubernetes.io/router.middlewares"] == \
         "llm-llama-chat-sources@kubernetescrd,auth-sso@kubernetescrd"
