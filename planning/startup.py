@@ -23,6 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from policy.rules import probe_allows_seconds
+
 from .quantity import MIB, parse_quantity
 
 if TYPE_CHECKING:
@@ -42,7 +44,7 @@ class StartupBudget:
 
     @property
     def startup_seconds(self) -> int:
-        return self.probe_period_seconds * self.probe_failure_threshold
+        return probe_allows_seconds(self.probe_period_seconds, self.probe_failure_threshold)
 
 
 def _cold_start(size_mib: float, download_mib_per_s: float, load_mib_per_s: float, min_seconds: int,
@@ -65,7 +67,8 @@ def startup_budget(weights: str, startup: "Startup", prefetched: bool = False) -
     defaults = type(startup)()
     *_, floor = _cold_start(size_mib, defaults.download_mib_per_s, defaults.load_mib_per_s, defaults.min_seconds, prefetched)
     period = startup.probe_period_seconds
-    threshold = math.ceil(max(estimate, floor) / period)
+    # One more than the window's periods: the first probe runs at the start (probe_allows_seconds).
+    threshold = math.ceil(max(estimate, floor) / period) + 1
     before_probe = startup.image_pull_seconds + (download if prefetched else 0)
     return StartupBudget(
         download_seconds=download,
@@ -74,7 +77,7 @@ def startup_budget(weights: str, startup: "Startup", prefetched: bool = False) -
         probe_failure_threshold=threshold,
         # As long as the probe allows: Pulumi never reports a failure for a start Kubernetes still
         # lets run (and a wait is not part of a pod: changing it restarts nothing).
-        wait_seconds=before_probe + threshold * period + period,
+        wait_seconds=before_probe + probe_allows_seconds(period, threshold) + period,
     )
 
 

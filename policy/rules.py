@@ -149,10 +149,16 @@ def images_pinned(props: Props, report: Report, config: Mapping) -> None:
             report(f"container {container.get('name')}: image {image!r} is not pinned to a build tag or digest")
 
 
+def probe_allows_seconds(period: int, failures: int) -> int:
+    """How long a failing probe runs before the kubelet acts: it probes at once and then every period,
+    so the failures-th failure comes (failures - 1) periods after the start (pkg/kubelet/prober/worker.go)."""
+    return period * max(failures - 1, 0)
+
+
 def _probe_seconds(probe: Optional[Mapping[str, Any]]) -> int:
     if not probe:
         return 0
-    return int(probe.get("periodSeconds", 10)) * int(probe.get("failureThreshold", 3))
+    return probe_allows_seconds(int(probe.get("periodSeconds", 10)), int(probe.get("failureThreshold", 3)))
 
 
 def model_server_budgets(props: Props, report: Report, config: Mapping) -> None:

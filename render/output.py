@@ -20,7 +20,7 @@ from .picture import node_label, plan_svg
 from .validate import ManifestError, validate_all
 from common.errors import one_line
 from components.namespace import egress_summary
-from policy.rules import RESOURCE_RULES, STACK_RULES, run_rules
+from policy.rules import RESOURCE_RULES, STACK_RULES, probe_allows_seconds, run_rules
 
 
 def policy_config(run: ProgramRun) -> dict:
@@ -73,7 +73,7 @@ class RenderResult:
             served = endpoints.get(key, {})
             endpoint = served.get("external_url") or served.get("url", "-")
             startup = container.get("startupProbe", {})
-            budget_min = startup.get("periodSeconds", 0) * startup.get("failureThreshold", 0) / 60
+            budget_min = probe_allows_seconds(startup.get("periodSeconds", 0), startup.get("failureThreshold", 0)) / 60
             waited = f", wait {plans[key]['budget']['wait_seconds'] / 60:.0f} min" if key in plans else ""
             replicas = manifest["spec"].get("replicas", 1)
             lines.append(

@@ -108,7 +108,7 @@ def test_probes_use_health_on_the_named_port(homelab_values):
 def test_startup_budget_outlasts_a_cold_download(homelab_values):
     stack, model, run = build(homelab_values, "chat")
     probe = container_of(run, model.name)["startupProbe"]
-    allowed = probe["periodSeconds"] * probe["failureThreshold"]
+    allowed = probe["periodSeconds"] * (probe["failureThreshold"] - 1)
     weights_mib = 19.8 * 1024
     download = weights_mib / stack.startup.download_mib_per_s
     load = weights_mib / stack.startup.load_mib_per_s
@@ -137,7 +137,7 @@ def test_faster_rates_than_the_defaults_change_no_pod_and_no_wait(homelab_values
     assert default.inputs["spec"]["template"] == fast.inputs["spec"]["template"]
     probe = container_of(run_fast, model.name)["startupProbe"]
     weights_mib = 19.8 * 1024
-    window = probe["periodSeconds"] * probe["failureThreshold"]
+    window = probe["periodSeconds"] * (probe["failureThreshold"] - 1)
     assert weights_mib / 8.5 + weights_mib / 200 <= window < weights_mib / 8.5 + weights_mib / 200 + probe["periodSeconds"]
     assert fast.custom_timeouts == default.custom_timeouts
     assert int(fast.custom_timeouts["create"].rstrip("s")) >= window + stack.startup.image_pull_seconds
@@ -149,14 +149,14 @@ def test_faster_rates_than_the_defaults_change_no_pod_and_no_wait(homelab_values
 def test_small_model_gets_the_minimum_budget(homelab_values):
     stack, model, run = build(homelab_values, "embed")
     probe = container_of(run, model.name)["startupProbe"]
-    assert probe["periodSeconds"] * probe["failureThreshold"] == stack.startup.min_seconds
+    assert probe["periodSeconds"] * (probe["failureThreshold"] - 1) == stack.startup.min_seconds
 
 
 def test_pulumi_and_kubernetes_wait_out_the_whole_budget(homelab_values):
     stack, model, run = build(homelab_values, "chat")
     deployment = run.one("Deployment", model.name)
     probe = container_of(run, model.name)["startupProbe"]
-    startup = probe["periodSeconds"] * probe["failureThreshold"]
+    startup = probe["periodSeconds"] * (probe["failureThreshold"] - 1)
     for op in ("create", "update"):
         wait = deployment.custom_timeouts[op]
         assert wait.endswith("s")
