@@ -22,7 +22,7 @@ from components.monitoring import Monitoring, MonitoringArgs, fallback_alerts
 from components.namespace import AINamespace, AINamespaceArgs
 from config import StackConfig, load_stack
 from planning.capacity import CapacityPlan, plan_capacity
-from planning.quantity import GIB, parse_quantity
+from planning.quantity import gib
 
 
 @dataclass
@@ -47,8 +47,7 @@ def check(stack: StackConfig) -> CapacityPlan:
     if stack.observability is not None:
         fallback_alerts(stack)
     for key, server in capacity.servers.items():
-        request_gib = float(parse_quantity(server.memory_request)) / GIB
-        if request_gib < server.estimate.total_gib:
+        if gib(server.memory_request) < server.estimate.total_gib:
             # Allowed (the seed's chat server asks for less than it uses), but worth knowing.
             pulumi.log.warn(
                 f"models.{key}.resources.memory_request {server.memory_request} is below the estimate of "

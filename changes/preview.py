@@ -46,6 +46,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Mapping, Optional, Sequence
 
+from common.constants import COMMIT_ID
+# The annotation the model servers carry: seconds from pod start to ready on an empty cache
+# (download + load), or the load only when an init container prefetches the weights.
+from policy.rules import COLD_START_ANNOTATION
+
 from .provider import (
     DEFAULT_OPTIONS,
     Action,
@@ -63,10 +68,6 @@ from .provider import (
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
-# The annotation the model servers carry (policy/rules.py COLD_START_ANNOTATION): seconds from
-# pod start to ready on an empty cache (download + load), or the load only when an init
-# container prefetches the weights.
-COLD_START_ANNOTATION = "inference-plane/cold-start-seconds"
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
 GPU_RESOURCE = re.compile(r"(^|[./])gpu([./]|$)")
 _QUANTITY = re.compile(r"^\s*([0-9.]+)\s*([A-Za-z]*)\s*$")
@@ -299,7 +300,6 @@ def _arg_changes(old: list[str], new: list[str]) -> str:
 
 
 _NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
-COMMIT_ID = re.compile(r"[0-9a-f]{40}")  # a git commit, which never moves (branches and tags can)
 
 
 def _entry_line(e: Entry) -> str:
@@ -460,7 +460,7 @@ class Workload:
         When it changes, the weights on its claims are not the ones it needs."""
         pod = self.template.get("spec") or {}
         found: list[str] = []
-        for container in (pod.get("initContainers") or []) + (pod.get("containers") or []):
+        for container in _all_containers(pod):
             args = [str(a) for a in (container.get("args") or []) + (container.get("command") or [])]
             for i, arg in enumerate(args[:-1]):
                 if arg in WEIGHTS_FLAGS:
@@ -486,6 +486,11 @@ class Workload:
 
     def timeout(self, which: str) -> Optional[str]:
         return (getattr(self.resource, "custom_timeouts", None) or {}).get(which)
+
+
+def _all_containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A pod spec's containers in the order they run: init containers first."""
+    return (pod.get("initContainers") or []) + (pod.get("containers") or [])
 
 
 # llama.cpp's flags that name the weights it downloads (common/arg.cpp), by their long form.
@@ -558,7 +563,7 @@ def _secret_names(template: Mapping[str, Any]) -> set[str]:
         for source in (volume.get("projected") or {}).get("sources") or []:
             if isinstance(source.get("secret"), dict):
                 names.add(source["secret"].get("name", ""))
-    for container in (pod.get("containers") or []) + (pod.get("initContainers") or []):
+    for container in _all_containers(pod):
         for env in container.get("env") or []:
             ref = (env.get("valueFrom") or {}).get("secretKeyRef")
             if isinstance(ref, dict):
@@ -1251,7 +1256,7 @@ def _missing_volumes(ctx: _Context) -> None:
             continue
         defined = {v.get("name") for v in pod.get("volumes") or []}
         defined |= {(t.get("metadata") or {}).get("name") for t in spec.get("volumeClaimTemplates") or []}
-        for container in (pod.get("initContainers") or []) + (pod.get("containers") or []):
+        for container in _all_containers(pod):
             missing = sorted({m.get("name") for m in container.get("volumeMounts") or []} - defined)
             if missing:
                 ctx.add("pods-cannot-start", "error", e.subject,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 # Stated in the policy pack, which must run without the project's modules.
 from policy.rules import CLUSTER_DOMAIN, LLAMACPP_HEALTH_PATH
 
@@ -30,3 +32,7 @@ __all__ = [
     "CLUSTER_DOMAIN", "COMPONENT_LABEL", "ENVOY_OWNING_GATEWAY_LABEL", "ENVOY_POD_LABELS", "LLAMACPP_HEALTH_PATH",
     "LLAMACPP_METRICS_PATH", "NAME_LABEL", "OFFLINE_SECRET_PLACEHOLDER", "PART_OF", "PROJECT", "TOKEN_PREFIX", "service_fqdn",
 ]
+
+# A git commit as the Hugging Face Hub names it: the only revision that never moves (branches and
+# tags can). components/hub_download.py keeps its own copy: it runs alone, with `python3 -c`.
+COMMIT_ID = re.compile(r"[0-9a-f]{40}")

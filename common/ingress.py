@@ -54,3 +54,19 @@ def controller_annotations(kind: str, exposure: "Exposure", namespace: str, serv
         # A CRD middleware is referred to as <namespace>-<name>@kubernetescrd.
         return {TRAEFIK_MIDDLEWARES: f"{namespace}-{source_middleware(server)}@kubernetescrd"}
     return {}
+
+
+def program_annotations(cert_manager_issuer: str, kind: str, exposure: "Exposure", namespace: str,
+                        server: str) -> dict[str, str]:
+    """Every Ingress annotation the program sets: the certificate's issuer and the controller's."""
+    return {"cert-manager.io/cluster-issuer": cert_manager_issuer,
+            **controller_annotations(kind, exposure, namespace, server)}
+
+
+def ingress_annotations(ours: dict[str, str], exposure: "Exposure") -> dict[str, str]:
+    """The user's annotations under the program's (the config refuses a contradicting one), except
+    Traefik's middlewares, which run in order: the source check first, then the user's."""
+    merged = {**exposure.annotations, **ours}
+    if TRAEFIK_MIDDLEWARES in ours and TRAEFIK_MIDDLEWARES in exposure.annotations:
+        merged[TRAEFIK_MIDDLEWARES] = f"{ours[TRAEFIK_MIDDLEWARES]},{exposure.annotations[TRAEFIK_MIDDLEWARES]}"
+    return merged

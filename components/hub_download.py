@@ -29,7 +29,7 @@ import sys
 import urllib.error
 import urllib.request
 
-COMMIT = re.compile(r"[0-9a-f]{40}")
+COMMIT = re.compile(r"[0-9a-f]{40}")  # common.constants.COMMIT_ID; this file runs alone (python3 -c)
 
 
 def _get(url, token, headers=None):

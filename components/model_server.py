@@ -17,7 +17,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from common.constants import COMPONENT_LABEL, service_fqdn
-from common.ingress import TRAEFIK_MIDDLEWARES, controller_annotations, source_middleware
+from common.ingress import TRAEFIK_MIDDLEWARES, ingress_annotations, program_annotations, source_middleware
 from config.types import ClusterConfig, ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
 from engines.llamacpp import METRICS_TOKEN_KEY, first_key
@@ -184,31 +184,15 @@ class ModelServerBase(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
 
-    @staticmethod
-    def _ingress_annotations(args: ModelServerArgs) -> dict[str, str]:
-        model, exposure, controller = args.model, args.model.exposure, args.cluster.ingress
-        if exposure is None or controller is None:  # refused by StackConfig.problems
-            raise ValueError(f"{model.name}: exposure needs exposure settings and an ingress controller")
-        ours = {
-            "cert-manager.io/cluster-issuer": args.cluster.cert_manager_issuer,
-            # What long streamed answers need from this controller, and who may connect (the config
-            # refuses a user annotation that contradicts one of these).
-            **controller_annotations(controller.kind, exposure, args.namespace, model.name),
-        }
-        merged = {**exposure.annotations, **ours}
-        if TRAEFIK_MIDDLEWARES in ours and TRAEFIK_MIDDLEWARES in exposure.annotations:
-            # Traefik runs a router's middlewares in order: the source check first, then the user's.
-            merged[TRAEFIK_MIDDLEWARES] = f"{ours[TRAEFIK_MIDDLEWARES]},{exposure.annotations[TRAEFIK_MIDDLEWARES]}"
-        return merged
-
     def _ingress(self, name: str, args: ModelServerArgs) -> k8s.networking.v1.Ingress:
         model, exposure, cluster = args.model, args.model.exposure, args.cluster
         controller = cluster.ingress
         if exposure is None or controller is None:  # refused by StackConfig.problems
             raise ValueError(f"{model.name}: exposure needs exposure settings and an ingress controller")
+        ours = program_annotations(cluster.cert_manager_issuer, controller.kind, exposure, args.namespace, model.name)
         depends: list[pulumi.Resource] = [self.service]
-        if controller.kind == "traefik" and exposure.source_ranges is not None:
-            # Only the listed client ranges reach the server (controller_annotations names it).
+        if TRAEFIK_MIDDLEWARES in ours:
+            # Only the listed client ranges reach the server (the annotation names this Middleware).
             depends.append(k8s.apiextensions.CustomResource(
                 f"{name}-sources",
                 api_version="traefik.io/v1alpha1",
@@ -225,7 +209,7 @@ class ModelServerBase(pulumi.ComponentResource):
                 args.namespace,
                 model.name,
                 "chat",
-                annotations=self._ingress_annotations(args),
+                annotations=ingress_annotations(ours, exposure),
             ),
             spec={
                 "ingressClassName": controller.class_name,

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import difflib
 import json
-import re
 from typing import Any
 
-from common.constants import OFFLINE_SECRET_PLACEHOLDER, PROJECT
+from common.constants import COMMIT_ID, OFFLINE_SECRET_PLACEHOLDER, PROJECT
 from common.errors import ConfigError
 
 from .types import TOP_LEVEL_KEYS, StackConfig
@@ -83,7 +82,7 @@ def _warn_moving_revisions(stack: StackConfig) -> None:
     import pulumi
 
     for key, model in stack.models.items():
-        if model.prefetch is not None and not re.fullmatch(r"[0-9a-f]{40}", model.prefetch.revision):
+        if model.prefetch is not None and not COMMIT_ID.fullmatch(model.prefetch.revision):
             pulumi.log.warn(
                 f"models.{key}.prefetch.revision {model.prefetch.revision!r} is a branch or tag, not a commit: each pod "
                 "start asks the Hub and downloads where it has moved, beside the old files (no preview sees that "

@@ -887,7 +887,7 @@ class StackConfig(Strict):
         return []
 
     def _exposure_problems(self) -> list[Problem]:
-        from common.ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, controller_annotations
+        from common.ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, program_annotations
 
         problems: list[Problem] = []
         for key, model in self.models.items():
@@ -906,8 +906,8 @@ class StackConfig(Strict):
                     "the program can restrict sources only on ingress-nginx or Traefik (cluster.ingress.kind); restrict "
                     "them in your controller and set source_ranges: null",
                 ))
-            ours = {"cert-manager.io/cluster-issuer": self.cluster.cert_manager_issuer,
-                    **controller_annotations(self.cluster.ingress.kind, exposure, self.namespace.name, model.name)}
+            ours = program_annotations(self.cluster.cert_manager_issuer, self.cluster.ingress.kind, exposure,
+                                       self.namespace.name, model.name)
             for name, value in exposure.annotations.items():
                 where = f"models.{key}.exposure.annotations.{name}"
                 if name == TRAEFIK_MIDDLEWARES:

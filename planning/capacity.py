@@ -12,7 +12,7 @@ from common.errors import CapacityError
 
 from .catalog import facts_for
 from .memory import MemoryEstimate, VramEstimate, model_bits, weights_bytes
-from .quantity import GIB, parse_quantity
+from .quantity import GIB, gib, parse_quantity
 from .startup import StartupBudget, startup_budget
 
 if TYPE_CHECKING:
@@ -292,18 +292,16 @@ def _cache_problems(stack: "StackConfig", plan: CapacityPlan) -> list[Problem]:
     shared cache must also reach every node the plan puts its servers on."""
     problems: list[Problem] = []
     shared = {key: server for key, server in plan.servers.items() if stack.models[key].workload.cache_volume is None}
-    need = sum(float(parse_quantity(server.weights)) / GIB for server in shared.values())
-    size = float(parse_quantity(stack.model_cache.size)) / GIB
-    if shared and size < need:
-        each = ", ".join(f"{key} {float(parse_quantity(s.weights)) / GIB:.1f}" for key, s in shared.items())
+    need = sum(gib(server.weights) for server in shared.values())
+    if shared and gib(stack.model_cache.size) < need:
+        each = ", ".join(f"{key} {gib(s.weights):.1f}" for key, s in shared.items())
         problems.append(("model_cache.size", f"{stack.model_cache.size} holds less than the {need:.1f} GiB the servers on "
                          f"it download ({each}); set it to at least {math.ceil(need)}Gi"))
     for key, server in plan.servers.items():
         volume = stack.models[key].workload.cache_volume
-        weights = float(parse_quantity(server.weights)) / GIB
-        if volume is not None and float(parse_quantity(volume.size)) / GIB < weights:
+        if volume is not None and gib(volume.size) < gib(server.weights):
             problems.append((f"models.{key}.workload.cache_volume.size", f"{volume.size} holds less than its "
-                             f"{weights:.1f} GiB of weights; set it to at least {math.ceil(weights)}Gi"))
+                             f"{gib(server.weights):.1f} GiB of weights; set it to at least {math.ceil(gib(server.weights))}Gi"))
     if stack.model_cache.access_mode == "ReadWriteOnce" and shared:
         names = {server.name: key for key, server in shared.items()}
         nodes = sorted({(n.pool, n.node) for n in plan.nodes for name, _ in n.workloads if name in names})
