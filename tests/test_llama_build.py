@@ -1,0 +1,111 @@
+"""The way the contract tests get llama.cpp works on a machine that has never built it.
+
+The fetch runs for real on every test run, from an empty cache (pip's cache bypassed, a new folder):
+a cached build must never again hide a download that no longer works. The compile itself stays
+cached (keyed by the archive's hash) and is exercised by `make test` before the suite starts.
+"""
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+
+import build_llama_server as llama  # noqa: E402
+
+
+def _one_line_error(capsys, argv: list[str]) -> str:
+    assert llama.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_source_fetched_from_an_empty_cache_and_verified(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERENCE_PLANE_CACHE", str(tmp_path / "empty-cache"))
+    src = llama.fetch_source(llama.DEFAULT_BUILD, tmp_path / "src")
+    # The pieces the build and the tests use: the server's source, the fit tool, the vocab GGUFs.
+    assert (src / "CMakeLists.txt").is_file()
+    assert (src / "tools" / "server" / "server.cpp").is_file()
+    assert (src / "tools" / "fit-params" / "CMakeLists.txt").is_file()
+    assert (src / "tools" / "llama-bench" / "llama-bench.cpp").is_file()
+    assert (src / "models" / "ggml-vocab-llama-spm.gguf").stat().st_size > 100_000
+    assert not (tmp_path / "empty-cache").exists(), "a fetch-only run must not write the build cache"
+
+
+def test_a_build_that_does_not_exist_fails_in_one_line(tmp_path, capsys):
+    line = _one_line_error(capsys, ["--fetch-only", str(tmp_path), "--sha256", "0" * 64, "99999"])
+    assert "b99999 source could not be fetched with pip" in line
+    assert "99999" in line.split("(", 1)[1]  # pip's own reason, naming the version it looked for
+    assert "LLAMA_SERVER=/path/to/llama-server" in line
+    assert not any(tmp_path.iterdir()), "nothing is written when the fetch fails"
+
+
+def test_an_archive_with_another_hash_is_refused(tmp_path, capsys):
+    line = _one_line_error(capsys, ["--fetch-only", str(tmp_path), "--sha256", "f" * 64, str(llama.DEFAULT_BUILD)])
+    assert "could not be fetched" in line and "HASH" in line.upper()
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_build_without_a_pinned_hash_is_refused_before_any_download(capsys):
+    line = _one_line_error(capsys, ["--fetch-only", "/nonexistent", "12345"])
+    assert "no archive hash is pinned" in line and "ARCHIVE_SHA256" in line
+
+
+def _fake_server(folder: Path, version: int, with_tools: bool = True) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    names = llama.PROGRAMS if with_tools else ("llama-server",)
+    for name in names:
+        path = folder / name
+        # As llama.cpp prints it (common/build-info.cpp.in), on stderr.
+        path.write_text(f"#!/bin/sh\necho 'version: 0.3.0 (build {version}, commit 0123abcd)' >&2\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return folder / "llama-server"
+
+
+def test_a_users_binary_of_the_pinned_build_is_used_without_building(tmp_path, monkeypatch):
+    server = _fake_server(tmp_path / "bin", llama.DEFAULT_BUILD)
+    monkeypatch.setenv("LLAMA_SERVER", str(server))
+    monkeypatch.setenv("INFERENCE_PLANE_CACHE", str(tmp_path / "cache"))
+    assert llama.build() == server
+    assert llama.build(program="llama-fit-params") == server.with_name("llama-fit-params")
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("case", ["other build", "not executable", "no fit tool beside it"])
+def test_a_users_binary_that_cannot_serve_is_refused_in_one_line(tmp_path, monkeypatch, case):
+    if case == "other build":
+        server = _fake_server(tmp_path / "bin", 9999)
+        expected = "reports build 9999, the tests pin 10729"
+        program = "llama-server"
+    elif case == "not executable":
+        server = tmp_path / "llama-server"
+        server.write_text("")
+        expected = "not an executable file"
+        program = "llama-server"
+    else:
+        server = _fake_server(tmp_path / "bin", llama.DEFAULT_BUILD, with_tools=False)
+        expected = "no llama-fit-params beside it"
+        program = "llama-fit-params"
+    monkeypatch.setenv("LLAMA_SERVER", str(server))
+    with pytest.raises(llama.BuildError) as e:
+        llama.build(program=program)
+    assert expected in str(e.value) and "\n" not in str(e.value)
+    assert f"LLAMA_SERVER={server}" in str(e.value)
+
+
+def test_the_cache_is_keyed_by_build_and_archive_hash():
+    pinned = dict(llama.ARCHIVE_SHA256)
+    assert llama.main(["--fetch-only", "/nonexistent", "--sha256", "0" * 64, "99999"]) == 2
+    assert llama.ARCHIVE_SHA256 == pinned, "trying another hash must not change the pinned ones"
+    assert llama.install_dir(llama.DEFAULT_BUILD, "ab" * 32).name == f"llama-b{llama.DEFAULT_BUILD}-{'ab' * 6}"
+    home = llama.install_dir(llama.DEFAULT_BUILD)
+    assert home.name == f"llama-b{llama.DEFAULT_BUILD}-{llama.ARCHIVE_SHA256[llama.DEFAULT_BUILD][:12]}"
+    assert llama.source_dir().is_relative_to(home)
