@@ -22,7 +22,7 @@ from components.monitoring import Monitoring, MonitoringArgs, fallback_alerts
 from components.namespace import AINamespace, AINamespaceArgs
 from config import StackConfig, load_stack
 from planning.capacity import CapacityPlan, plan_capacity
-from planning.quantity import gib
+from common.quantity import gib
 
 
 @dataclass

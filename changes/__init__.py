@@ -17,4 +17,4 @@ __all__ = ["Action", "ChangeReport", "Consequence", "Entry", "ProviderOptions", 
 
 def engine() -> ModuleType:
     """The offline engine's module (run_program, stack_config, config_from_mapping, Registered)."""
-    return importlib.import_module("render.mock_engine")
+    return importlib.import_module("render.offline")

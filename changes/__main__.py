@@ -51,7 +51,7 @@ class InputError(Exception):
 
 
 def _document(text: str, where: str) -> dict[str, Any]:
-    from render.mock_engine import StackFileError, load_stack_text
+    from render.offline import StackFileError, load_stack_text
 
     try:
         document = load_stack_text(text, where) or {}

@@ -49,7 +49,7 @@ from typing import Any, Iterable, Literal, Mapping, Optional, Sequence
 from common.constants import COMMIT_ID
 # The annotation the model servers carry: seconds from pod start to ready on an empty cache
 # (download + load), or the load only when an init container prefetches the weights.
-from policy.rules import COLD_START_ANNOTATION
+from common.constants import COLD_START_ANNOTATION
 
 from .provider import (
     DEFAULT_OPTIONS,

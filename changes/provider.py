@@ -80,7 +80,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Optional, Sequence, Union
 
-from render.mock_engine import Registered
+from render.offline import Registered
 
 Segment = Union[str, int]
 Path = tuple[Segment, ...]

@@ -1,11 +1,10 @@
-"""Facts stated once. Anything written in two places drifts; these are read from here."""
+"""Facts stated once. Anything written in two places drifts; these are read from here, by the program
+and by the policy pack (policy/rules.py), which runs in its own virtualenv: this module imports
+nothing but the standard library."""
 
 from __future__ import annotations
 
 import re
-
-# Stated in the policy pack, which must run without the project's modules.
-from policy.rules import CLUSTER_DOMAIN, LLAMACPP_HEALTH_PATH
 
 # The Pulumi project name: the config namespace (`inference-plane:models`) and the type tokens.
 PROJECT = "inference-plane"
@@ -17,21 +16,51 @@ PART_OF = {"app.kubernetes.io/part-of": PROJECT, "app.kubernetes.io/managed-by":
 # Envoy Gateway labels the Envoy pods (and their Service) of a Gateway with the Gateway's name.
 ENVOY_OWNING_GATEWAY_LABEL = "gateway.envoyproxy.io/owning-gateway-name"
 ENVOY_POD_LABELS = {NAME_LABEL: "envoy"}
-# llama.cpp's readiness is LLAMACPP_HEALTH_PATH: 503 while loading, 200 once the weights are resident.
 LLAMACPP_METRICS_PATH = "/metrics"
 # The app.kubernetes.io/component label of each server role. "embeddings" (plural) is what running
 # stacks carry and the policy pack matches; changing it would restart every embedding server.
 COMPONENT_LABEL = {"chat": "chat", "embedding": "embeddings"}
 
+# --- what the policy pack checks the rendered objects against -------------------------------------
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Pod")
+# A build or version tag (server-vulkan-b10731, v1.4.2) or a digest. Never `latest` or a bare
+# name: the llama.cpp CLI changes between builds and removed flags are rejected at start-up.
+# The stack config validates images with this same pattern.
+PINNED_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(@sha256:[a-f0-9]{64}|:[A-Za-z._-]*[0-9][A-Za-z0-9._-]*)$")
+WRITABLE_ROOT_WAIVER = "inference-plane/writable-root"
+WORLD_EGRESS_WAIVER = "inference-plane/world-egress"
+COLD_START_ANNOTATION = "inference-plane/cold-start-seconds"
+HEALTH_ANNOTATION = "inference-plane/health-path"
+MTLS_ANNOTATION = "inference-plane/mtls"
+# The Tailscale operator serves LoadBalancer Services of this class and names the tailnet device
+# after this Service annotation (else <namespace>-<service>).
+TAILSCALE_CLASS = "tailscale"
+TAILSCALE_HOSTNAME = "tailscale.com/hostname"
+
+
+def tailnet_device(hostname: str) -> str:
+    """The tailnet device that answers at a MagicDNS name: its first label (MagicDNS adds the suffix)."""
+    return hostname.split(".")[0]
+
+
+MODEL_SERVER_COMPONENTS = tuple(COMPONENT_LABEL.values())
+# The kinds the program runs model servers as (the change preview follows their pods and claims).
+MODEL_SERVER_KINDS = ("Deployment", "StatefulSet")
+CLUSTER_DOMAIN = "svc.cluster.local"
+# llama.cpp's readiness: 503 while loading, 200 once the weights are resident.
+LLAMACPP_HEALTH_PATH = "/health"
+
+
+def probe_allows_seconds(period: int, failures: int) -> int:
+    """How long a failing probe runs before the kubelet acts: it probes at once and then every period,
+    so the failures-th failure comes (failures - 1) periods after the start (pkg/kubelet/prober/worker.go)."""
+    return period * max(failures - 1, 0)
+
 
 def service_fqdn(name: str, namespace: str) -> str:
     return f"{name}.{namespace}.{CLUSTER_DOMAIN}"
 
-
-__all__ = [
-    "CLUSTER_DOMAIN", "COMPONENT_LABEL", "ENVOY_OWNING_GATEWAY_LABEL", "ENVOY_POD_LABELS", "LLAMACPP_HEALTH_PATH",
-    "LLAMACPP_METRICS_PATH", "NAME_LABEL", "OFFLINE_SECRET_PLACEHOLDER", "PART_OF", "PROJECT", "TOKEN_PREFIX", "service_fqdn",
-]
 
 # A git commit as the Hugging Face Hub names it: the only revision that never moves (branches and
 # tags can). components/hub_download.py keeps its own copy: it runs alone, with `python3 -c`.

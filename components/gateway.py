@@ -25,7 +25,7 @@ from common.constants import ENVOY_OWNING_GATEWAY_LABEL, ENVOY_POD_LABELS, PART_
 from config.types import GatewayConfig, PodPeer, Route, StackConfig
 from engines import engine_of
 from engines.llamacpp import first_key
-from policy.rules import MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAME, tailnet_device
+from common.constants import MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAME, tailnet_device
 
 from .meta import VALUE_NOTES_ANNOTATION, token, value_notes
 

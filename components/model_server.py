@@ -17,13 +17,13 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from common.constants import COMPONENT_LABEL, service_fqdn
-from common.ingress import TRAEFIK_MIDDLEWARES, ingress_annotations, program_annotations, source_middleware
+from config.ingress import TRAEFIK_MIDDLEWARES, ingress_annotations, program_annotations, source_middleware
 from config.types import ClusterConfig, ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
 from engines.llamacpp import METRICS_TOKEN_KEY, first_key
 from planning.capacity import ServerPlan
 from planning.startup import StartupBudget
-from policy.rules import COLD_START_ANNOTATION, HEALTH_ANNOTATION
+from common.constants import COLD_START_ANNOTATION, HEALTH_ANNOTATION
 
 from .meta import VALUE_NOTES_ANNOTATION, labels, metadata, selector, token, value_notes
 from .pod import KEY_FINGERPRINT_ANNOTATION, checkov_waivers, key_fingerprint, pod_spec

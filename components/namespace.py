@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 
 from common.constants import PART_OF
 from config.types import ClusterConfig, NamespaceConfig, PodPeer
-from policy.rules import WORLD_EGRESS_WAIVER
+from common.constants import WORLD_EGRESS_WAIVER
 
 from .meta import token
 

@@ -15,7 +15,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field
 
-from planning.quantity import parse_quantity
+from common.quantity import parse_quantity
 
 from .defaults import DEVICE_PLUGIN_SHARING, MODEL_HUB_HOSTS, PREFETCH_IMAGE, PRIVATE_SOURCE_RANGES
 from .values import (
@@ -887,7 +887,7 @@ class StackConfig(Strict):
         return []
 
     def _exposure_problems(self) -> list[Problem]:
-        from common.ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, program_annotations
+        from config.ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, program_annotations
 
         problems: list[Problem] = []
         for key, model in self.models.items():

@@ -22,4 +22,9 @@ def engine_of(model: "ModelServer") -> Engine:
     return ENGINES[model.engine]
 
 
-__all__ = ["ENGINES", "Engine", "LlamaCpp", "OpenAICompatible", "engine_of"]
+def weights_flags() -> dict[str, str]:
+    """Every engine's flags that name the weights it downloads, by their long form."""
+    return {flag: long for engine in ENGINES.values() for flag, long in engine.weights_flags.items()}
+
+
+__all__ = ["ENGINES", "Engine", "LlamaCpp", "OpenAICompatible", "engine_of", "weights_flags"]

@@ -32,6 +32,10 @@ _ORIGIN = re.compile(r"https?://[a-z0-9.-]+(:[0-9]{1,5})?")
 # Where the API key Secret is mounted; --api-key-file names a file in it.
 API_KEY_DIR = "/run/secrets/llama-api-key"
 
+# The flags that name the weights llama-server downloads itself (common/arg.cpp), by long form.
+WEIGHTS_FLAGS = {"-hf": "--hf-repo", "-hfr": "--hf-repo", "--hf-repo": "--hf-repo", "-hff": "--hf-file",
+                 "--hf-file": "--hf-file", "-mu": "--model-url", "--model-url": "--model-url"}
+
 # Every flag args() generates, with its aliases: extra_args may not set them again (llama.cpp
 # takes the last occurrence, so a duplicate would silently override the planned value).
 GENERATED_FLAGS = frozenset({
@@ -57,6 +61,7 @@ METRICS_TOKEN_KEY = "metrics-token"
 
 class LlamaCpp:
     name = "llamacpp"
+    weights_flags = WEIGHTS_FLAGS
 
     def config_problems(self, model: "ModelServer", path: str) -> list[Problem]:
         problems: list[Problem] = []

@@ -22,6 +22,7 @@ LLAMACPP_SETTINGS = (
 
 class OpenAICompatible:
     name = "openai"
+    weights_flags: dict[str, str] = {}  # its weights are prefetched (HF_REPO), never named by a flag
 
     def config_problems(self, model: "ModelServer", path: str) -> list[Problem]:
         problems: list[Problem] = []

@@ -12,7 +12,7 @@ from common.errors import CapacityError
 
 from .catalog import facts_for
 from .memory import MemoryEstimate, VramEstimate, model_bits, weights_bytes
-from .quantity import GIB, gib, parse_quantity
+from common.quantity import GIB, gib, parse_quantity
 from .startup import StartupBudget, startup_budget
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .quantity import GIB, MIB, parse_quantity
+from common.quantity import GIB, MIB, parse_quantity
 
 if TYPE_CHECKING:
     from config.types import GpuBackend, ModelFacts, ModelServer

@@ -23,9 +23,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from policy.rules import probe_allows_seconds
+from common.constants import probe_allows_seconds
 
-from .quantity import MIB, parse_quantity
+from common.quantity import MIB, parse_quantity
 
 if TYPE_CHECKING:
     from config.types import Startup

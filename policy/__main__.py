@@ -3,7 +3,10 @@
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+# The facts the rules check against are the program's own (common/constants.py, standard library only).
+sys.path.insert(1, os.path.dirname(HERE))
 
 from pulumi_policy import EnforcementLevel, PolicyPack  # noqa: E402
 

@@ -3,7 +3,8 @@
 Each rule takes the object's properties (or every object, for a stack rule), a ``report``
 callback and the pack's config. ``pack.py`` wraps them as CrossGuard policies for
 ``pulumi preview --policy-pack policy``; the offline render calls the same functions over every
-resource it renders. Nothing here imports Pulumi.
+resource it renders. Nothing here imports Pulumi; the facts the rules check against are the
+program's own (common/constants.py, which imports nothing), so the pack and the program cannot drift.
 """
 
 from __future__ import annotations
@@ -12,33 +13,26 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from common.constants import (
+    CLUSTER_DOMAIN,
+    COLD_START_ANNOTATION,
+    HEALTH_ANNOTATION,
+    LLAMACPP_HEALTH_PATH,
+    MODEL_SERVER_COMPONENTS,
+    MTLS_ANNOTATION,
+    PINNED_IMAGE,
+    TAILSCALE_CLASS,
+    TAILSCALE_HOSTNAME,
+    WORKLOAD_KINDS,
+    WORLD_EGRESS_WAIVER,
+    WRITABLE_ROOT_WAIVER,
+    probe_allows_seconds,
+    tailnet_device,
+)
+
 Report = Callable[[str], None]
 Props = Mapping[str, Any]
 
-WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Pod")
-# A build or version tag (server-vulkan-b10731, v1.4.2) or a digest. Never `latest` or a bare
-# name: the llama.cpp CLI changes between builds and removed flags are rejected at start-up.
-# The stack config validates images with this same pattern.
-PINNED_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(@sha256:[a-f0-9]{64}|:[A-Za-z._-]*[0-9][A-Za-z0-9._-]*)$")
-WRITABLE_ROOT_WAIVER = "inference-plane/writable-root"
-WORLD_EGRESS_WAIVER = "inference-plane/world-egress"
-COLD_START_ANNOTATION = "inference-plane/cold-start-seconds"
-HEALTH_ANNOTATION = "inference-plane/health-path"
-MTLS_ANNOTATION = "inference-plane/mtls"
-# The Tailscale operator serves LoadBalancer Services of this class and names the tailnet device
-# after this Service annotation (else <namespace>-<service>).
-TAILSCALE_CLASS = "tailscale"
-TAILSCALE_HOSTNAME = "tailscale.com/hostname"
-
-
-def tailnet_device(hostname: str) -> str:
-    """The tailnet device that answers at a MagicDNS name: its first label (MagicDNS adds the suffix)."""
-    return hostname.split(".")[0]
-MODEL_SERVER_COMPONENTS = ("chat", "embeddings")
-# Facts the pack checks against, defined here because the pack runs alone (its own folder and
-# virtualenv, no project imports); the program takes them from here (common/constants.py).
-CLUSTER_DOMAIN = "svc.cluster.local"
-LLAMACPP_HEALTH_PATH = "/health"
 CREDENTIAL_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.I)
 
 
@@ -147,12 +141,6 @@ def images_pinned(props: Props, report: Report, config: Mapping) -> None:
         image = container.get("image", "")
         if not PINNED_IMAGE.fullmatch(image):
             report(f"container {container.get('name')}: image {image!r} is not pinned to a build tag or digest")
-
-
-def probe_allows_seconds(period: int, failures: int) -> int:
-    """How long a failing probe runs before the kubelet acts: it probes at once and then every period,
-    so the failures-th failure comes (failures - 1) periods after the start (pkg/kubelet/prober/worker.go)."""
-    return period * max(failures - 1, 0)
 
 
 def _probe_seconds(probe: Optional[Mapping[str, Any]]) -> int:

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .mock_engine import PROJECT_DIR
+from .offline import PROJECT_DIR
 from .output import RenderError, render_stack
 
 

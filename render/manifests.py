@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from .mock_engine import ProgramRun, Registered
+from .offline import ProgramRun, Registered
 
 # How the Pulumi SDK marks a secret value on the wire.
 _SECRET_SIG = "4dabf18193072939515e22adb298388d"

@@ -14,13 +14,14 @@ import yaml
 
 from components.meta import VALUE_NOTES_ANNOTATION
 
-from .mock_engine import PROJECT_DIR, ProgramRun, StackFileError, run_stack
+from .offline import PROJECT_DIR, ProgramRun, StackFileError, run_stack
 from .manifests import dump, manifests
 from .picture import node_label, plan_svg
 from .validate import ManifestError, validate_all
 from common.errors import one_line
 from components.namespace import egress_summary
-from policy.rules import RESOURCE_RULES, STACK_RULES, probe_allows_seconds, run_rules
+from common.constants import probe_allows_seconds
+from policy.rules import RESOURCE_RULES, STACK_RULES, run_rules
 
 
 def policy_config(run: ProgramRun) -> dict:

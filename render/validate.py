@@ -19,7 +19,7 @@ import jsonschema
 from kubernetes_validate import utils as kv
 from referencing import Registry, Resource
 
-from .mock_engine import PROJECT_DIR
+from .offline import PROJECT_DIR
 
 CRD_SCHEMAS_ENV = "INFERENCE_PLANE_CRD_SCHEMAS"
 DEFAULT_CRD_SCHEMAS = PROJECT_DIR / "schemas" / "crd"  # vendored: a clone validates on its own

@@ -21,7 +21,7 @@ settings.load_profile("repo")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from render.mock_engine import ProgramRun, config_from_mapping, run_program  # noqa: E402
+from render.offline import ProgramRun, config_from_mapping, run_program  # noqa: E402
 
 STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
 

@@ -12,7 +12,7 @@ from common.errors import CapacityError, ConfigError
 from config import parse_stack
 from conftest import CPU_SECRETS, RTX_SECRETS, plain_values, run_values
 from planning.capacity import plan_capacity
-from planning.quantity import GIB, MIB
+from common.quantity import GIB, MIB
 
 # Llama 3.1/3.3 70B (config.json: 80 layers, 8 KV heads, head_dim 128, 70.6B parameters).
 LLAMA_70B = {"params_b": 70.6, "layers": 80, "kv_heads": 8, "head_dim": 128}

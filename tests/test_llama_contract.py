@@ -36,7 +36,7 @@ def servers() -> list[tuple[str, str, dict, dict | None, str, str | None]]:
     """(stack, model key, container, scrape endpoint, role, pooling) for every llama.cpp server; the
     container carries its pod's securityContext under POD_SECURITY (the server runs as the pod)."""
     from planning.catalog import facts_for
-    from render.mock_engine import run_stack
+    from render.offline import run_stack
     from render.manifests import manifests
 
     found = []
@@ -183,7 +183,7 @@ def check_cors(running, args: list[str]) -> None:
 def test_the_suite_covers_every_llamacpp_server_of_the_stack(stack):
     """Also where a stack of the user's does not render: that stack fails here, with its one line,
     instead of stopping the whole collection."""
-    from render.mock_engine import run_stack
+    from render.offline import run_stack
 
     expected = {(stack, k) for k, m in run_stack(stack).config.models.items() if m.engine == "llamacpp"}
     assert {(c[0], c[1]) for c in servers() if c[0] == stack} == expected

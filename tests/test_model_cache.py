@@ -5,7 +5,7 @@ from __future__ import annotations
 from config import parse_stack
 from components.model_cache import ModelCache, ModelCacheArgs
 from conftest import homelab_plain_values
-from render.mock_engine import run_program
+from render.offline import run_program
 
 
 def build(values: dict):

@@ -12,7 +12,7 @@ from components.embed_server import EmbedServer
 from components.llama_server import LlamaServer
 from components.model_server import ModelServerArgs
 from conftest import run_values
-from render.mock_engine import run_program
+from render.offline import run_program
 
 
 def build(values: dict, key: str, api_key_value: str | None = None):

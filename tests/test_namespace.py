@@ -6,7 +6,7 @@ import pytest
 
 from config import ConfigError, parse_stack
 from components.namespace import ICMP_V4_TYPES, ICMP_V6_TYPES, AINamespace, AINamespaceArgs
-from render.mock_engine import run_program
+from render.offline import run_program
 
 
 def build(values: dict):

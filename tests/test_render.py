@@ -315,7 +315,7 @@ def test_a_new_render_keeps_what_it_did_not_write(tmp_path):
 def test_stack_files_read_as_yaml_v3_reads_them():
     """The Pulumi CLI reads stack files with Go's yaml.v3: merge keys work (a key written beside
     one overrides it), and scalars resolve as its resolve.go does, not as YAML 1.1."""
-    from render.mock_engine import StackFileError, load_stack_text
+    from render.offline import StackFileError, load_stack_text
 
     text = "base: &b {a: 1, c: 1}\nx: {<<: *b, c: 2}\nn: [1:30, 0o17, 1e3, =, 2024-01-01, 1_000, on, no, True]\n"
     document = load_stack_text(text, "Pulumi.t.yaml")

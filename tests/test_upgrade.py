@@ -14,7 +14,7 @@ import yaml
 from changes import preview
 from changes.provider import options_from_config
 from conftest import ROOT
-from render.mock_engine import Registered, run_program, stack_config
+from render.offline import Registered, run_program, stack_config
 
 FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "registrations-0dec461.json").read_text())
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planning.quantity import MIB, parse_quantity
+from common.quantity import MIB, parse_quantity
 
 if TYPE_CHECKING:
     from config.types import Exposure

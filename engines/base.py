@@ -1,0 +1,96 @@
+"""The engine interface: everything generic code (components, planning, changes, the gateway,
+monitoring) may ask about the server that runs a model. Each engine implements all of it in its
+own module; generic code asks the engine object and never which engine it is."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Optional
+
+if TYPE_CHECKING:
+    from config.types import GpuBackend, ModelFacts, ModelServer, NodePool
+    from planning.memory import MemoryEstimate, VramEstimate
+
+Problem = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """How an engine takes its API key: the Secret mounted as a folder, one file in it."""
+
+    mount_dir: str  # where the key Secret is mounted in the container
+    metrics_token_key: str  # the Secret key holding only the key a scraper sends
+    client_key: Callable[[str], str]  # the key clients send, from the key file's text
+
+    def key_file(self, secret_key: str) -> str:
+        return f"{self.mount_dir}/{secret_key}"
+
+
+class Engine(ABC):
+    """One inference engine. Instances are stateless; ``engines.engine_of(model)`` picks one."""
+
+    name: ClassVar[str]
+    # The component type a server of this engine is registered as, by role (its URN's type token:
+    # renaming it replaces live resources unless the component keeps an alias).
+    component_types: ClassVar[Mapping[str, str]]
+    # Command-line flags that name the weights the engine downloads itself, by their long form (the
+    # change preview reads them from rendered containers).
+    weights_flags: ClassVar[Mapping[str, str]] = {}
+
+    def component_type(self, model: "ModelServer") -> str:
+        return self.component_types[model.role]
+
+    # --- config -----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def config_problems(self, model: "ModelServer", path: str, pool: Optional["NodePool"]) -> list[Problem]:
+        """What is wrong with this server's settings for this engine (run by validation)."""
+
+    @abstractmethod
+    def plan_problems(self, key: str, model: "ModelServer", facts: Optional["ModelFacts"]) -> list[Problem]:
+        """Why the server's memory cannot be planned, or its promise cannot be kept."""
+
+    # --- the container ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def args(self, model: "ModelServer") -> list[str]: ...
+
+    @abstractmethod
+    def env(self, model: "ModelServer") -> list[dict]: ...
+
+    @abstractmethod
+    def health_path(self, model: "ModelServer") -> str: ...
+
+    @abstractmethod
+    def metrics_path(self, model: "ModelServer") -> Optional[str]: ...
+
+    @abstractmethod
+    def served_model(self, model: "ModelServer", public_name: Optional[str]) -> Optional[str]:
+        """The model name the gateway sends upstream for this public name (None: pass it through)."""
+
+    def cache_env(self, model: "ModelServer", mount_path: str) -> list[dict]:
+        """Environment that points the engine's own downloader at the shared cache volume."""
+        return []
+
+    def credentials(self, model: "ModelServer") -> Optional[Credentials]:
+        """How the engine takes an API key; None: it takes none (config refuses api_key)."""
+        return None
+
+    def reports_queue(self, model: "ModelServer") -> bool:
+        """Whether /metrics reports requests waiting for a slot (the saturation alert)."""
+        return False
+
+    # --- planning ---------------------------------------------------------------------------------
+
+    def facts(self, model: "ModelServer") -> Optional["ModelFacts"]:
+        """Architecture facts for the memory model (None where the engine reports its own memory)."""
+        return model.facts
+
+    @abstractmethod
+    def memory(self, model: "ModelServer", facts: Optional["ModelFacts"], backend: "GpuBackend") -> "MemoryEstimate":
+        """What one replica holds in the node's memory (unified memory or CPU)."""
+
+    @abstractmethod
+    def discrete(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> tuple["MemoryEstimate", "VramEstimate"]:
+        """(system RAM, one GPU's VRAM) of one replica on a discrete GPU."""
