@@ -12,17 +12,17 @@ from typing import Optional
 import pulumi
 
 from common.errors import Problems
-from components.embed_server import EmbedServer
+from common.quantity import gib
+from components import SERVER_COMPONENTS
 from components.gateway import InferenceGateway, InferenceGatewayArgs, client_keys, envoy_peer, upstream_keys
-from components.inference_engine import InferenceEngine
-from components.llama_server import LlamaServer
 from components.model_cache import ModelCache, ModelCacheArgs
 from components.model_server import ModelServerArgs, ModelServerBase
 from components.monitoring import Monitoring, MonitoringArgs, fallback_alerts
 from components.namespace import AINamespace, AINamespaceArgs
-from config import StackConfig, load_stack
-from planning.capacity import CapacityPlan, plan_capacity
-from common.quantity import gib
+from config import StackConfig
+from engines import engine_of
+from plane import load_stack, plan_capacity
+from planning.capacity import CapacityPlan
 
 
 @dataclass
@@ -36,9 +36,8 @@ class Built:
 
 
 def server_component(model) -> type[ModelServerBase]:
-    if model.engine == "openai":
-        return InferenceEngine
-    return EmbedServer if model.role == "embedding" else LlamaServer
+    """The component a server is registered as: its engine names the type."""
+    return SERVER_COMPONENTS[engine_of(model).component_type(model)]
 
 
 def check(stack: StackConfig) -> CapacityPlan:

@@ -24,7 +24,6 @@ import pulumi_kubernetes as k8s
 from common.constants import ENVOY_OWNING_GATEWAY_LABEL, ENVOY_POD_LABELS, PART_OF, service_fqdn
 from config.types import GatewayConfig, PodPeer, Route, StackConfig
 from engines import engine_of
-from engines.llamacpp import first_key
 from common.constants import MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAME, tailnet_device
 
 from .meta import VALUE_NOTES_ANNOTATION, token, value_notes
@@ -67,16 +66,18 @@ def client_keys(gw: GatewayConfig, secret: SecretReader) -> dict[str, pulumi.Out
 
 
 def upstream_keys(gw: GatewayConfig, stack: StackConfig, secret: SecretReader) -> dict[str, pulumi.Output[str]]:
-    """The key the gateway sends to each tier: a provider's, or a local llama.cpp server's own."""
+    """The key the gateway sends to each tier: a provider's, or a local server's own."""
     keys = {}
     for tier, settings in gw.tiers.items():
         if settings.remote is not None and settings.remote.api_key_config:
             keys[tier] = secret(settings.remote.api_key_config)
         elif settings.local is not None:
-            api_key = stack.models[settings.local].api_key
-            if api_key is not None and api_key.from_config:
-                # The first key of the server's key file: during a rotation the new key is the second.
-                keys[tier] = secret(api_key.from_config).apply(first_key)
+            local = stack.models[settings.local]
+            credentials = engine_of(local).credentials(local)
+            if local.api_key is not None and local.api_key.from_config and credentials is not None:
+                # The key clients send (llama.cpp: the key file's first line; during a rotation the
+                # new key is the second).
+                keys[tier] = secret(local.api_key.from_config).apply(credentials.client_key)
     return keys
 
 

@@ -1,4 +1,4 @@
-"""What every model server shares (LlamaServer, EmbedServer, InferenceEngine): the workload,
+"""What every model server shares (LlamaServer, EmbedServer, OpenAIServer): the workload,
 its Service, probes sized for a cold start, security, and the optional Ingress, PDB and VPA.
 
 llama.cpp runs in single-model mode rather than router mode, for two reasons the seed learned in production: the
@@ -16,14 +16,12 @@ from typing import ClassVar, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from common.constants import COMPONENT_LABEL, service_fqdn
+from common.constants import COLD_START_ANNOTATION, COMPONENT_LABEL, HEALTH_ANNOTATION, service_fqdn
 from config.ingress import TRAEFIK_MIDDLEWARES, ingress_annotations, program_annotations, source_middleware
 from config.types import ClusterConfig, ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
-from engines.llamacpp import METRICS_TOKEN_KEY, first_key
 from planning.capacity import ServerPlan
 from planning.startup import StartupBudget
-from common.constants import COLD_START_ANNOTATION, HEALTH_ANNOTATION
 
 from .meta import VALUE_NOTES_ANNOTATION, labels, metadata, selector, token, value_notes
 from .pod import KEY_FINGERPRINT_ANNOTATION, checkov_waivers, key_fingerprint, pod_spec
@@ -43,13 +41,16 @@ class ModelServerArgs:
     api_key_value: Optional[pulumi.Input[str]] = None
 
 
-def renamed_from(old_name: str, new_name: str) -> Optional[pulumi.ResourceOptions]:
-    """Options that keep a component's resources when its Pulumi name changes: stacks brought up
-    before components were named by their config key know them by the old name. Children named
-    after their parent inherit the alias."""
-    if old_name == new_name:
-        return None
-    return pulumi.ResourceOptions(aliases=[pulumi.Alias(name=old_name)])
+def renamed_from(old_name: str, new_name: str, old_types: tuple[str, ...] = ()) -> Optional[pulumi.ResourceOptions]:
+    """Options that keep a component's resources when its Pulumi name or type changes: stacks
+    brought up before components were named by their config key know them by the old name, and
+    older releases by an older type. Children named after their parent inherit the alias."""
+    aliases = [pulumi.Alias(name=old_name)] if old_name != new_name else []
+    for old_type in old_types:
+        aliases.append(pulumi.Alias(type_=token(old_type)))
+        if old_name != new_name:
+            aliases.append(pulumi.Alias(name=old_name, type_=token(old_type)))
+    return pulumi.ResourceOptions(aliases=aliases) if aliases else None
 
 
 class ModelServerBase(pulumi.ComponentResource):
@@ -60,6 +61,7 @@ class ModelServerBase(pulumi.ComponentResource):
     the component's Secret under a name still taken."""
 
     type_name: ClassVar[str]
+    former_type_names: ClassVar[tuple[str, ...]] = ()
     role: ClassVar[Optional[str]]
 
     workload: pulumi.CustomResource
@@ -75,7 +77,7 @@ class ModelServerBase(pulumi.ComponentResource):
         self._check(model)  # before anything is registered
         if model.api_key is not None and model.api_key.from_config is not None and args.api_key_value is None:
             raise ValueError(f"{name}: api_key.from_config is set but no key value was passed")
-        opts = pulumi.ResourceOptions.merge(opts, renamed_from(model.name, name))
+        opts = pulumi.ResourceOptions.merge(opts, renamed_from(model.name, name, self.former_type_names))
         super().__init__(token(self.type_name), name, None, opts)
         ns = args.namespace
         engine = engine_of(model)
@@ -96,20 +98,22 @@ class ModelServerBase(pulumi.ComponentResource):
         )
 
         self.api_key_secret = None
-        if model.api_key is not None and model.api_key.from_config is not None:
+        credentials = engine.credentials(model)
+        if model.api_key is not None and model.api_key.from_config is not None and credentials is not None:
             key_file = model.api_key.secret_key
+            token_key = credentials.metrics_token_key
             self.api_key_secret = k8s.core.v1.Secret(
                 f"{name}-api-key",
                 metadata=metadata(model.api_key.secret_name, ns, model.name, component, annotations={
                     VALUE_NOTES_ANNOTATION: value_notes({
                         key_file: "the server's API key; while rotating, two lines: the old key, then the new",
-                        METRICS_TOKEN_KEY: f"the first line of {key_file} (the metrics scrape's bearer token)",
+                        token_key: f"the first line of {key_file} (the metrics scrape's bearer token)",
                     }),
                 }),
                 type="Opaque",
                 # The key file, and its first key alone as the metrics scrape's bearer token.
                 string_data=pulumi.Output.secret(pulumi.Output.from_input(args.api_key_value).apply(
-                    lambda value: {model.api_key.secret_key: value, METRICS_TOKEN_KEY: first_key(value)}
+                    lambda value: {key_file: value, token_key: credentials.client_key(value)}
                 )),
                 opts=pulumi.ResourceOptions(parent=self),
             )
@@ -164,6 +168,9 @@ class ModelServerBase(pulumi.ComponentResource):
     def _check(self, model: ModelServer) -> None:
         if self.role is not None and model.role != self.role:
             raise ValueError(f"{self.type_name} serves role {self.role!r}, not {model.role!r}")
+        wanted = engine_of(model).component_type(model)
+        if wanted != self.type_name:
+            raise ValueError(f"{model.name}: engine {model.engine} runs as {wanted}, not {self.type_name}")
 
     def _vpa(self, name: str, model: ModelServer, meta: dict) -> pulumi.CustomResource:
         # No depends_on: the VPA names its target, and the recommender picks it up whenever it

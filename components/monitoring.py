@@ -12,7 +12,6 @@ from common.constants import ENVOY_OWNING_GATEWAY_LABEL, PART_OF, PROJECT
 from common.errors import ConfigError
 from config.types import Observability, StackConfig
 from engines import engine_of
-from engines.llamacpp import METRICS_TOKEN_KEY
 from planning.capacity import CapacityPlan
 from planning.startup import rollout_waits
 
@@ -141,14 +140,16 @@ class Monitoring(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         labels = dict(PART_OF)
         for model in stack.models.values():
-            path = engine_of(model).metrics_path(model)
+            engine = engine_of(model)
+            path = engine.metrics_path(model)
             if path is None:
                 continue
             endpoint: dict = {"port": "http", "path": path, "interval": obs.scrape_interval}
-            if model.api_key is not None:
-                # llama.cpp's /metrics is behind --api-key. A Secret this program writes carries the
-                # first key alone for the scrape (the key file may hold two during a rotation).
-                key = METRICS_TOKEN_KEY if model.api_key.from_config else model.api_key.secret_key
+            credentials = engine.credentials(model)
+            if model.api_key is not None and credentials is not None:
+                # /metrics is behind the API key. A Secret this program writes carries the first key
+                # alone for the scrape (the key file may hold two during a rotation).
+                key = credentials.metrics_token_key if model.api_key.from_config else model.api_key.secret_key
                 endpoint["bearerTokenSecret"] = {"name": model.api_key.secret_name, "key": key}
             k8s.apiextensions.CustomResource(
                 f"{name}-scrape-{model.name}",

@@ -5,41 +5,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from pathlib import Path
 
 from common.constants import OFFLINE_SECRET_PLACEHOLDER
 from config.types import ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
-from engines.llamacpp import API_KEY_DIR
 from planning.capacity import ServerPlan
 
 from .meta import selector
-
-
-@functools.cache
-def hub_download_source() -> str:
-    """The built-in downloader, run with `python3 -c` in a plain python image (see its docstring);
-    read only when a pod prefetches."""
-    return (Path(__file__).parent / "hub_download.py").read_text()
-
+from .prefetch import prefetch_container
+from .security import CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH_ENV, SCRATCH_VOLUME
 
 RUN_AS = 1000  # any non-root UID; the cache volume is made group-writable for it through fsGroup
-HF_HOME_DIR = "/home/engine"  # HOME for engines: the Hugging Face cache defaults to $HOME/.cache/huggingface
-HF_CACHE = f"{HF_HOME_DIR}/.cache/huggingface"
-SCRATCH = "/tmp"
-# Init and sidecar containers get requests and limits too: an unbounded init container can
-# still OOM the node while 100 GiB of weights stream through the page cache.
-PREFETCH_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
-# Read-only root: every path a container writes is a volume (the weights, /tmp), so nothing an
-# attacker drops survives a restart and the image cannot be modified in place.
-CONTAINER_SECURITY = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "readOnlyRootFilesystem": True,
-}
-SCRATCH_VOLUME = {"name": "scratch", "mountPath": SCRATCH}
-# Mesa's and RADV's shader caches, and anything else that honours XDG, land on the scratch volume.
-SCRATCH_ENV = [{"name": "XDG_CACHE_HOME", "value": f"{SCRATCH}/cache"}]
 # Checks of the external scanner (checkov) that do not fit these workloads, each with its reason;
 # written on the workload and its pods as checkov.io/skipN annotations, and listed in the README.
 CHECKOV_WAIVERS = {
@@ -88,9 +64,8 @@ def _cache_mount(model: ModelServer, cache: ModelCacheConfig) -> tuple[dict, lis
         env = [{"name": "HOME", "value": HF_HOME_DIR}, {"name": "HF_HOME", "value": HF_CACHE},
                {"name": "HF_HUB_OFFLINE", "value": "1"}]
         return {"name": "weights", "mountPath": HF_CACHE}, env
-    # Where --hf-repo caches the weights: on the shared volume the download is a one-time cost,
-    # and the server stays off a home directory it cannot write as a non-root UID.
-    return {"name": "models", "mountPath": cache.mount_path}, [{"name": "LLAMA_CACHE", "value": cache.mount_path}]
+    # The engine's own downloader caches on the shared volume: the download is a one-time cost.
+    return {"name": "models", "mountPath": cache.mount_path}, engine_of(model).cache_env(model, cache.mount_path)
 
 
 def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan) -> dict:
@@ -102,9 +77,10 @@ def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, 
     mount, env = _cache_mount(model, cache)
     env = env + SCRATCH_ENV
     mounts = [mount, SCRATCH_VOLUME]
-    if model.api_key is not None:
-        mounts.append({"name": "api-key", "mountPath": API_KEY_DIR, "readOnly": True})
     engine = engine_of(model)
+    credentials = engine.credentials(model)
+    if model.api_key is not None and credentials is not None:
+        mounts.append({"name": "api-key", "mountPath": credentials.mount_dir, "readOnly": True})
     env += engine.env(model)
     health = engine.health_path(model)
     return {
@@ -123,27 +99,6 @@ def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, 
         # Generous: a long prompt keeps the server busy, and a restart costs a full model load.
         "livenessProbe": _probe(health, 30, timeoutSeconds=10, failureThreshold=6),
         "volumeMounts": mounts,
-    }
-
-
-def prefetch_container(model: ModelServer) -> dict:
-    prefetch = model.prefetch
-    if prefetch is None:
-        raise ValueError(f"{model.name}: no prefetch settings")
-    return {
-        "name": "prefetch",
-        "image": prefetch.image,
-        "command": list(prefetch.command) if prefetch.command else ["python3", "-c", hub_download_source()],
-        "env": [
-            {"name": "HF_REPO", "value": prefetch.repo},
-            {"name": "HF_REVISION", "value": prefetch.revision},
-            {"name": "HOME", "value": HF_HOME_DIR},
-            # The same cache as the engine reads (see _cache_mount), never derived from XDG_CACHE_HOME.
-            {"name": "HF_HOME", "value": HF_CACHE},
-        ],
-        "securityContext": dict(CONTAINER_SECURITY),
-        "resources": PREFETCH_RESOURCES,
-        "volumeMounts": [{"name": "weights", "mountPath": HF_CACHE}, SCRATCH_VOLUME],
     }
 
 

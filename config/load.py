@@ -10,7 +10,7 @@ from common.constants import COMMIT_ID, OFFLINE_SECRET_PLACEHOLDER, PROJECT
 from common.errors import ConfigError
 
 from .types import TOP_LEVEL_KEYS, StackConfig
-from .validation import parse_stack, path_part
+from .validation import EngineChecks, parse_stack, path_part
 
 
 def read_pulumi_config() -> tuple[dict[str, Any], set[str]]:
@@ -57,8 +57,8 @@ def secrets_mutable() -> bool:
     return (pulumi.Config(namespace).get(key) or "").lower() == "true"
 
 
-def load_stack() -> StackConfig:
-    """Read and validate the running stack's config."""
+def load_stack(engine_checks: EngineChecks) -> StackConfig:
+    """Read and validate the running stack's config (with each engine's checks, handed in)."""
     if not secrets_mutable():
         import pulumi
 
@@ -68,7 +68,7 @@ def load_stack() -> StackConfig:
         )
     values, secret_keys = read_pulumi_config()
     structured = {k: v for k, v in values.items() if k in TOP_LEVEL_KEYS}
-    stack = parse_stack(structured)
+    stack = parse_stack(structured, engine_checks)
     problems = _secret_key_problems(stack, values, secret_keys)
     for key in sorted(set(structured) & secret_keys):
         problems.append((key, "structured config must not be secret; keep credentials in their own keys"))

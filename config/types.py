@@ -3,21 +3,17 @@ key in the project's namespace (``inference-plane:models``, ``inference-plane:cl
 ``pulumi config set --path 'models.chat.ctx_size' 16384`` reaches any field.
 
 Every field says what it is for in its ``description`` (the README's reference is generated from
-these). Checks between fields live beside the fields, as ``problems()`` methods returning
-``(config path, message with the fix)`` pairs; ``validation.parse_stack`` runs them once.
+these). Checks between fields live in ``checks.py``; ``validation.parse_stack`` runs them once.
 """
 
 from __future__ import annotations
 
-import difflib
-import typing
 from typing import Annotated, Literal, Optional
 
 from pydantic import Field
 
-from common.quantity import parse_quantity
-
 from .defaults import DEVICE_PLUGIN_SHARING, MODEL_HUB_HOSTS, PREFETCH_IMAGE, PRIVATE_SOURCE_RANGES
+from .images import backend_of_image
 from .values import (
     Args,
     Cidr,
@@ -125,11 +121,6 @@ class ModelHubEgress(Strict):
         "Required with mode world: why the hosts cannot be named (recorded on the policy object).", default=None
     )
 
-    def problems(self, path: str) -> list[Problem]:
-        if self.mode == "world" and self.reason is None:
-            return [(f"{path}.reason", "world egress needs a reason; prefer mode: fqdn with the hosts named")]
-        return []
-
 
 class NamespaceConfig(Strict):
     """The namespace the model servers (and the gateway's objects) live in."""
@@ -203,22 +194,6 @@ class NodePool(Strict):
     def discrete(self) -> bool:
         return self.vram is not None
 
-    def problems(self, path: str) -> list[Problem]:
-        problems: list[Problem] = []
-        if self.sharing() == "exclusive" and self.gpu_shares > 1:
-            problems.append((
-                f"{path}.gpu_shares",
-                f"{self.gpu_resource}'s device plugin gives each GPU to one container only; set gpu_shares: 1 and "
-                "run other model servers on the CPU (gpu_layers: 0) or on another pool",
-            ))
-        if self.vram is not None and self.gpu_resource is None:
-            problems.append((f"{path}.gpu_resource", "a pool with vram has discrete GPUs: name the device plugin's resource (e.g. nvidia.com/gpu)"))
-        if self.vram is None and (self.gpus_per_node > 1 or self.vram_bandwidth_gbs is not None):
-            problems.append((f"{path}.vram", "gpus_per_node and vram_bandwidth_gbs describe discrete GPUs: set vram (memory of one GPU)"))
-        if self.backend == "cpu" and self.gpu_resource is not None:
-            problems.append((f"{path}.backend", "a cpu backend uses no GPU: remove gpu_resource, or name the GPU backend"))
-        return problems
-
 
 class ModelCacheConfig(Strict):
     """The shared volume that holds downloaded weights (the ModelCache component)."""
@@ -273,15 +248,6 @@ class Resources(Strict):
     accepted_risk: Optional[Reason] = _doc(
         "A limit below the estimate is refused unless this says why the risk is accepted.", default=None
     )
-
-    def problems(self, path: str) -> list[Problem]:
-        problems = []
-        if self.memory_request and self.memory_limit:
-            if parse_quantity(self.memory_request) > parse_quantity(self.memory_limit):
-                problems.append((f"{path}.memory_request", "is larger than memory_limit"))
-        if parse_quantity(self.cpu_request) > parse_quantity(self.cpu_limit):
-            problems.append((f"{path}.cpu_request", "is larger than cpu_limit"))
-        return problems
 
 
 class ModelFacts(Strict):
@@ -374,17 +340,6 @@ class Workload(Strict):
     vpa_update_mode: Optional[Literal["Off", "Initial", "Recreate", "Auto"]] = _doc(
         "A VerticalPodAutoscaler that may manage CPU only: memory stays pinned (the seed's #2711).", default=None
     )
-
-    def problems(self, path: str, pool_key: str, pool: Optional[NodePool]) -> list[Problem]:
-        problems = []
-        if self.cache_volume is not None and self.kind != "StatefulSet":
-            problems.append((f"{path}.cache_volume", "a claim per replica needs kind: StatefulSet"))
-        if pool is not None and self.one_per_node and self.replicas > pool.nodes:
-            problems.append((
-                f"{path}.replicas",
-                f"{self.replicas} replicas, one per node, but node pool {pool_key} has {pool.nodes} nodes",
-            ))
-        return problems
 
 
 class Exposure(Strict):
@@ -488,45 +443,6 @@ class ModelServer(Strict):
     api_key: Optional[ApiKey] = _doc("llama.cpp's API key; required once anything outside the namespace reaches it.", default=None)
     extra_args: Args = _doc("More llama.cpp flags; flags generated from the fields above are refused here.", default=[])
 
-    def problems(self, path: str, pools: dict[str, NodePool]) -> list[Problem]:
-        """What this server's own fields, its engine and its node pool say about each other."""
-        from engines import engine_of
-
-        problems = engine_of(self).config_problems(self, path)
-        pool = pools.get(self.node_pool)
-        if pool is None:
-            problems.append((f"{path}.node_pool", f"no node pool {self.node_pool!r}; defined: {', '.join(pools)}"))
-        elif self.gpu_layers > 0 and pool.gpu_resource is None and self.backend_on(pool) != "cpu":
-            problems.append((
-                f"node_pools.{self.node_pool}.gpu_resource",
-                f"{path} offloads {self.gpu_layers} layers to a GPU, so its node pool must name the GPU resource "
-                "(e.g. gpu.intel.com/i915), or set gpu_layers: 0",
-            ))
-        if self.role == "embedding":
-            if self.exposure is not None:
-                problems.append((
-                    f"{path}.exposure",
-                    "an embedding model must not be exposed: asked to chat it answers fluent nonsense "
-                    "('capital capital ...') instead of an error; remove exposure and call it in-cluster",
-                ))
-            if self.webui:
-                problems.append((f"{path}.webui", "an embedding server has no use for the WebUI; set webui: false"))
-        if pool is not None:
-            problems += self._backend_problems(path, pool)
-        limit = parse_quantity(self.resources.cpu_limit)
-        if self.threads > limit and self.engine == "llamacpp":
-            cores = max(1, int(limit))
-            problems.append((
-                f"{path}.threads",
-                f"{self.threads} threads on a CPU limit of {self.resources.cpu_limit}: the kernel throttles the pod "
-                f"every period and generation stalls; set threads: {cores} or raise resources.cpu_limit",
-            ))
-        if self.prefetch is not None and self.workload.cache_volume is None:
-            problems.append((f"{path}.prefetch", "prefetched weights need workload.cache_volume to land in"))
-        problems += self.workload.problems(f"{path}.workload", self.node_pool, pool)
-        problems += self.resources.problems(f"{path}.resources")
-        return problems
-
     @property
     def workload_name(self) -> str:
         """The Deployment's or StatefulSet's name (not its Service's, which is always `name`)."""
@@ -537,44 +453,11 @@ class ModelServer(Strict):
 
     def image_backend(self) -> Optional[str]:
         """The backend the image's tag names (llama.cpp's server images), or None when it names none."""
-        from engines.images import backend_of_image
-
         return backend_of_image(self.image)
 
     def backend_on(self, pool: NodePool) -> Optional[GpuBackend]:
         """The backend this server runs with: its own setting, the pool's, or its image's."""
         return self.backend or pool.backend or self.image_backend()  # type: ignore[return-value]
-
-    def _backend_problems(self, path: str, pool: NodePool) -> list[Problem]:
-        problems: list[Problem] = []
-        named = self.image_backend()
-        backend = self.backend or pool.backend
-        where = f"{path}.backend" if self.backend else f"node_pools.{self.node_pool}.backend"
-        if named is not None and named not in typing.get_args(GpuBackend):
-            # One problem, with one fix: an unknown build (a misspelt tag) is not a backend to switch to.
-            near = difflib.get_close_matches(named, typing.get_args(GpuBackend), n=1, cutoff=0.6)
-            hint = f" (did you mean the {near[0]} build?)" if near else ""
-            problems.append((f"{path}.image", f"llama.cpp's {named} build is not one this program plans for{hint}; use "
-                             f"the cuda, rocm, vulkan, intel (sycl) or CPU image"))
-        elif named is not None and backend is not None and named != backend:
-            problems.append((
-                where,
-                f"{backend}, but the image {self.image} is llama.cpp's {named} build; use the {backend} image "
-                f"(or set backend: {named})",
-            ))
-        if named is None and backend is None:
-            problems.append((
-                f"{path}.backend",
-                f"the image {self.image} does not say which backend it is built for; set backend (vulkan, rocm, cuda, "
-                "sycl or cpu) here or on the node pool",
-            ))
-        if self.backend_on(pool) == "cpu" and self.gpu_layers > 0 and self.engine == "llamacpp":
-            problems.append((
-                f"{path}.gpu_layers",
-                f"{self.gpu_layers} layers to offload, but the image is a CPU build (the server ignores the flag); "
-                "set gpu_layers: 0",
-            ))
-        return problems
 
 
 # --- the gateway ---------------------------------------------------------------------------------
@@ -714,75 +597,6 @@ class GatewayConfig(Strict):
     def secret_config_keys(self) -> set[str]:
         return set(self.secret_config_refs())
 
-    def problems(self, models: dict[str, ModelServer]) -> list[Problem]:
-        problems: list[Problem] = []
-        for name, tier in self.tiers.items():
-            path = f"gateway.tiers.{name}"
-            if (tier.local is None) == (tier.remote is None):
-                problems.append((path, "set exactly one of local (a models key) or remote (a provider)"))
-            elif tier.local is not None and tier.local not in models:
-                problems.append((f"{path}.local", f"no model server {tier.local!r}; defined: {', '.join(models)}"))
-            elif tier.remote is not None and tier.remote.api_key_config is None:
-                problems.append(
-                    (f"{path}.remote.api_key_config", "a remote tier needs its provider key: name a Pulumi secret config key")
-                )
-
-        def role_of(tier_name: str) -> Optional[str]:
-            tier = self.tiers.get(tier_name)
-            if tier is None or tier.local is None or tier.local not in models:
-                return None
-            return models[tier.local].role
-
-        seen: dict[str, int] = {}
-        for index, route in enumerate(self.routes):
-            path = f"gateway.routes[{index}]"
-            if route.model in seen:
-                problems.append((f"{path}.model", f"{route.model!r} is already routed by gateway.routes[{seen[route.model]}]"))
-            seen[route.model] = index
-            tiers = [b.tier for b in route.backends]
-            if len(set(tiers)) != len(tiers):
-                problems.append((f"{path}.backends", "a tier appears twice; each tier is one priority"))
-            for b_index, backend in enumerate(route.backends):
-                where = f"{path}.backends[{b_index}].tier"
-                if backend.tier not in self.tiers:
-                    problems.append((where, f"no tier {backend.tier!r}; defined: {', '.join(self.tiers)}"))
-                    continue
-                role = role_of(backend.tier)
-                if role == "embedding" and route.kind == "chat":
-                    problems.append((
-                        where,
-                        f"{backend.tier} serves an embedding model; a chat route to it answers nonsense "
-                        "('capital capital ...'); use kind: embedding or another tier",
-                    ))
-                if role == "chat" and route.kind == "embedding":
-                    problems.append((where, f"{backend.tier} serves a chat model, not embeddings"))
-        for index, tier_name in enumerate(self.catch_all):
-            if tier_name not in self.tiers:
-                problems.append((f"gateway.catch_all[{index}]", f"no tier {tier_name!r}; defined: {', '.join(self.tiers)}"))
-            elif role_of(tier_name) == "embedding":
-                problems.append((f"gateway.catch_all[{index}]", f"{tier_name} serves an embedding model; it cannot take any model"))
-        if not self.routes and not self.catch_all:
-            problems.append(("gateway.routes", "the gateway routes nothing: add routes or catch_all"))
-        owners: dict[str, str] = {}
-        for client, settings in self.clients.items():
-            if settings.key_config is None and self.master_key_config is None:
-                problems.append(
-                    (f"gateway.clients.{client}.key_config", "set it, or gateway.master_key_config to derive the key")
-                )
-            elif settings.key_config is not None:
-                if settings.key_config in owners:
-                    problems.append((
-                        f"gateway.clients.{client}.key_config",
-                        f"{settings.key_config} is already the key of client {owners[settings.key_config]}; "
-                        "one key per client identity",
-                    ))
-                owners[settings.key_config] = client
-        if self.llamacpp_embeddings is not None:
-            target = models.get(self.llamacpp_embeddings.model)
-            if target is None or target.role != "embedding" or target.engine != "llamacpp":
-                problems.append(("gateway.llamacpp_embeddings.model", "must name a llama.cpp embedding server in models"))
-        return problems
-
 
 class Observability(Strict):
     """VictoriaMetrics operator objects: scrapes and alert rules."""
@@ -819,147 +633,6 @@ class StackConfig(Strict):
 
     def secret_config_keys(self) -> set[str]:
         return set(self.secret_config_refs())
-
-    def _namespace_owned(self) -> list[Problem]:
-        """The namespace is the stack's own: it gets a Pod Security level and a default-deny policy.
-        On a system namespace or a peer's, those would lock the cluster's own pods out."""
-        name = self.namespace.name
-        if name in SYSTEM_NAMESPACES:
-            return [("namespace.name", f"{name} is a Kubernetes system namespace; the stack labels it (Pod Security) "
-                     "and denies all traffic not listed: use a namespace of its own, e.g. ai")]
-        peers = {
-            "cluster.dns.namespace": self.cluster.dns.namespace,
-            "cluster.ingress.namespace": self.cluster.ingress.namespace if self.cluster.ingress else None,
-            "cluster.monitoring.namespace": self.cluster.monitoring.namespace if self.cluster.monitoring else None,
-            "cluster.storage.namespace": self.cluster.storage.namespace if self.cluster.storage else None,
-            "gateway.envoy_namespace": self.gateway.envoy_namespace if self.gateway else None,
-        }
-        for where, peer in peers.items():
-            if peer == name:
-                return [("namespace.name", f"{name} is also {where}: the stack's default-deny policy would cut that "
-                         "peer's own pods off; use a namespace of its own")]
-        return []
-
-    def problems(self) -> list[Problem]:
-        """Checks between fields that no single field's type can express."""
-        problems: list[Problem] = []
-        names: dict[str, str] = {}
-        hosts: dict[str, str] = {}
-        for key, model in self.models.items():
-            path = f"models.{key}"
-            if model.name in names:
-                problems.append((f"{path}.name", f"{model.name!r} is already the name of models.{names[model.name]}"))
-            names[model.name] = key
-            if model.workload.name is not None:
-                for other_key, other in self.models.items():
-                    if other_key != key and other.workload_name == model.workload_name:
-                        problems.append((f"{path}.workload.name", f"{model.workload_name!r} is already the workload "
-                                         f"of models.{other_key}; pick another name"))
-                        break
-            if model.exposure is not None:
-                if model.exposure.host in hosts:
-                    problems.append(
-                        (f"{path}.exposure.host", f"{model.exposure.host} is already exposed by models.{hosts[model.exposure.host]}")
-                    )
-                hosts[model.exposure.host] = key
-            problems += model.problems(path, self.node_pools)
-        problems += self._namespace_owned()
-        problems += self.namespace.model_hub_egress.problems("namespace.model_hub_egress")
-        problems += self._egress_expressible()
-        problems += self._exposure_problems()
-        for pool_key, pool in self.node_pools.items():
-            problems += pool.problems(f"node_pools.{pool_key}")
-        problems += self._gpu_demand()
-        if self.gateway is not None:
-            problems += self.gateway.problems(self.models)
-        problems += self._api_keys()
-        return problems
-
-    def _egress_expressible(self) -> list[Problem]:
-        """Plain NetworkPolicy matches addresses, not names: named hosts cannot be enforced there."""
-        hub = self.namespace.model_hub_egress
-        if self.cluster.cni == "networkpolicy" and hub.mode == "fqdn":
-            return [(
-                "namespace.model_hub_egress.mode",
-                "plain NetworkPolicy cannot match host names, so the hosts would silently become any address on 443; "
-                "set mode: world with a reason (the egress it really gets), or use cni: cilium",
-            )]
-        return []
-
-    def _exposure_problems(self) -> list[Problem]:
-        from config.ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, program_annotations
-
-        problems: list[Problem] = []
-        for key, model in self.models.items():
-            exposure = model.exposure
-            if exposure is None:
-                continue
-            if self.cluster.ingress is None:
-                problems.append((
-                    f"models.{key}.exposure",
-                    "the cluster has no ingress controller (cluster.ingress: null); remove exposure or configure one",
-                ))
-                continue
-            if exposure.source_ranges is not None and self.cluster.ingress.kind == "other":
-                problems.append((
-                    f"models.{key}.exposure.source_ranges",
-                    "the program can restrict sources only on ingress-nginx or Traefik (cluster.ingress.kind); restrict "
-                    "them in your controller and set source_ranges: null",
-                ))
-            ours = program_annotations(self.cluster.cert_manager_issuer, self.cluster.ingress.kind, exposure,
-                                       self.namespace.name, model.name)
-            for name, value in exposure.annotations.items():
-                where = f"models.{key}.exposure.annotations.{name}"
-                if name == TRAEFIK_MIDDLEWARES:
-                    continue  # the user's middlewares run after the program's (components/model_server.py)
-                if name in SOURCE_RANGE_ANNOTATIONS:
-                    problems.append((where, "who may connect is exposure.source_ranges (ingress-nginx reads this name "
-                                     "before the program's); set the ranges there instead"))
-                elif name in ours and ours[name] != value:
-                    problems.append((
-                        where,
-                        f"the program sets {ours[name]!r} here (from cluster.cert_manager_issuer, or exposure's "
-                        "timeout_seconds / max_body for long streamed answers); remove it, or change those settings",
-                    ))
-                if self.cluster.public_dns_label and name == self.cluster.public_dns_label:
-                    problems.append((f"models.{key}.exposure.annotations.{name}", "would publish the API on the internet; remove it"))
-        return problems
-
-    def _gpu_demand(self) -> list[Problem]:
-        problems = []
-        for pool_key, pool in self.node_pools.items():
-            users = [k for k, m in self.models.items() if m.node_pool == pool_key and m.uses_gpu(pool)]
-            demand = sum(self.models[k].workload.replicas for k in users)
-            gpus = pool.nodes * (pool.gpus_per_node if pool.discrete() else 1)
-            if demand > pool.gpu_shares * gpus:
-                problems.append((
-                    f"node_pools.{pool_key}.gpu_shares",
-                    f"{demand} model server pods ({', '.join(users)}) each request {pool.gpu_resource}, but the pool "
-                    f"offers {pool.gpu_shares * gpus}; raise the device plugin's -shared-dev-num and gpu_shares",
-                ))
-        return problems
-
-    def _api_keys(self) -> list[Problem]:
-        """llama.cpp's API is unauthenticated unless given a key: required once anything outside its
-        namespace (an Ingress, the gateway's Envoy pods) can reach it."""
-        problems: list[Problem] = []
-        gateway_reaches = self.gateway.local_models() if self.gateway is not None else set()
-        for key, model in self.models.items():
-            if model.engine != "llamacpp" or (model.role == "embedding" and model.exposure is not None):
-                continue  # an exposed embedding server is refused outright, key or not
-            if model.api_key is None and (model.exposure is not None or key in gateway_reaches):
-                via = "its Ingress" if model.exposure is not None else "the gateway"
-                problems.append((
-                    f"models.{key}.api_key",
-                    f"required: {via} reaches this server from outside its namespace; "
-                    "set api_key: {secret_name: ..., from_config: <secret config key>}",
-                ))
-            elif key in gateway_reaches and model.api_key is not None and model.api_key.from_config is None:
-                problems.append((
-                    f"models.{key}.api_key.from_config",
-                    "the gateway must send this server's key, so the key has to come from Pulumi config",
-                ))
-        return problems
 
 
 TOP_LEVEL_KEYS = tuple(StackConfig.model_fields)

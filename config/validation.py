@@ -6,13 +6,18 @@ from __future__ import annotations
 import difflib
 import re
 import typing
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pydantic import ValidationError
 
 from common.errors import ConfigError
 
-from .types import StackConfig
+from .checks import stack_problems
+from .types import Problem, StackConfig
+
+# Each engine's checks of its own settings (engines.stack_problems), handed in by the caller:
+# config sits below the engines and never imports them.
+EngineChecks = Callable[[StackConfig], list[Problem]]
 
 
 def path_part(part: Any) -> str:
@@ -116,13 +121,14 @@ def _null_ok(error: Mapping[str, Any]) -> str:
     return ", or null" if field is not None and type(None) in typing.get_args(field.annotation) else ""
 
 
-def parse_stack(raw: Mapping[str, Any]) -> StackConfig:
-    """Validate a stack's config values (top-level key -> decoded value); raise ConfigError."""
+def parse_stack(raw: Mapping[str, Any], engine_checks: EngineChecks) -> StackConfig:
+    """Validate a stack's config values (top-level key -> decoded value): the fields, the checks
+    between them and every engine's checks, reported together; raise ConfigError."""
     try:
         stack = StackConfig.model_validate(dict(raw))
     except ValidationError as exc:
         raise ConfigError([_describe(e) for e in exc.errors()]) from None
-    problems = stack.problems()
+    problems = stack_problems(stack) + engine_checks(stack)
     if problems:
         raise ConfigError(problems)
     return stack

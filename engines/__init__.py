@@ -1,21 +1,23 @@
-"""One home per engine: what a model server's engine is told (args, env), how it is probed and
-scraped, which model name it answers to, and how much memory it holds.
+"""One home per engine: what a model server's engine is told (args, env), how it is probed,
+scraped and authenticated, which model name it answers to, how much memory it holds, and which of
+its settings are wrong. Every engine implements ``engines.base.Engine`` in a module of its own and
+is registered in ENGINES below; that is all adding an engine takes.
 
 ``engine_of(model)`` is the only place that asks which engine a model runs.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
+from .base import Credentials, Engine, Problem
 from .llamacpp import LlamaCpp
 from .openai_compatible import OpenAICompatible
 
 if TYPE_CHECKING:
-    from config.types import ModelServer
+    from config.types import ModelServer, StackConfig
 
-Engine = Union[LlamaCpp, OpenAICompatible]
-ENGINES: dict[str, Engine] = {"llamacpp": LlamaCpp(), "openai": OpenAICompatible()}
+ENGINES: dict[str, Engine] = {engine.name: engine for engine in (LlamaCpp(), OpenAICompatible())}
 
 
 def engine_of(model: "ModelServer") -> Engine:
@@ -27,4 +29,37 @@ def weights_flags() -> dict[str, str]:
     return {flag: long for engine in ENGINES.values() for flag, long in engine.weights_flags.items()}
 
 
-__all__ = ["ENGINES", "Engine", "LlamaCpp", "OpenAICompatible", "engine_of", "weights_flags"]
+def stack_problems(stack: "StackConfig") -> list[Problem]:
+    """What each server's engine says of its settings, and the checks between servers that depend on
+    what an engine can do (run by config validation with the field checks, one report)."""
+    problems: list[Problem] = []
+    gateway_reaches = stack.gateway.local_models() if stack.gateway is not None else set()
+    for key, model in stack.models.items():
+        path = f"models.{key}"
+        engine = engine_of(model)
+        problems += engine.config_problems(model, path, stack.node_pools.get(model.node_pool))
+        if engine.credentials(model) is None or (model.role == "embedding" and model.exposure is not None):
+            continue  # an exposed embedding server is refused outright, key or not
+        # An engine that takes a key is unauthenticated without one: required once anything outside
+        # its namespace (an Ingress, the gateway's Envoy pods) reaches it.
+        if model.api_key is None and (model.exposure is not None or key in gateway_reaches):
+            via = "its Ingress" if model.exposure is not None else "the gateway"
+            problems.append((
+                f"{path}.api_key",
+                f"required: {via} reaches this server from outside its namespace; "
+                "set api_key: {secret_name: ..., from_config: <secret config key>}",
+            ))
+        elif key in gateway_reaches and model.api_key is not None and model.api_key.from_config is None:
+            problems.append((
+                f"{path}.api_key.from_config",
+                "the gateway must send this server's key, so the key has to come from Pulumi config",
+            ))
+    direct = stack.gateway.llamacpp_embeddings if stack.gateway is not None else None
+    if direct is not None:
+        target = stack.models.get(direct.model)
+        if target is None or target.role != "embedding" or not isinstance(engine_of(target), LlamaCpp):
+            problems.append(("gateway.llamacpp_embeddings.model", "must name a llama.cpp embedding server in models"))
+    return problems
+
+
+__all__ = ["ENGINES", "Credentials", "Engine", "LlamaCpp", "OpenAICompatible", "engine_of", "stack_problems", "weights_flags"]

@@ -92,5 +92,13 @@ class Engine(ABC):
         """What one replica holds in the node's memory (unified memory or CPU)."""
 
     @abstractmethod
+    def weights_bytes(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> float:
+        """The size of the weights download."""
+
+    @abstractmethod
+    def bytes_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> Optional[float]:
+        """Bytes of weights read per generated token, for the decode bound; None: unknown."""
+
+    @abstractmethod
     def discrete(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> tuple["MemoryEstimate", "VramEstimate"]:
         """(system RAM, one GPU's VRAM) of one replica on a discrete GPU."""

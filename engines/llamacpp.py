@@ -8,21 +8,15 @@ import re
 from typing import TYPE_CHECKING, Optional
 
 from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH
+from common.quantity import parse_quantity
 from planning.catalog import facts_for, repo_of
-from planning.memory import (
-    DEFAULT_UBATCH,
-    MemoryEstimate,
-    VramEstimate,
-    discrete_split,
-    llamacpp_estimate,
-    model_bits,
-    quant_of,
-)
+from planning.memory import MemoryEstimate, VramEstimate
+
+from .base import Credentials, Engine, Problem
+from .llamacpp_memory import DEFAULT_UBATCH, discrete_split, llamacpp_estimate, model_bits, quant_of, weights_bytes
 
 if TYPE_CHECKING:
-    from config.types import GpuBackend, ModelFacts, ModelServer
-
-Problem = tuple[str, str]
+    from config.types import GpuBackend, ModelFacts, ModelServer, NodePool
 
 # Values per block of each quantized KV cache type (ggml's QK4_0, QK8_0 ...: 32); f16/bf16/f32 are not blocked.
 KV_TYPE_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "iq4_nl": 32}
@@ -59,11 +53,15 @@ def first_key(key_file: str) -> str:
 METRICS_TOKEN_KEY = "metrics-token"
 
 
-class LlamaCpp:
-    name = "llamacpp"
-    weights_flags = WEIGHTS_FLAGS
+class LlamaCpp(Engine):
+    """llama-server serving one model."""
 
-    def config_problems(self, model: "ModelServer", path: str) -> list[Problem]:
+    name = "llamacpp"
+    component_types = {"chat": "LlamaServer", "embedding": "EmbedServer"}
+    weights_flags = WEIGHTS_FLAGS
+    _credentials = Credentials(mount_dir=API_KEY_DIR, metrics_token_key=METRICS_TOKEN_KEY, client_key=first_key)
+
+    def config_problems(self, model: "ModelServer", path: str, pool: Optional["NodePool"]) -> list[Problem]:
         problems: list[Problem] = []
         if model.hf_repo is None:
             problems.append((f"{path}.hf_repo", "required for engine llamacpp (org/Model-GGUF:QUANT)"))
@@ -80,6 +78,20 @@ class LlamaCpp:
                 f"{path}.workload.replicas",
                 "llama.cpp replicas on the shared cache would download the same file at once (its downloader takes "
                 "no lock between processes); run 1 replica, or one server per model key",
+            ))
+        limit = parse_quantity(model.resources.cpu_limit)
+        if model.threads > limit:
+            cores = max(1, int(limit))
+            problems.append((
+                f"{path}.threads",
+                f"{model.threads} threads on a CPU limit of {model.resources.cpu_limit}: the kernel throttles the pod "
+                f"every period and generation stalls; set threads: {cores} or raise resources.cpu_limit",
+            ))
+        if pool is not None and model.backend_on(pool) == "cpu" and model.gpu_layers > 0:
+            problems.append((
+                f"{path}.gpu_layers",
+                f"{model.gpu_layers} layers to offload, but the image is a CPU build (the server ignores the flag); "
+                "set gpu_layers: 0",
             ))
         problems += self._cors_problems(model, path)
         if model.ubatch_size is not None and model.ubatch_size > model.ctx_size:
@@ -198,6 +210,28 @@ class LlamaCpp:
 
     def env(self, model: "ModelServer") -> list[dict]:
         return []
+
+    def cache_env(self, model: "ModelServer", mount_path: str) -> list[dict]:
+        """--hf-repo downloads into LLAMA_CACHE: on the shared volume the download is a one-time cost,
+        and the server stays off a home directory it cannot write as a non-root UID."""
+        return [{"name": "LLAMA_CACHE", "value": mount_path}]
+
+    def credentials(self, model: "ModelServer") -> Optional[Credentials]:
+        return self._credentials
+
+    def facts(self, model: "ModelServer") -> Optional["ModelFacts"]:
+        return facts_for(model)
+
+    def weights_bytes(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> float:
+        if facts is None:  # refused by plan_problems
+            raise ValueError(f"{model.name}: no architecture facts")
+        return weights_bytes(model, facts)
+
+    def bytes_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> Optional[float]:
+        """Weights read per generated token: the active parameters (MoE) at the quant's bits."""
+        if facts is None:
+            return None
+        return (facts.active_params_b or facts.params_b) * 1e9 * model_bits(model, facts) / 8
 
     def health_path(self, model: "ModelServer") -> str:
         return LLAMACPP_HEALTH_PATH

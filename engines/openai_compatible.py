@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
+from common.quantity import parse_quantity
 from planning.memory import MemoryEstimate, VramEstimate, discrete_resident, resident_estimate
 
-if TYPE_CHECKING:
-    from config.types import GpuBackend, ModelFacts, ModelServer
+from .base import Engine, Problem
 
-Problem = tuple[str, str]
+if TYPE_CHECKING:
+    from config.types import GpuBackend, ModelFacts, ModelServer, NodePool
 
 # Settings only llama.cpp reads. Set on another engine they would be silently ignored, so they
 # are refused; the engine's own flags go in openai.args.
@@ -20,11 +21,16 @@ LLAMACPP_SETTINGS = (
 )
 
 
-class OpenAICompatible:
+class OpenAICompatible(Engine):
+    """Any OpenAI-compatible server, run as its `openai:` block says."""
+
     name = "openai"
+    # One StatefulSet component for either role (the type kept by running stacks: an alias in
+    # components/openai_server.py names the older one).
+    component_types = {"chat": "OpenAIServer", "embedding": "OpenAIServer"}
     weights_flags: dict[str, str] = {}  # its weights are prefetched (HF_REPO), never named by a flag
 
-    def config_problems(self, model: "ModelServer", path: str) -> list[Problem]:
+    def config_problems(self, model: "ModelServer", path: str, pool: Optional["NodePool"]) -> list[Problem]:
         problems: list[Problem] = []
         if model.openai is None:
             problems.append((f"{path}.openai", "required for engine openai: served_model, resident_memory, args"))
@@ -64,8 +70,16 @@ class OpenAICompatible:
         """(system RAM, VRAM): what the engine locks is taken to be on the GPU."""
         return discrete_resident(self._settings(model).resident_memory, model)
 
-    def reports_queue(self, model: "ModelServer") -> bool:
-        return False  # no llama.cpp slot metrics
+    def facts(self, model: "ModelServer") -> Optional["ModelFacts"]:
+        return None  # what it locks is measured (resident_memory), not derived from the architecture
+
+    def weights_bytes(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> float:
+        if model.weights is None:  # refused by plan_problems
+            raise ValueError(f"{model.name}: engine openai needs weights")
+        return float(parse_quantity(model.weights))
+
+    def bytes_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> Optional[float]:
+        return None  # unknown: no decode bound
 
     @staticmethod
     def _settings(model: "ModelServer"):

@@ -6,33 +6,34 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from common.errors import CapacityError
-
-from .catalog import facts_for
-from .memory import MemoryEstimate, VramEstimate, model_bits, weights_bytes
 from common.quantity import GIB, gib, parse_quantity
+
+from .memory import MemoryEstimate, VramEstimate
 from .startup import StartupBudget, startup_budget
 
 if TYPE_CHECKING:
-    from config.types import ModelFacts, ModelServer, NodePool, StackConfig
+    from config.types import ModelServer, NodePool, StackConfig
+    from engines.base import Engine
+
+    # The engine of a model (engines.engine_of), handed in: planning never imports engines.
+    EngineOf = Callable[[ModelServer], Engine]
 
 Problem = tuple[str, str]
 LIMIT_HEADROOM = 0.10  # a derived limit sits 10% above the estimate: compute buffers vary with load
 
 
 def decode_bound_tok_s(
-    model: "ModelServer", facts: Optional["ModelFacts"], pool: "NodePool", vram: Optional[VramEstimate] = None
+    model: "ModelServer", bytes_per_token: Optional[float], pool: "NodePool", vram: Optional[VramEstimate] = None
 ) -> Optional[float]:
     """Upper bound on decode speed: every weight read per token (active parameters for MoE) from
     where it lives. On a discrete GPU the offloaded share streams at the card's bandwidth and the
     rest at the node's, one after the other: time per token is the sum of the two. None for
     embedding servers (they do not decode) or when a bandwidth it needs is unknown."""
-    if facts is None or model.role == "embedding":
+    if bytes_per_token is None or model.role == "embedding":
         return None
-    active = facts.active_params_b or facts.params_b
-    bytes_per_token = active * 1e9 * model_bits(model, facts) / 8
     if vram is None:
         parts = [(1.0, pool.memory_bandwidth_gbs)]
     else:
@@ -158,18 +159,16 @@ def node_offers_gib(pool: "NodePool") -> float:
     return float(parse_quantity(pool.allocatable) - parse_quantity(pool.reserved)) / GIB
 
 
-def _server_plan(key: str, model: "ModelServer", stack: "StackConfig") -> ServerPlan:
-    from engines import engine_of
-
-    facts = facts_for(model)
+def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", engine: "Engine") -> ServerPlan:
+    facts = engine.facts(model)
     pool = stack.node_pools[model.node_pool]
     backend = model.backend_on(pool)
     vram = None
     if pool.discrete() and model.uses_gpu(pool):
-        estimate, vram = engine_of(model).discrete(model, facts)
+        estimate, vram = engine.discrete(model, facts)
     else:
-        estimate = engine_of(model).memory(model, facts, backend)
-    weights = model.weights or f"{ceil_gib(weights_bytes(model, facts) / GIB * 10) / 10}Gi"
+        estimate = engine.memory(model, facts, backend)
+    weights = model.weights or f"{ceil_gib(engine.weights_bytes(model, facts) / GIB * 10) / 10}Gi"
     limit = model.resources.memory_limit or f"{ceil_gib(estimate.total_gib * (1 + LIMIT_HEADROOM))}Gi"
     # Derived request = limit: a GPU server cannot shed memory, so it gets Guaranteed memory.
     request = model.resources.memory_request or limit
@@ -185,7 +184,7 @@ def _server_plan(key: str, model: "ModelServer", stack: "StackConfig") -> Server
         memory_limit=limit,
         budget=startup_budget(weights, stack.startup, prefetched=model.prefetch is not None),
         weights=weights,
-        decode_bound_tok_s=decode_bound_tok_s(model, facts, pool, vram),
+        decode_bound_tok_s=decode_bound_tok_s(model, engine.bytes_per_token(model, facts), pool, vram),
         vram=vram,
     )
 
@@ -244,18 +243,18 @@ def _place(stack: "StackConfig", servers: dict[str, ServerPlan]) -> tuple[list[N
     return nodes, problems
 
 
-def plan_capacity(stack: "StackConfig") -> CapacityPlan:
-    """The capacity plan for a stack; raises CapacityError (path, numbers, remedy) if it does not fit."""
-    from engines import engine_of
-
+def plan_capacity(stack: "StackConfig", engine_of: "EngineOf") -> CapacityPlan:
+    """The capacity plan for a stack, each server's memory estimated by its engine; raises
+    CapacityError (path, numbers, remedy) if it does not fit."""
     problems: list[Problem] = []
     result = CapacityPlan()
     for key, model in stack.models.items():
-        unplannable = engine_of(model).plan_problems(key, model, facts_for(model))
+        engine = engine_of(model)
+        unplannable = engine.plan_problems(key, model, engine.facts(model))
         problems += unplannable
         if any(path.endswith((".facts", ".weights")) for path, _ in unplannable):
             continue
-        server = _server_plan(key, model, stack)
+        server = _server_plan(key, model, stack, engine)
         problems += _limit_problems(key, model, server)
         problems += _vram_problems(key, model, server, stack.node_pools[model.node_pool])
         result.servers[key] = server

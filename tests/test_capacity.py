@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 
 from common.errors import CapacityError
 from planning.capacity import _place, decode_bound_tok_s
-from planning.capacity import plan_capacity as plan
+from engines import engine_of
+from plane import plan_capacity as plan
 from planning.catalog import facts_for
 from planning.memory import BACKEND_OVERHEAD
-from planning.memory import llamacpp_estimate as estimate_memory
-from config import parse_stack
+from engines.llamacpp_memory import llamacpp_estimate as estimate_memory
+from plane import parse_stack
 from config.types import ModelFacts
 from conftest import homelab_plain_values, run_values, stack_values
 from render.output import render_stack
@@ -84,11 +85,13 @@ def test_default_host_caches_are_counted_in_full():
 
 def test_decode_bound_matches_the_seeds_measurements():
     pool = HOMELAB.node_pools["iris-xe"]
-    moe = decode_bound_tok_s(CHAT, FACTS, pool)
+    engine = engine_of(CHAT)
+    moe = decode_bound_tok_s(CHAT, engine.bytes_per_token(CHAT, FACTS), pool)
     # An upper bound: the MoE measured 11.59 tok/s, reading ~1.85 GB/token of 53.9 GB/s.
     assert moe >= 11.59
     assert 53.9 / moe == pytest.approx(1.85, rel=0.03)
-    dense = decode_bound_tok_s(CHAT, FACTS.model_copy(update={"params_b": 27, "active_params_b": None}), pool)
+    dense_facts = FACTS.model_copy(update={"params_b": 27, "active_params_b": None})
+    dense = decode_bound_tok_s(CHAT, engine.bytes_per_token(CHAT, dense_facts), pool)
     # A dense 27B reads ~16.5 GB/token and measured 3.3 tok/s: bandwidth-bound, so near the bound.
     assert dense == pytest.approx(3.3, rel=0.05)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pulumi
 import pytest
 
-from config import ConfigError, parse_stack
+from config import ConfigError
+from plane import parse_stack
 from conftest import run_values
 
 

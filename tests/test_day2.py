@@ -158,7 +158,7 @@ def test_removing_the_gateway_section_says_which_secrets_to_remove():
 
 def test_numbers_that_pulumi_config_set_path_writes_are_accepted():
     """`pulumi config set --path models.chat.resources.cpu_limit 6` stores the number 6."""
-    from config import parse_stack
+    from plane import parse_stack
     from conftest import homelab_plain_values
 
     values = homelab_plain_values()

@@ -380,7 +380,7 @@ def test_clients_with_their_own_secure_keys_render_offline(tmp_path, strix):
 
 def test_gateway_does_not_wait_for_the_model_servers(strix_run):
     """The gateway names Services by DNS name; ordering it after an hour-long engine rollout only delays it."""
-    servers = {r.urn for r in strix_run.resources if r.type.endswith(("StatefulSet", "Deployment", "InferenceEngine", "EmbedServer", "LlamaServer"))}
+    servers = {r.urn for r in strix_run.resources if r.type.endswith(("StatefulSet", "Deployment", "OpenAIServer", "EmbedServer", "LlamaServer"))}
     gateway_parts = [r for r in strix_run.resources if r.type.startswith("kubernetes:") and
                      r.inputs.get("apiVersion", "").split("/")[0] in ("gateway.networking.k8s.io", "gateway.envoyproxy.io", "aigateway.envoyproxy.io")]
     # depends_on on the component is recorded on the component; the engine applies it to its children.

@@ -505,7 +505,7 @@ def test_gemma3_and_gpt_oss_count_only_global_layers():
 
 
 def _server(hf_repo: str):
-    from config import parse_stack
+    from plane import parse_stack
     from conftest import homelab_plain_values
 
     chat = parse_stack(homelab_plain_values()).models["chat"]

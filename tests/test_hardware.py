@@ -9,9 +9,9 @@ import math
 import pytest
 
 from common.errors import CapacityError, ConfigError
-from config import parse_stack
+from plane import parse_stack
 from conftest import CPU_SECRETS, RTX_SECRETS, plain_values, run_values
-from planning.capacity import plan_capacity
+from plane import plan_capacity
 from common.quantity import GIB, MIB
 
 # Llama 3.1/3.3 70B (config.json: 80 layers, 8 KV heads, head_dim 128, 70.6B parameters).

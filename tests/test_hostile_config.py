@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.errors import CapacityError
-from planning.capacity import plan_capacity as plan
-from config import ConfigError, parse_stack
+from plane import plan_capacity as plan
+from config import ConfigError
+from plane import parse_stack
 from conftest import ROOT, homelab_plain_values, plain_values, stack_values, strix_values
 from render.output import RenderError, render_stack
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from config import parse_stack
+from plane import parse_stack
 from components.model_cache import ModelCache, ModelCacheArgs
 from conftest import homelab_plain_values
 from render.offline import run_program

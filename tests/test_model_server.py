@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from planning.capacity import plan_capacity as plan
-from config import parse_stack
+from plane import plan_capacity as plan
+from plane import parse_stack
 from components.embed_server import EmbedServer
 from components.llama_server import LlamaServer
 from components.model_server import ModelServerArgs

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from config import ConfigError, parse_stack
+from config import ConfigError
+from plane import parse_stack
 from components.namespace import ICMP_V4_TYPES, ICMP_V6_TYPES, AINamespace, AINamespaceArgs
 from render.offline import run_program
 

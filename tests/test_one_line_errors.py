@@ -11,7 +11,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from config import ConfigError, parse_stack
+from config import ConfigError
+from plane import parse_stack
 from conftest import homelab_plain_values
 from render.output import RenderError, render_stack
 

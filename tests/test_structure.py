@@ -11,12 +11,12 @@ import pytest
 from pydantic import BaseModel
 
 from common.errors import SHOWN_PROBLEMS, CapacityError, ConfigError
-from config import parse_stack
+from plane import parse_stack
 from config.types import StackConfig
 from config.values import Strict
 from conftest import ROOT, homelab_plain_values, run_values, stack_values
 from engines import engine_of
-from planning.capacity import plan_capacity
+from plane import plan_capacity
 
 
 def _models(root: type[BaseModel]) -> list[type[BaseModel]]:

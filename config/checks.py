@@ -1,0 +1,313 @@
+"""Checks between fields, which no single field's type can express (after kind's validate.go):
+each returns ``(config path, message with the fix)`` pairs; ``validation.parse_stack`` runs
+``stack_problems`` once, with each engine's own checks (handed in: config never imports engines)."""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from typing import Optional
+
+from common.quantity import parse_quantity
+
+from .ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, program_annotations
+from .types import (
+    SYSTEM_NAMESPACES,
+    GatewayConfig,
+    GpuBackend,
+    ModelHubEgress,
+    ModelServer,
+    NodePool,
+    Problem,
+    Resources,
+    StackConfig,
+    Workload,
+)
+
+
+def hub_egress_problems(hub: ModelHubEgress, path: str) -> list[Problem]:
+    if hub.mode == "world" and hub.reason is None:
+        return [(f"{path}.reason", "world egress needs a reason; prefer mode: fqdn with the hosts named")]
+    return []
+
+
+def node_pool_problems(pool: NodePool, path: str) -> list[Problem]:
+    problems: list[Problem] = []
+    if pool.sharing() == "exclusive" and pool.gpu_shares > 1:
+        problems.append((
+            f"{path}.gpu_shares",
+            f"{pool.gpu_resource}'s device plugin gives each GPU to one container only; set gpu_shares: 1 and "
+            "run other model servers on the CPU (gpu_layers: 0) or on another pool",
+        ))
+    if pool.vram is not None and pool.gpu_resource is None:
+        problems.append((f"{path}.gpu_resource", "a pool with vram has discrete GPUs: name the device plugin's resource (e.g. nvidia.com/gpu)"))
+    if pool.vram is None and (pool.gpus_per_node > 1 or pool.vram_bandwidth_gbs is not None):
+        problems.append((f"{path}.vram", "gpus_per_node and vram_bandwidth_gbs describe discrete GPUs: set vram (memory of one GPU)"))
+    if pool.backend == "cpu" and pool.gpu_resource is not None:
+        problems.append((f"{path}.backend", "a cpu backend uses no GPU: remove gpu_resource, or name the GPU backend"))
+    return problems
+
+
+def resources_problems(resources: Resources, path: str) -> list[Problem]:
+    problems = []
+    if resources.memory_request and resources.memory_limit:
+        if parse_quantity(resources.memory_request) > parse_quantity(resources.memory_limit):
+            problems.append((f"{path}.memory_request", "is larger than memory_limit"))
+    if parse_quantity(resources.cpu_request) > parse_quantity(resources.cpu_limit):
+        problems.append((f"{path}.cpu_request", "is larger than cpu_limit"))
+    return problems
+
+
+def workload_problems(workload: Workload, path: str, pool_key: str, pool: Optional[NodePool]) -> list[Problem]:
+    problems = []
+    if workload.cache_volume is not None and workload.kind != "StatefulSet":
+        problems.append((f"{path}.cache_volume", "a claim per replica needs kind: StatefulSet"))
+    if pool is not None and workload.one_per_node and workload.replicas > pool.nodes:
+        problems.append((
+            f"{path}.replicas",
+            f"{workload.replicas} replicas, one per node, but node pool {pool_key} has {pool.nodes} nodes",
+        ))
+    return problems
+
+
+def model_problems(model: ModelServer, path: str, pools: dict[str, NodePool]) -> list[Problem]:
+    """What this server's own fields, its engine and its node pool say about each other."""
+    problems: list[Problem] = []
+    pool = pools.get(model.node_pool)
+    if pool is None:
+        problems.append((f"{path}.node_pool", f"no node pool {model.node_pool!r}; defined: {', '.join(pools)}"))
+    elif model.gpu_layers > 0 and pool.gpu_resource is None and model.backend_on(pool) != "cpu":
+        problems.append((
+            f"node_pools.{model.node_pool}.gpu_resource",
+            f"{path} offloads {model.gpu_layers} layers to a GPU, so its node pool must name the GPU resource "
+            "(e.g. gpu.intel.com/i915), or set gpu_layers: 0",
+        ))
+    if model.role == "embedding":
+        if model.exposure is not None:
+            problems.append((
+                f"{path}.exposure",
+                "an embedding model must not be exposed: asked to chat it answers fluent nonsense "
+                "('capital capital ...') instead of an error; remove exposure and call it in-cluster",
+            ))
+        if model.webui:
+            problems.append((f"{path}.webui", "an embedding server has no use for the WebUI; set webui: false"))
+    if pool is not None:
+        problems += _backend_problems(model, path, pool)
+    if model.prefetch is not None and model.workload.cache_volume is None:
+        problems.append((f"{path}.prefetch", "prefetched weights need workload.cache_volume to land in"))
+    problems += workload_problems(model.workload, f"{path}.workload", model.node_pool, pool)
+    problems += resources_problems(model.resources, f"{path}.resources")
+    return problems
+
+
+def _backend_problems(model: ModelServer, path: str, pool: NodePool) -> list[Problem]:
+    problems: list[Problem] = []
+    named = model.image_backend()
+    backend = model.backend or pool.backend
+    where = f"{path}.backend" if model.backend else f"node_pools.{model.node_pool}.backend"
+    if named is not None and named not in typing.get_args(GpuBackend):
+        # One problem, with one fix: an unknown build (a misspelt tag) is not a backend to switch to.
+        near = difflib.get_close_matches(named, typing.get_args(GpuBackend), n=1, cutoff=0.6)
+        hint = f" (did you mean the {near[0]} build?)" if near else ""
+        problems.append((f"{path}.image", f"llama.cpp's {named} build is not one this program plans for{hint}; use "
+                         f"the cuda, rocm, vulkan, intel (sycl) or CPU image"))
+    elif named is not None and backend is not None and named != backend:
+        problems.append((
+            where,
+            f"{backend}, but the image {model.image} is llama.cpp's {named} build; use the {backend} image "
+            f"(or set backend: {named})",
+        ))
+    if named is None and backend is None:
+        problems.append((
+            f"{path}.backend",
+            f"the image {model.image} does not say which backend it is built for; set backend (vulkan, rocm, cuda, "
+            "sycl or cpu) here or on the node pool",
+        ))
+    return problems
+
+
+def gateway_problems(gateway: GatewayConfig, models: dict[str, ModelServer]) -> list[Problem]:
+    problems: list[Problem] = []
+    for name, tier in gateway.tiers.items():
+        path = f"gateway.tiers.{name}"
+        if (tier.local is None) == (tier.remote is None):
+            problems.append((path, "set exactly one of local (a models key) or remote (a provider)"))
+        elif tier.local is not None and tier.local not in models:
+            problems.append((f"{path}.local", f"no model server {tier.local!r}; defined: {', '.join(models)}"))
+        elif tier.remote is not None and tier.remote.api_key_config is None:
+            problems.append(
+                (f"{path}.remote.api_key_config", "a remote tier needs its provider key: name a Pulumi secret config key")
+            )
+
+    def role_of(tier_name: str) -> Optional[str]:
+        tier = gateway.tiers.get(tier_name)
+        if tier is None or tier.local is None or tier.local not in models:
+            return None
+        return models[tier.local].role
+
+    seen: dict[str, int] = {}
+    for index, route in enumerate(gateway.routes):
+        path = f"gateway.routes[{index}]"
+        if route.model in seen:
+            problems.append((f"{path}.model", f"{route.model!r} is already routed by gateway.routes[{seen[route.model]}]"))
+        seen[route.model] = index
+        tiers = [b.tier for b in route.backends]
+        if len(set(tiers)) != len(tiers):
+            problems.append((f"{path}.backends", "a tier appears twice; each tier is one priority"))
+        for b_index, backend in enumerate(route.backends):
+            where = f"{path}.backends[{b_index}].tier"
+            if backend.tier not in gateway.tiers:
+                problems.append((where, f"no tier {backend.tier!r}; defined: {', '.join(gateway.tiers)}"))
+                continue
+            role = role_of(backend.tier)
+            if role == "embedding" and route.kind == "chat":
+                problems.append((
+                    where,
+                    f"{backend.tier} serves an embedding model; a chat route to it answers nonsense "
+                    "('capital capital ...'); use kind: embedding or another tier",
+                ))
+            if role == "chat" and route.kind == "embedding":
+                problems.append((where, f"{backend.tier} serves a chat model, not embeddings"))
+    for index, tier_name in enumerate(gateway.catch_all):
+        if tier_name not in gateway.tiers:
+            problems.append((f"gateway.catch_all[{index}]", f"no tier {tier_name!r}; defined: {', '.join(gateway.tiers)}"))
+        elif role_of(tier_name) == "embedding":
+            problems.append((f"gateway.catch_all[{index}]", f"{tier_name} serves an embedding model; it cannot take any model"))
+    if not gateway.routes and not gateway.catch_all:
+        problems.append(("gateway.routes", "the gateway routes nothing: add routes or catch_all"))
+    owners: dict[str, str] = {}
+    for client, settings in gateway.clients.items():
+        if settings.key_config is None and gateway.master_key_config is None:
+            problems.append(
+                (f"gateway.clients.{client}.key_config", "set it, or gateway.master_key_config to derive the key")
+            )
+        elif settings.key_config is not None:
+            if settings.key_config in owners:
+                problems.append((
+                    f"gateway.clients.{client}.key_config",
+                    f"{settings.key_config} is already the key of client {owners[settings.key_config]}; "
+                    "one key per client identity",
+                ))
+            owners[settings.key_config] = client
+    return problems
+
+
+def _namespace_owned(stack: StackConfig) -> list[Problem]:
+    """The namespace is the stack's own: it gets a Pod Security level and a default-deny policy.
+    On a system namespace or a peer's, those would lock the cluster's own pods out."""
+    name = stack.namespace.name
+    if name in SYSTEM_NAMESPACES:
+        return [("namespace.name", f"{name} is a Kubernetes system namespace; the stack labels it (Pod Security) "
+                 "and denies all traffic not listed: use a namespace of its own, e.g. ai")]
+    peers = {
+        "cluster.dns.namespace": stack.cluster.dns.namespace,
+        "cluster.ingress.namespace": stack.cluster.ingress.namespace if stack.cluster.ingress else None,
+        "cluster.monitoring.namespace": stack.cluster.monitoring.namespace if stack.cluster.monitoring else None,
+        "cluster.storage.namespace": stack.cluster.storage.namespace if stack.cluster.storage else None,
+        "gateway.envoy_namespace": stack.gateway.envoy_namespace if stack.gateway else None,
+    }
+    for where, peer in peers.items():
+        if peer == name:
+            return [("namespace.name", f"{name} is also {where}: the stack's default-deny policy would cut that "
+                     "peer's own pods off; use a namespace of its own")]
+    return []
+
+
+def stack_problems(stack: StackConfig) -> list[Problem]:
+    """Checks between fields that no single field's type can express."""
+    problems: list[Problem] = []
+    names: dict[str, str] = {}
+    hosts: dict[str, str] = {}
+    for key, model in stack.models.items():
+        path = f"models.{key}"
+        if model.name in names:
+            problems.append((f"{path}.name", f"{model.name!r} is already the name of models.{names[model.name]}"))
+        names[model.name] = key
+        if model.workload.name is not None:
+            for other_key, other in stack.models.items():
+                if other_key != key and other.workload_name == model.workload_name:
+                    problems.append((f"{path}.workload.name", f"{model.workload_name!r} is already the workload "
+                                     f"of models.{other_key}; pick another name"))
+                    break
+        if model.exposure is not None:
+            if model.exposure.host in hosts:
+                problems.append(
+                    (f"{path}.exposure.host", f"{model.exposure.host} is already exposed by models.{hosts[model.exposure.host]}")
+                )
+            hosts[model.exposure.host] = key
+        problems += model_problems(model, path, stack.node_pools)
+    problems += _namespace_owned(stack)
+    problems += hub_egress_problems(stack.namespace.model_hub_egress, "namespace.model_hub_egress")
+    problems += _egress_expressible(stack)
+    problems += _exposure_problems(stack)
+    for pool_key, pool in stack.node_pools.items():
+        problems += node_pool_problems(pool, f"node_pools.{pool_key}")
+    problems += _gpu_demand(stack)
+    if stack.gateway is not None:
+        problems += gateway_problems(stack.gateway, stack.models)
+    return problems
+
+
+def _egress_expressible(stack: StackConfig) -> list[Problem]:
+    """Plain NetworkPolicy matches addresses, not names: named hosts cannot be enforced there."""
+    hub = stack.namespace.model_hub_egress
+    if stack.cluster.cni == "networkpolicy" and hub.mode == "fqdn":
+        return [(
+            "namespace.model_hub_egress.mode",
+            "plain NetworkPolicy cannot match host names, so the hosts would silently become any address on 443; "
+            "set mode: world with a reason (the egress it really gets), or use cni: cilium",
+        )]
+    return []
+
+
+def _exposure_problems(stack: StackConfig) -> list[Problem]:
+    problems: list[Problem] = []
+    for key, model in stack.models.items():
+        exposure = model.exposure
+        if exposure is None:
+            continue
+        if stack.cluster.ingress is None:
+            problems.append((
+                f"models.{key}.exposure",
+                "the cluster has no ingress controller (cluster.ingress: null); remove exposure or configure one",
+            ))
+            continue
+        if exposure.source_ranges is not None and stack.cluster.ingress.kind == "other":
+            problems.append((
+                f"models.{key}.exposure.source_ranges",
+                "the program can restrict sources only on ingress-nginx or Traefik (cluster.ingress.kind); restrict "
+                "them in your controller and set source_ranges: null",
+            ))
+        ours = program_annotations(stack.cluster.cert_manager_issuer, stack.cluster.ingress.kind, exposure,
+                                   stack.namespace.name, model.name)
+        for name, value in exposure.annotations.items():
+            where = f"models.{key}.exposure.annotations.{name}"
+            if name == TRAEFIK_MIDDLEWARES:
+                continue  # the user's middlewares run after the program's (components/model_server.py)
+            if name in SOURCE_RANGE_ANNOTATIONS:
+                problems.append((where, "who may connect is exposure.source_ranges (ingress-nginx reads this name "
+                                 "before the program's); set the ranges there instead"))
+            elif name in ours and ours[name] != value:
+                problems.append((
+                    where,
+                    f"the program sets {ours[name]!r} here (from cluster.cert_manager_issuer, or exposure's "
+                    "timeout_seconds / max_body for long streamed answers); remove it, or change those settings",
+                ))
+            if stack.cluster.public_dns_label and name == stack.cluster.public_dns_label:
+                problems.append((f"models.{key}.exposure.annotations.{name}", "would publish the API on the internet; remove it"))
+    return problems
+
+
+def _gpu_demand(stack: StackConfig) -> list[Problem]:
+    problems = []
+    for pool_key, pool in stack.node_pools.items():
+        users = [k for k, m in stack.models.items() if m.node_pool == pool_key and m.uses_gpu(pool)]
+        demand = sum(stack.models[k].workload.replicas for k in users)
+        gpus = pool.nodes * (pool.gpus_per_node if pool.discrete() else 1)
+        if demand > pool.gpu_shares * gpus:
+            problems.append((
+                f"node_pools.{pool_key}.gpu_shares",
+                f"{demand} model server pods ({', '.join(users)}) each request {pool.gpu_resource}, but the pool "
+                f"offers {pool.gpu_shares * gpus}; raise the device plugin's -shared-dev-num and gpu_shares",
+            ))
+    return problems
