@@ -22,7 +22,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from common.constants import ENVOY_OWNING_GATEWAY_LABEL, ENVOY_POD_LABELS, PART_OF, service_fqdn
-from config.types import GatewayConfig, PodPeer, Route, StackConfig
+from config.gateway import GatewayConfig, Route
+from config.types import PodPeer, StackConfig
 from engines import engine_of
 from common.constants import MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAME, tailnet_device
 

@@ -11,9 +11,9 @@ from typing import Optional
 from common.quantity import parse_quantity
 
 from .ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, program_annotations
+from .gateway import GatewayConfig
 from .types import (
     SYSTEM_NAMESPACES,
-    GatewayConfig,
     GpuBackend,
     ModelHubEgress,
     ModelServer,

@@ -14,7 +14,9 @@ from pydantic import Field
 
 from .defaults import DEVICE_PLUGIN_SHARING, MODEL_HUB_HOSTS, PREFETCH_IMAGE, PRIVATE_SOURCE_RANGES
 from .images import backend_of_image
+from .gateway import GatewayConfig
 from .values import (
+    doc,
     Args,
     Cidr,
     ConfigKey,
@@ -40,8 +42,6 @@ from .values import (
 Problem = tuple[str, str]
 
 
-def _doc(text: str, **constraints) -> object:
-    return Field(description=text, **constraints)
 
 
 # --- cluster -------------------------------------------------------------------------------------
@@ -53,51 +53,51 @@ SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", 
 class PodPeer(Strict):
     """A set of pods in another namespace that the inference namespace talks to."""
 
-    namespace: DnsLabel = _doc("The peer's namespace.")
-    pod_labels: Labels = _doc("Labels selecting the peer's pods; empty: every pod in the namespace.", default={})
+    namespace: DnsLabel = doc("The peer's namespace.")
+    pod_labels: Labels = doc("Labels selecting the peer's pods; empty: every pod in the namespace.", default={})
 
 
 class IngressController(Strict):
     """The cluster's ingress controller: its class and where its pods run (for the network policy)."""
 
-    kind: Literal["traefik", "ingress-nginx", "other"] = _doc(
+    kind: Literal["traefik", "ingress-nginx", "other"] = doc(
         "Which controller serves the class: the program sets the annotations long streamed completions need "
         "(ingress-nginx: 60 s read timeout, 1 MiB body limit by default; Traefik streams and has no body limit).",
         default="traefik",
     )
-    class_name: DnsName = _doc("The IngressClass the chat endpoint's Ingress names.", default="traefik")
-    namespace: DnsLabel = _doc("Namespace of the controller's pods, admitted by the network policy.", default="ingress")
-    pod_labels: Labels = _doc("Labels of the controller's pods.", default={"app.kubernetes.io/name": "traefik"})
+    class_name: DnsName = doc("The IngressClass the chat endpoint's Ingress names.", default="traefik")
+    namespace: DnsLabel = doc("Namespace of the controller's pods, admitted by the network policy.", default="ingress")
+    pod_labels: Labels = doc("Labels of the controller's pods.", default={"app.kubernetes.io/name": "traefik"})
 
 
 class ClusterConfig(Strict):
     """What the program needs to know about the cluster it deploys to."""
 
-    kubernetes_version: Annotated[str, Field(pattern=r"^1\.[0-9]{2}$")] = _doc(
+    kubernetes_version: Annotated[str, Field(pattern=r"^1\.[0-9]{2}$")] = doc(
         "Every rendered manifest is checked against this Kubernetes version's schemas.", default="1.33"
     )
-    cni: Literal["cilium", "networkpolicy"] = _doc(
+    cni: Literal["cilium", "networkpolicy"] = doc(
         "cilium: CiliumNetworkPolicy (ICMP, host entities and host names expressible); networkpolicy: plain NetworkPolicy.",
         default="cilium",
     )
-    ingress: Optional[IngressController] = _doc(
+    ingress: Optional[IngressController] = doc(
         "The ingress controller that serves an exposed chat endpoint; null: the cluster has none (nothing can be "
         "exposed, and the network policy admits no ingress namespace).",
         default=IngressController(),
     )
-    cert_manager_issuer: DnsName = _doc("The cert-manager ClusterIssuer for every TLS certificate.", default="letsencrypt-cluster")
-    monitoring: Optional[PodPeer] = _doc(
+    cert_manager_issuer: DnsName = doc("The cert-manager ClusterIssuer for every TLS certificate.", default="letsencrypt-cluster")
+    monitoring: Optional[PodPeer] = doc(
         "The pods that scrape /metrics; null when the cluster runs no monitoring.", default=PodPeer(namespace="monitoring")
     )
-    storage: Optional[PodPeer] = _doc(
+    storage: Optional[PodPeer] = doc(
         "Where the model cache's storage daemons live (CephFS: rook-ceph); null for node-local storage.",
         default=PodPeer(namespace="rook-ceph"),
     )
-    dns: PodPeer = _doc(
+    dns: PodPeer = doc(
         "The cluster DNS pods (egress on port 53).",
         default=PodPeer(namespace="kube-system", pod_labels={"k8s-app": "kube-dns"}),
     )
-    public_dns_label: Optional[str] = _doc(
+    public_dns_label: Optional[str] = doc(
         "A label that makes external-dns publish a record on the internet. The program never sets it and refuses "
         "any exposure that asks for it: the llama.cpp API stays LAN-only.",
         default=None,
@@ -107,17 +107,17 @@ class ClusterConfig(Strict):
 class ModelHubEgress(Strict):
     """Where model servers may connect to download weights."""
 
-    mode: Literal["fqdn", "world"] = _doc(
+    mode: Literal["fqdn", "world"] = doc(
         "fqdn: only the named hosts (Cilium toFQDNs). world: any address on 443, which needs a reason. Image "
         "pulls are the kubelet's, not the pod's, so pods need nothing else from the internet.",
         default="fqdn",
     )
-    hosts: list[FqdnPattern] = _doc(
+    hosts: list[FqdnPattern] = doc(
         "The model hub's hosts: Hugging Face serves metadata from huggingface.co and files from its CDN and Xet hosts.",
         default=MODEL_HUB_HOSTS,
         min_length=1,
     )
-    reason: Optional[Reason] = _doc(
+    reason: Optional[Reason] = doc(
         "Required with mode world: why the hosts cannot be named (recorded on the policy object).", default=None
     )
 
@@ -125,12 +125,12 @@ class ModelHubEgress(Strict):
 class NamespaceConfig(Strict):
     """The namespace the model servers (and the gateway's objects) live in."""
 
-    name: DnsLabel = _doc("The namespace's name.", default="ai")
-    pod_security: Literal["restricted", "baseline", "privileged"] = _doc(
+    name: DnsLabel = doc("The namespace's name.", default="ai")
+    pod_security: Literal["restricted", "baseline", "privileged"] = doc(
         "Pod Security level enforced: the pods need no privilege, the GPU comes in through the device-plugin API.",
         default="restricted",
     )
-    model_hub_egress: ModelHubEgress = _doc("Egress for weight downloads.", default=ModelHubEgress())
+    model_hub_egress: ModelHubEgress = doc("Egress for weight downloads.", default=ModelHubEgress())
 
 
 # --- nodes, storage, start-up --------------------------------------------------------------------
@@ -142,49 +142,49 @@ GpuBackend = Literal["vulkan", "rocm", "cuda", "sycl", "cpu"]
 class NodePool(Strict):
     """Identical nodes that model servers are placed on."""
 
-    instance_type: Optional[DnsName] = _doc(
+    instance_type: Optional[DnsName] = doc(
         "node.kubernetes.io/instance-type of the nodes; null when the GPU resource alone places the pods.", default=None
     )
-    gpu_resource: Optional[ResourceName] = _doc(
+    gpu_resource: Optional[ResourceName] = doc(
         "Extended resource the GPU device plugin advertises, e.g. gpu.intel.com/i915, amd.com/gpu.", default=None
     )
-    gpu_shares: Annotated[int, Field(gt=0, le=64)] = _doc(
+    gpu_shares: Annotated[int, Field(gt=0, le=64)] = doc(
         "Containers that may share one GPU: the device plugin's -shared-dev-num (Intel, default 1) or NVIDIA "
         "time-slicing replicas. Must be 1 where the plugin cannot share (see gpu_sharing).",
         default=1,
     )
-    gpu_sharing: Optional[Literal["exclusive", "shared-dev-num", "time-slicing"]] = _doc(
+    gpu_sharing: Optional[Literal["exclusive", "shared-dev-num", "time-slicing"]] = doc(
         "How the device plugin shares a GPU; null: known from gpu_resource.", default=None
     )
-    nodes: Annotated[int, Field(gt=0, le=1000)] = _doc("Nodes in the pool: the planner simulates every one.", default=1)
-    memory: Memory = _doc("Physical memory of one node; on an APU the GPU's memory is this same pool.")
-    allocatable: Memory = _doc("What the kubelet offers pods on one node (capacity less system and kube reservations).")
-    reserved: Memory = _doc(
+    nodes: Annotated[int, Field(gt=0, le=1000)] = doc("Nodes in the pool: the planner simulates every one.", default=1)
+    memory: Memory = doc("Physical memory of one node; on an APU the GPU's memory is this same pool.")
+    allocatable: Memory = doc("What the kubelet offers pods on one node (capacity less system and kube reservations).")
+    reserved: Memory = doc(
         "Held on each node by workloads this program does not manage (storage daemons, DNS ...).", default="0Gi"
     )
-    memory_bandwidth_gbs: Optional[Annotated[Number, Field(gt=0)]] = _doc(
+    memory_bandwidth_gbs: Optional[Annotated[Number, Field(gt=0)]] = doc(
         "Sustained memory bandwidth of one node in GB/s, for the decode-speed bound; null: not shown.", default=None
     )
-    vram: Optional[Memory] = _doc(
+    vram: Optional[Memory] = doc(
         "Memory of one discrete GPU (an RTX 4090: 24Gi). null: unified memory (iGPU/APU), the GPU uses the node's "
         "memory. Set, offloaded layers and their KV cache are planned in VRAM and only the rest in system RAM.",
         default=None,
     )
-    gpus_per_node: Annotated[int, Field(gt=0, le=16)] = _doc("Discrete GPUs per node the device plugin advertises.", default=1)
-    vram_bandwidth_gbs: Optional[Annotated[Number, Field(gt=0)]] = _doc(
+    gpus_per_node: Annotated[int, Field(gt=0, le=16)] = doc("Discrete GPUs per node the device plugin advertises.", default=1)
+    vram_bandwidth_gbs: Optional[Annotated[Number, Field(gt=0)]] = doc(
         "Memory bandwidth of one discrete GPU in GB/s (RTX 4090: 1008), for the decode-speed bound.", default=None
     )
-    runtime_class: Optional[DnsName] = _doc(
+    runtime_class: Optional[DnsName] = doc(
         "runtimeClassName for pods that use the GPU: `nvidia` where the NVIDIA container runtime is not the node's "
         "default (k3s and RKE2 ship the class; the GPU Operator creates it).",
         default=None,
     )
-    backend: Optional[GpuBackend] = _doc(
+    backend: Optional[GpuBackend] = doc(
         "The backend the servers' images are built for (sets the memory overhead); null: read from each server's "
         "image tag (llama.cpp: server-vulkan, server-cuda, server-rocm, server-intel = sycl, server = cpu).",
         default=None,
     )
-    supplemental_groups: list[Annotated[int, Field(ge=0)]] = _doc(
+    supplemental_groups: list[Annotated[int, Field(ge=0)]] = doc(
         "Numeric GIDs of the host's render/video groups, for non-root access to /dev/dri and /dev/kfd.", default=[]
     )
 
@@ -198,17 +198,17 @@ class NodePool(Strict):
 class ModelCacheConfig(Strict):
     """The shared volume that holds downloaded weights (the ModelCache component)."""
 
-    claim_name: DnsName = _doc("The PersistentVolumeClaim's name.", default="llama-server-models")
-    storage_class: DnsName = _doc("The claim's storage class.")
-    access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] = _doc(
+    claim_name: DnsName = doc("The PersistentVolumeClaim's name.", default="llama-server-models")
+    storage_class: DnsName = doc("The claim's storage class.")
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] = doc(
         "ReadWriteMany so both servers, a second replica or a benchmark Job mount the same weights.",
         default="ReadWriteMany",
     )
-    size: Memory = _doc("The claim's size.", default="40Gi")
-    mount_path: Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]*$")] = _doc(
+    size: Memory = doc("The claim's size.", default="40Gi")
+    mount_path: Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]*$")] = doc(
         "Where the servers mount it (llama.cpp's LLAMA_CACHE).", default="/models"
     )
-    protect: bool = _doc("Refuse `pulumi destroy` outright. The claim is always retained on delete either way.", default=False)
+    protect: bool = doc("Refuse `pulumi destroy` outright. The claim is always retained on delete either way.", default=False)
 
 
 class Startup(Strict):
@@ -218,19 +218,19 @@ class Startup(Strict):
     no pod (and restart nothing); a slower estimate lengthens the probe, which restarts the servers
     (the change preview says which)."""
 
-    download_mib_per_s: Annotated[Number, Field(ge=0.1, le=100_000)] = _doc(
+    download_mib_per_s: Annotated[Number, Field(ge=0.1, le=100_000)] = doc(
         "Sustained download rate from the model hub; the seed's 40 min for ~19 GiB assumes about this.", default=8.5
     )
-    load_mib_per_s: Annotated[Number, Field(ge=0.1, le=100_000)] = _doc(
+    load_mib_per_s: Annotated[Number, Field(ge=0.1, le=100_000)] = doc(
         "Reading the weights back off the cache volume and onto the GPU.", default=200.0
     )
-    min_seconds: Annotated[int, Field(gt=0, le=86_400)] = _doc(
+    min_seconds: Annotated[int, Field(gt=0, le=86_400)] = doc(
         "Never less: image pull on a cold node and Vulkan start-up alone can take minutes.", default=600
     )
-    probe_period_seconds: Annotated[int, Field(gt=0, le=3600)] = _doc(
+    probe_period_seconds: Annotated[int, Field(gt=0, le=3600)] = doc(
         "The startup and readiness probes' period. Part of the pod: changing it restarts the servers.", default=10
     )
-    image_pull_seconds: Annotated[int, Field(gt=0, le=86_400)] = _doc(
+    image_pull_seconds: Annotated[int, Field(gt=0, le=86_400)] = doc(
         "Pulling the server image (~1-2 GiB) before the container, and its startup clock, starts.", default=600
     )
 
@@ -241,11 +241,11 @@ class Startup(Strict):
 class Resources(Strict):
     """CPU and memory of a model server's container. Memory is planned (see the capacity plan)."""
 
-    cpu_request: Cpu = _doc("CPU request.")
-    cpu_limit: Cpu = _doc("CPU limit.")
-    memory_request: Optional[Memory] = _doc("null: derived from the memory estimate; when set, checked against it.", default=None)
-    memory_limit: Optional[Memory] = _doc("null: the estimate plus 10%; when set, checked against the estimate.", default=None)
-    accepted_risk: Optional[Reason] = _doc(
+    cpu_request: Cpu = doc("CPU request.")
+    cpu_limit: Cpu = doc("CPU limit.")
+    memory_request: Optional[Memory] = doc("null: derived from the memory estimate; when set, checked against it.", default=None)
+    memory_limit: Optional[Memory] = doc("null: the estimate plus 10%; when set, checked against the estimate.", default=None)
+    accepted_risk: Optional[Reason] = doc(
         "A limit below the estimate is refused unless this says why the risk is accepted.", default=None
     )
 
@@ -253,31 +253,31 @@ class Resources(Strict):
 class ModelFacts(Strict):
     """What the memory model needs to know about a model's architecture."""
 
-    params_b: Annotated[Number, Field(gt=0)] = _doc("Parameters, in billions.")
-    active_params_b: Optional[Annotated[Number, Field(gt=0)]] = _doc(
+    params_b: Annotated[Number, Field(gt=0)] = doc("Parameters, in billions.")
+    active_params_b: Optional[Annotated[Number, Field(gt=0)]] = doc(
         "Parameters read per token, for mixture-of-experts; null: dense (all of them).", default=None
     )
-    layers: Positive = _doc("Transformer blocks.")
-    full_attention_layers: Optional[Positive] = _doc(
+    layers: Positive = doc("Transformer blocks.")
+    full_attention_layers: Optional[Positive] = doc(
         "Layers with a KV cache; hybrid models (Gated DeltaNet, Mamba) have fewer than layers. null: all.", default=None
     )
-    sliding_window: Optional[Positive] = _doc(
+    sliding_window: Optional[Positive] = doc(
         "Window of the sliding-window attention layers (Gemma 3: 1024, gpt-oss: 128). llama.cpp keeps only "
         "window-sized KV for them (unless --swa-full); null: the model has none.",
         default=None,
     )
-    sliding_window_layers: Optional[Positive] = _doc(
+    sliding_window_layers: Optional[Positive] = doc(
         "How many layers use the sliding window (they are not in full_attention_layers).", default=None
     )
-    kv_heads: Positive = _doc("Key/value heads per attention layer.")
-    head_dim: Positive = _doc("Dimension of one head.")
-    recurrent_state_mib: Annotated[Number, Field(ge=0)] = _doc(
+    kv_heads: Positive = doc("Key/value heads per attention layer.")
+    head_dim: Positive = doc("Dimension of one head.")
+    recurrent_state_mib: Annotated[Number, Field(ge=0)] = doc(
         "Fixed-size recurrent state per slot (hybrid models), independent of context.", default=0.0
     )
-    bits_per_weight: Optional[Annotated[Number, Field(gt=0, le=32)]] = _doc(
+    bits_per_weight: Optional[Annotated[Number, Field(gt=0, le=32)]] = doc(
         "Overrides the quant's table value (checkpoints that are not GGUF).", default=None
     )
-    pooling: Optional[Literal["none", "mean", "cls", "last", "rank"]] = _doc(
+    pooling: Optional[Literal["none", "mean", "cls", "last", "rank"]] = doc(
         "Embedding models: how token vectors are pooled into one (the GGUF's pooling_type). mean and cls need the "
         "whole input in one micro-batch: llama.cpp refuses a longer input (HTTP 500).",
         default=None,
@@ -287,28 +287,28 @@ class ModelFacts(Strict):
 class OpenAIEngine(Strict):
     """Any other OpenAI-compatible server: its own image, arguments, port and paths."""
 
-    args: Args = _doc("The engine's command-line arguments.", default=[])
-    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = _doc(
+    args: Args = doc("The engine's command-line arguments.", default=[])
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = doc(
         "Environment variables for the engine.", default={}
     )
-    health_path: HttpPath = _doc(
+    health_path: HttpPath = doc(
         "Path that answers 200 only once the model is loaded (the probes'); vLLM, SGLang and llama.cpp use /health.",
         default="/health",
     )
-    metrics_path: Optional[HttpPath] = _doc("Prometheus metrics path; null: not scraped.", default="/metrics")
-    served_model: Annotated[str, Field(min_length=1, max_length=200)] = _doc(
+    metrics_path: Optional[HttpPath] = doc("Prometheus metrics path; null: not scraped.", default="/metrics")
+    served_model: Annotated[str, Field(min_length=1, max_length=200)] = doc(
         "The model name the engine serves, sent upstream by the gateway (modelNameOverride)."
     )
-    resident_memory: Memory = _doc("What the engine locks in memory, weights and KV pool together, as measured on the node.")
+    resident_memory: Memory = doc("What the engine locks in memory, weights and KV pool together, as measured on the node.")
 
 
 class Prefetch(Strict):
     """An init container that downloads the weights before the engine starts (idempotent)."""
 
-    repo: RepoId = _doc("The Hugging Face repo to download.")
-    revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9._/-]+$")] = _doc("Branch, tag or 40-hex commit; a commit, once fetched, starts with no Hub.", default="main")
-    image: PinnedImage = _doc("The init container's image (needs python3; nothing is installed).", default=PREFETCH_IMAGE)
-    command: Optional[Annotated[list[str], Field(min_length=1)]] = _doc(
+    repo: RepoId = doc("The Hugging Face repo to download.")
+    revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9._/-]+$")] = doc("Branch, tag or 40-hex commit; a commit, once fetched, starts with no Hub.", default="main")
+    image: PinnedImage = doc("The init container's image (needs python3; nothing is installed).", default=PREFETCH_IMAGE)
+    command: Optional[Annotated[list[str], Field(min_length=1)]] = doc(
         "null: the built-in downloader (components/hub_download.py, standard library only: no PyPI at start). "
         "Otherwise runs with HF_REPO, HF_REVISION, HOME and HF_HOME set, and must skip files it already has.",
         default=None,
@@ -318,26 +318,26 @@ class Prefetch(Strict):
 class CacheVolume(Strict):
     """A claim per replica (StatefulSet volumeClaimTemplates) for the prefetched weights."""
 
-    storage_class: DnsName = _doc("Storage class of each replica's claim (node-local is typical).")
-    size: Memory = _doc("Size of each replica's claim.")
+    storage_class: DnsName = doc("Storage class of each replica's claim (node-local is typical).")
+    size: Memory = doc("Size of each replica's claim.")
 
 
 class Workload(Strict):
     """How a model server's pods are run."""
 
-    kind: Literal["Deployment", "StatefulSet"] = _doc(
+    kind: Literal["Deployment", "StatefulSet"] = doc(
         "Deployment (shared cache) or StatefulSet (a claim per replica).", default="Deployment"
     )
-    name: Optional[DnsLabel] = _doc(
+    name: Optional[DnsLabel] = doc(
         "The Deployment's or StatefulSet's own name; a StatefulSet's claims are named after it "
         "(weights-<name>-<ordinal>). null: the server's name. When renaming a StatefulSet server, set "
         "this to its old name to keep its claims and the weights in them.",
         default=None,
     )
-    replicas: Annotated[int, Field(gt=0, le=100)] = _doc("Pods.", default=1)
-    one_per_node: bool = _doc("Required pod anti-affinity on kubernetes.io/hostname: at most one replica per node.", default=False)
-    cache_volume: Optional[CacheVolume] = _doc("A claim per replica for prefetched weights (StatefulSet only).", default=None)
-    vpa_update_mode: Optional[Literal["Off", "Initial", "Recreate", "Auto"]] = _doc(
+    replicas: Annotated[int, Field(gt=0, le=100)] = doc("Pods.", default=1)
+    one_per_node: bool = doc("Required pod anti-affinity on kubernetes.io/hostname: at most one replica per node.", default=False)
+    cache_volume: Optional[CacheVolume] = doc("A claim per replica for prefetched weights (StatefulSet only).", default=None)
+    vpa_update_mode: Optional[Literal["Off", "Initial", "Recreate", "Auto"]] = doc(
         "A VerticalPodAutoscaler that may manage CPU only: memory stays pinned (the seed's #2711).", default=None
     )
 
@@ -346,22 +346,22 @@ class Exposure(Strict):
     """An Ingress for the chat endpoint: TLS from cert-manager, no public DNS record, and only the
     source ranges listed may connect."""
 
-    host: Hostname = _doc("The LAN host name.")
-    source_ranges: Optional[Annotated[list[Cidr], Field(min_length=1)]] = _doc(
+    host: Hostname = doc("The LAN host name.")
+    source_ranges: Optional[Annotated[list[Cidr], Field(min_length=1)]] = doc(
         "Client address ranges the controller admits (ingress-nginx: whitelist-source-range; Traefik v3: an "
         "ipAllowList Middleware). Only as good as the client address the controller sees: its Service needs "
         "externalTrafficPolicy: Local (or the PROXY protocol), or every client arrives as a node's address. "
         "null: anyone who reaches the controller (the API key is then the only guard).",
         default=PRIVATE_SOURCE_RANGES,
     )
-    tls_secret: DnsName = _doc("The Secret cert-manager writes the certificate to.")
-    timeout_seconds: Annotated[int, Field(ge=60, le=86_400)] = _doc(
+    tls_secret: DnsName = doc("The Secret cert-manager writes the certificate to.")
+    timeout_seconds: Annotated[int, Field(ge=60, le=86_400)] = doc(
         "The longest a client waits for the first token or a whole non-streamed answer; the controller's read "
         "timeout is set to it where the controller has one (ingress-nginx).",
         default=3600,
     )
-    max_body: Memory = _doc("Largest request body (long chat histories, pasted documents).", default="64Mi")
-    annotations: dict[Annotated[str, Field(max_length=253)], Annotated[str, Field(max_length=4096)]] = _doc(
+    max_body: Memory = doc("Largest request body (long chat histories, pasted documents).", default="64Mi")
+    annotations: dict[Annotated[str, Field(max_length=253)], Annotated[str, Field(max_length=4096)]] = doc(
         "More Ingress annotations. Those the program sets for streaming win; a different value for one of them is refused.",
         default={},
     )
@@ -370,9 +370,9 @@ class Exposure(Strict):
 class ApiKey(Strict):
     """llama.cpp's --api-key-file, read from a Kubernetes Secret."""
 
-    secret_name: DnsName = _doc("The Secret holding the key file.")
-    secret_key: Annotated[str, Field(pattern=r"^[-._a-zA-Z0-9]+$")] = _doc("The key file's name in the Secret.", default="api-keys")
-    from_config: Optional[ConfigKey] = _doc(
+    secret_name: DnsName = doc("The Secret holding the key file.")
+    secret_key: Annotated[str, Field(pattern=r"^[-._a-zA-Z0-9]+$")] = doc("The key file's name in the Secret.", default="api-keys")
+    from_config: Optional[ConfigKey] = doc(
         "A Pulumi secret config key whose value (one key per line) becomes that Secret; null: the Secret is "
         "created outside this program.",
         default=None,
@@ -386,62 +386,64 @@ KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q
 class ModelServer(Strict):
     """One model server: llama.cpp in single-model mode, or another OpenAI-compatible engine."""
 
-    role: Literal["chat", "embedding"] = _doc("chat, or embedding (never behind an Ingress or a chat route).")
-    name: DnsLabel = _doc("Name of its Service, its pods' app.kubernetes.io/name and (unless workload.name) its workload.")
-    engine: Literal["llamacpp", "openai"] = _doc(
-        "llamacpp (settings below) or openai (any OpenAI-compatible server, settings under `openai`).", default="llamacpp"
+    role: Literal["chat", "embedding"] = doc("chat, or embedding (never behind an Ingress or a chat route).")
+    name: DnsLabel = doc("Name of its Service, its pods' app.kubernetes.io/name and (unless workload.name) its workload.")
+    engine: Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")] = doc(
+        "llamacpp (settings below) or openai (any OpenAI-compatible server, settings under `openai`): an engine "
+        "registered in engines/ (an unknown name is refused with the registered ones).",
+        default="llamacpp",
     )
-    hf_repo: Optional[HfRepo] = _doc("llama.cpp's --hf-repo (org/Model-GGUF:QUANT); required for llamacpp.", default=None)
-    openai: Optional[OpenAIEngine] = _doc("The engine's settings; required for engine openai, refused otherwise.", default=None)
-    prefetch: Optional[Prefetch] = _doc("Download the weights in an init container before the engine starts.", default=None)
-    workload: Workload = _doc("How the pods are run.", default=Workload())
-    backend: Optional[GpuBackend] = _doc("Overrides the node pool's backend for this server's image.", default=None)
-    image: PinnedImage = _doc("The server image, pinned to a build tag or digest.")
-    node_pool: DnsLabel = _doc("The node_pools key this server runs on.")
-    weights: Optional[Memory] = _doc(
+    hf_repo: Optional[HfRepo] = doc("llama.cpp's --hf-repo (org/Model-GGUF:QUANT); required for llamacpp.", default=None)
+    openai: Optional[OpenAIEngine] = doc("The engine's settings; required for engine openai, refused otherwise.", default=None)
+    prefetch: Optional[Prefetch] = doc("Download the weights in an init container before the engine starts.", default=None)
+    workload: Workload = doc("How the pods are run.", default=Workload())
+    backend: Optional[GpuBackend] = doc("Overrides the node pool's backend for this server's image.", default=None)
+    image: PinnedImage = doc("The server image, pinned to a build tag or digest.")
+    node_pool: DnsLabel = doc("The node_pools key this server runs on.")
+    weights: Optional[Memory] = doc(
         "Size of the weights download; null: parameters x the quant's bits per weight.", default=None
     )
-    facts: Optional[ModelFacts] = _doc("Architecture facts; null: taken from the catalog by hf_repo.", default=None)
-    gpu_layers: Annotated[int, Field(ge=0, le=999)] = _doc("--n-gpu-layers; 0 runs on the CPU and requests no GPU.", default=99)
-    threads: Annotated[int, Field(gt=0, le=1024)] = _doc("--threads.", default=4)
-    ctx_size: Annotated[int, Field(gt=0, le=4_194_304)] = _doc("--ctx-size: the context shared by all slots.", default=4096)
-    ubatch_size: Optional[Annotated[int, Field(gt=0, le=65536)]] = _doc(
+    facts: Optional[ModelFacts] = doc("Architecture facts; null: taken from the catalog by hf_repo.", default=None)
+    gpu_layers: Annotated[int, Field(ge=0, le=999)] = doc("--n-gpu-layers; 0 runs on the CPU and requests no GPU.", default=99)
+    threads: Annotated[int, Field(gt=0, le=1024)] = doc("--threads.", default=4)
+    ctx_size: Annotated[int, Field(gt=0, le=4_194_304)] = doc("--ctx-size: the context shared by all slots.", default=4096)
+    ubatch_size: Optional[Annotated[int, Field(gt=0, le=65536)]] = doc(
         "--ubatch-size; null: llama.cpp's 512.", default=None
     )
-    parallel: Optional[Annotated[int, Field(gt=0, le=256)]] = _doc(
+    parallel: Optional[Annotated[int, Field(gt=0, le=256)]] = doc(
         "Slots (--parallel); null: the server's auto, 4 slots sharing one KV pool.", default=None
     )
-    cache_ram_mib: Optional[Annotated[int, Field(ge=0, le=1_048_576)]] = _doc(
+    cache_ram_mib: Optional[Annotated[int, Field(ge=0, le=1_048_576)]] = doc(
         "Host-RAM prompt cache (--cache-ram, MiB); null: llama.cpp's default of 8192, counted in full.", default=None
     )
-    cache_type_k: Optional[KvCacheType] = _doc(
+    cache_type_k: Optional[KvCacheType] = doc(
         "--cache-type-k: q8_0 halves the K cache (about 1.06 bytes per element instead of 2); null: f16.", default=None
     )
-    cache_type_v: Optional[KvCacheType] = _doc(
+    cache_type_v: Optional[KvCacheType] = doc(
         "--cache-type-v: as cache_type_k for V (a quantized V cache needs flash attention, which the server turns on "
         "itself where the backend supports it); null: f16.",
         default=None,
     )
-    ctx_checkpoints: Optional[Annotated[int, Field(ge=0, le=1024)]] = _doc(
+    ctx_checkpoints: Optional[Annotated[int, Field(ge=0, le=1024)]] = doc(
         "Context checkpoints per slot (--ctx-checkpoints); null: llama.cpp's 32, each a full copy of a hybrid "
         "model's recurrent state in host RAM.",
         default=None,
     )
-    cors_origins: Optional[Annotated[str, Field(min_length=1, max_length=1000)]] = _doc(
+    cors_origins: Optional[Annotated[str, Field(min_length=1, max_length=1000)]] = doc(
         "--cors-origins: which other web origins may read the API's answers. localhost (special): pages served "
         "from localhost only; or one origin such as https://chat.example.org. Never null: without the flag the "
         "server echoes any Origin with credentials allowed (seen running it).",
         default="localhost",
     )
-    webui: bool = _doc("Serve llama.cpp's WebUI (chat servers only).", default=True)
-    metrics: bool = _doc("--metrics, scraped by the monitoring stack.", default=True)
-    port: Annotated[int, Field(ge=1024, le=65535)] = _doc(
+    webui: bool = doc("Serve llama.cpp's WebUI (chat servers only).", default=True)
+    metrics: bool = doc("--metrics, scraped by the monitoring stack.", default=True)
+    port: Annotated[int, Field(ge=1024, le=65535)] = doc(
         "The container port, always passed explicitly: llama.cpp's default moves across builds.", default=8080
     )
-    resources: Resources = _doc("CPU and memory.")
-    exposure: Optional[Exposure] = _doc("An Ingress on the LAN (chat servers only).", default=None)
-    api_key: Optional[ApiKey] = _doc("llama.cpp's API key; required once anything outside the namespace reaches it.", default=None)
-    extra_args: Args = _doc("More llama.cpp flags; flags generated from the fields above are refused here.", default=[])
+    resources: Resources = doc("CPU and memory.")
+    exposure: Optional[Exposure] = doc("An Ingress on the LAN (chat servers only).", default=None)
+    api_key: Optional[ApiKey] = doc("llama.cpp's API key; required once anything outside the namespace reaches it.", default=None)
+    extra_args: Args = doc("More llama.cpp flags; flags generated from the fields above are refused here.", default=[])
 
     @property
     def workload_name(self) -> str:
@@ -460,150 +462,12 @@ class ModelServer(Strict):
         return self.backend or pool.backend or self.image_backend()  # type: ignore[return-value]
 
 
-# --- the gateway ---------------------------------------------------------------------------------
-
-
-class RemoteProvider(Strict):
-    """An OpenAI-compatible provider on the internet, reached over TLS with its own key."""
-
-    host: Hostname = _doc("The provider's API host.")
-    port: Annotated[int, Field(ge=1, le=65535)] = _doc("The provider's TLS port.", default=443)
-    prefix: HttpPath = _doc("Path before /chat/completions: /v1 for most, /api/v1 for OpenRouter.", default="/v1")
-    api_key_config: Optional[ConfigKey] = _doc("The Pulumi secret config key holding the provider's API key.", default=None)
-
-
-class Tier(Strict):
-    """Where a route's backend lives: one of this stack's model servers, or a remote provider."""
-
-    local: Optional[DnsLabel] = _doc("A models key.", default=None)
-    remote: Optional[RemoteProvider] = _doc("A provider on the internet.", default=None)
-
-
-class RouteBackend(Strict):
-    """One priority of a route."""
-
-    tier: DnsLabel = _doc("A gateway.tiers key.")
-    model: Optional[Annotated[str, Field(min_length=1, max_length=200)]] = _doc(
-        "The model name sent to this tier; null: the local engine's served name, or the public name.", default=None
-    )
-
-
-class Route(Strict):
-    """One public model name, tried on its backends in order (priority 0, 1, ...)."""
-
-    model: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:/@-]+$")] = _doc(
-        "The public model name clients send."
-    )
-    kind: Literal["chat", "embedding"] = _doc("chat or embedding: their retry policies differ.", default="chat")
-    backends: Annotated[list[RouteBackend], Field(min_length=1, max_length=16)] = _doc("Tiers, in priority order.")
-
-
-class ApiClient(Strict):
-    """A client of the gateway."""
-
-    key_config: Optional[ConfigKey] = _doc(
-        "A Pulumi secret config key holding this client's key; null: derived from the master key.", default=None
-    )
-
-
-class Retry(Strict):
-    """How a failed request moves to the next priority."""
-
-    num_retries: Annotated[int, Field(ge=0, le=10)] = _doc("Retries after the first attempt.", default=3)
-    attempts_per_priority: Annotated[int, Field(ge=1, le=5)] = _doc(
-        "Attempts per priority: 1 hands a failing tier's request to the next one at once.", default=1
-    )
-    status_codes: list[Annotated[int, Field(ge=400, le=599)]] = _doc(
-        "Chat routes: upstream statuses that are retried.", default=[429, 500, 502, 503, 504]
-    )
-    embedding_status_codes: list[Annotated[int, Field(ge=502, le=504)]] = _doc(
-        "Embedding routes fail over only when the local server could not take the request (502/503/504 while it "
-        "loads or restarts), never on 500: llama.cpp answers 500 to an input longer than its micro-batch, and "
-        "re-sending that document to a remote tier would move private data off the cluster.",
-        default=[502, 503, 504],
-    )
-
-
-class LlamaCppEmbeddingsPath(Strict):
-    """A plain HTTPRoute straight to a llama.cpp embedding server, bypassing the AI gateway."""
-
-    model: DnsLabel = _doc("The models key of a llama.cpp embedding server.")
-    path: HttpPath = _doc("The path prefix on the gateway.", default="/llama-cpp/v1/embeddings")
-    timeout: Duration = _doc("A whole document batch can take minutes on an iGPU.", default="600s")
-
-
-class GatewayConfig(Strict):
-    """Envoy AI Gateway in front of the model servers (the InferenceGateway component)."""
-
-    name: DnsLabel = _doc("The Gateway's name; prefixes its objects.", default="inference")
-    class_name: DnsLabel = _doc("The GatewayClass.", default="envoy-ai-gateway")
-    create_class: bool = _doc("Create the GatewayClass (false when the cluster already has it).", default=True)
-    hostname: Hostname = _doc("The listener's host name (on the tailnet: the MagicDNS name).")
-    port: Annotated[int, Field(ge=1, le=65535)] = _doc("The HTTPS listener's port.", default=443)
-    tls_secret: DnsName = _doc("The Secret cert-manager writes the listener's certificate to.")
-    load_balancer_class: Annotated[str, Field(min_length=1)] = _doc(
-        "The Envoy Service's load-balancer class: tailscale keeps it on the tailnet, never a public LB.", default="tailscale"
-    )
-    envoy_namespace: DnsLabel = _doc("Where Envoy Gateway runs the Envoy pods.", default="envoy-gateway-system")
-    client_ca_secret: Optional[DnsName] = _doc(
-        "Secret or ConfigMap with ca.crt: clients must present a certificate it signed. null: no mTLS.", default=None
-    )
-    buffer_limit: Memory = _doc("Envoy Gateway's default of 32 KiB rejects ordinary chat payloads with 413.", default="50Mi")
-    stream_idle_timeout: Duration = _doc(
-        "Ends a stream that sends nothing for this long; generation length itself is unbounded.", default="300s"
-    )
-    completion_idle_timeout: Duration = _doc(
-        "How long an AI route waits for the next byte from a model. A non-streamed completion sends nothing "
-        "until it is done, so this must outlast the longest one; a stream silent this long is ended. Set on "
-        "the AI routes (overriding stream_idle_timeout there).",
-        default="1800s",
-    )
-    api_key_header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] = _doc("The header clients send their key in.", default="x-api-key")
-    clients: Annotated[dict[DnsLabel, ApiClient], Field(min_length=1)] = _doc("Who may call the gateway.")
-    master_key_config: Optional[ConfigKey] = _doc(
-        "Pulumi secret config key from which clients without key_config get their keys (HMAC).", default=None
-    )
-    tiers: Annotated[dict[DnsLabel, Tier], Field(min_length=1)] = _doc("Where requests can go.")
-    routes: list[Route] = _doc("Public model names and their tiers.", default=[])
-    catch_all: list[DnsLabel] = _doc(
-        "Tiers tried, in order, for any model no route names; the model name passes through.", default=[]
-    )
-    session_header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] = _doc(
-        "Requests with one value stay on one pod (its KV cache).", default="x-sks-session-id"
-    )
-    retry: Retry = _doc("Failover between priorities.", default=Retry())
-    llamacpp_embeddings: Optional[LlamaCppEmbeddingsPath] = _doc("A direct path to a llama.cpp embedding server.", default=None)
-
-    def local_models(self) -> set[str]:
-        """The models keys the gateway's Envoy pods reach (and must authenticate to)."""
-        reached = {t.local for t in self.tiers.values() if t.local}
-        if self.llamacpp_embeddings is not None:
-            reached.add(self.llamacpp_embeddings.model)
-        return reached
-
-    def secret_config_refs(self) -> dict[str, str]:
-        """Each secret config key the gateway names -> the first setting that names it."""
-        refs: dict[str, str] = {}
-        if self.master_key_config:
-            refs[self.master_key_config] = "gateway.master_key_config"
-        for name, client in self.clients.items():
-            if client.key_config:
-                refs.setdefault(client.key_config, f"gateway.clients.{name}.key_config")
-        for name, tier in self.tiers.items():
-            if tier.remote and tier.remote.api_key_config:
-                refs.setdefault(tier.remote.api_key_config, f"gateway.tiers.{name}.remote.api_key_config")
-        return refs
-
-    def secret_config_keys(self) -> set[str]:
-        return set(self.secret_config_refs())
-
-
 class Observability(Strict):
     """VictoriaMetrics operator objects: scrapes and alert rules."""
 
-    scrape_interval: Duration = _doc("How often /metrics is scraped.", default="60s")
-    queue_alert_after: Duration = _doc("Requests waiting for a free slot this long mean the server is saturated.", default="5m")
-    fallback_alert_after: Duration = _doc("Traffic falling back to another tier for this long alerts.", default="15m")
+    scrape_interval: Duration = doc("How often /metrics is scraped.", default="60s")
+    queue_alert_after: Duration = doc("Requests waiting for a free slot this long mean the server is saturated.", default="5m")
+    fallback_alert_after: Duration = doc("Traffic falling back to another tier for this long alerts.", default="15m")
 
 
 # --- the stack -----------------------------------------------------------------------------------
@@ -612,14 +476,14 @@ class Observability(Strict):
 class StackConfig(Strict):
     """One cluster's inference plane. Each field is one Pulumi config key."""
 
-    cluster: ClusterConfig = _doc("The cluster.", default=ClusterConfig())
-    namespace: NamespaceConfig = _doc("The namespace everything lives in.", default=NamespaceConfig())
-    node_pools: Annotated[dict[DnsLabel, NodePool], Field(min_length=1)] = _doc("Where model servers run.")
-    model_cache: ModelCacheConfig = _doc("The shared weights volume.")
-    startup: Startup = _doc("Cold-start budgets.", default=Startup())
-    models: Annotated[dict[DnsLabel, ModelServer], Field(min_length=1)] = _doc("The model servers, by key.")
-    gateway: Optional[GatewayConfig] = _doc("Envoy AI Gateway in front of the servers; null: none.", default=None)
-    observability: Optional[Observability] = _doc("Scrapes and alerts; null: none.", default=None)
+    cluster: ClusterConfig = doc("The cluster.", default=ClusterConfig())
+    namespace: NamespaceConfig = doc("The namespace everything lives in.", default=NamespaceConfig())
+    node_pools: Annotated[dict[DnsLabel, NodePool], Field(min_length=1)] = doc("Where model servers run.")
+    model_cache: ModelCacheConfig = doc("The shared weights volume.")
+    startup: Startup = doc("Cold-start budgets.", default=Startup())
+    models: Annotated[dict[DnsLabel, ModelServer], Field(min_length=1)] = doc("The model servers, by key.")
+    gateway: Optional[GatewayConfig] = doc("Envoy AI Gateway in front of the servers; null: none.", default=None)
+    observability: Optional[Observability] = doc("Scrapes and alerts; null: none.", default=None)
 
     def secret_config_refs(self) -> dict[str, str]:
         """Each config key that must hold a Pulumi secret (a credential) -> the setting naming it."""

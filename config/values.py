@@ -105,3 +105,8 @@ class Strict(BaseModel):
     """Unknown keys are errors, types are not coerced, and a validated config never changes."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+def doc(text: str, **constraints) -> object:
+    """A field with its description (what the README's generated reference prints) and constraints."""
+    return Field(description=text, **constraints)

@@ -8,6 +8,7 @@ is registered in ENGINES below; that is all adding an engine takes.
 
 from __future__ import annotations
 
+import difflib
 from typing import TYPE_CHECKING
 
 from .base import Credentials, Engine, Problem
@@ -36,6 +37,11 @@ def stack_problems(stack: "StackConfig") -> list[Problem]:
     gateway_reaches = stack.gateway.local_models() if stack.gateway is not None else set()
     for key, model in stack.models.items():
         path = f"models.{key}"
+        if model.engine not in ENGINES:
+            near = difflib.get_close_matches(model.engine, ENGINES, n=1, cutoff=0.6)
+            problems.append((f"{path}.engine", (f"did you mean {near[0]}? " if near else "") +
+                             f"{model.engine!r} is no engine this program runs; one of {', '.join(ENGINES)}"))
+            continue
         engine = engine_of(model)
         problems += engine.config_problems(model, path, stack.node_pools.get(model.node_pool))
         if engine.credentials(model) is None or (model.role == "embedding" and model.exposure is not None):
@@ -57,7 +63,7 @@ def stack_problems(stack: "StackConfig") -> list[Problem]:
     direct = stack.gateway.llamacpp_embeddings if stack.gateway is not None else None
     if direct is not None:
         target = stack.models.get(direct.model)
-        if target is None or target.role != "embedding" or not isinstance(engine_of(target), LlamaCpp):
+        if target is None or target.role != "embedding" or not isinstance(ENGINES.get(target.engine), LlamaCpp):
             problems.append(("gateway.llamacpp_embeddings.model", "must name a llama.cpp embedding server in models"))
     return problems
 

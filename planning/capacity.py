@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from common.errors import CapacityError
 from common.quantity import GIB, gib, parse_quantity
@@ -15,13 +15,24 @@ from .memory import MemoryEstimate, VramEstimate
 from .startup import StartupBudget, startup_budget
 
 if TYPE_CHECKING:
-    from config.types import ModelServer, NodePool, StackConfig
-    from engines.base import Engine
-
-    # The engine of a model (engines.engine_of), handed in: planning never imports engines.
-    EngineOf = Callable[[ModelServer], Engine]
+    from config.types import GpuBackend, ModelFacts, ModelServer, NodePool, StackConfig
 
 Problem = tuple[str, str]
+
+
+class Engine(Protocol):
+    """What the plan asks a server's engine (engines.base.Engine implements it); planning never
+    imports engines: the caller hands in ``engine_of``."""
+
+    def facts(self, model: "ModelServer") -> Optional["ModelFacts"]: ...
+    def plan_problems(self, key: str, model: "ModelServer", facts: Optional["ModelFacts"]) -> list[Problem]: ...
+    def memory(self, model: "ModelServer", facts: Optional["ModelFacts"], backend: "GpuBackend") -> MemoryEstimate: ...
+    def discrete(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> tuple[MemoryEstimate, VramEstimate]: ...
+    def weights_bytes(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> float: ...
+    def bytes_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> Optional[float]: ...
+
+
+EngineOf = Callable[["ModelServer"], Engine]
 LIMIT_HEADROOM = 0.10  # a derived limit sits 10% above the estimate: compute buffers vary with load
 
 
@@ -243,7 +254,7 @@ def _place(stack: "StackConfig", servers: dict[str, ServerPlan]) -> tuple[list[N
     return nodes, problems
 
 
-def plan_capacity(stack: "StackConfig", engine_of: "EngineOf") -> CapacityPlan:
+def plan_capacity(stack: "StackConfig", engine_of: EngineOf) -> CapacityPlan:
     """The capacity plan for a stack, each server's memory estimated by its engine; raises
     CapacityError (path, numbers, remedy) if it does not fit."""
     problems: list[Problem] = []

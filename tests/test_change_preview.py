@@ -11,7 +11,6 @@ from typing import Any, Optional
 
 import pytest
 
-from changes import engine
 from changes.preview import preview
 from changes.__main__ import main as cli
 from changes.provider import (
@@ -23,10 +22,9 @@ from changes.provider import (
     path_contains,
 )
 from conftest import run_stack_file, stack_file_config
+from render.offline import ProgramRun, Registered
 
 ROOT = Path(__file__).resolve().parent.parent
-E = engine()
-Registered, ProgramRun = E.Registered, E.ProgramRun
 STACK_URN = "urn:pulumi:test::inference-plane::pulumi:pulumi:Stack::inference-plane-test"
 COMPONENT = "inference-plane:index:LlamaServer"
 
@@ -379,7 +377,7 @@ def test_alias_by_urn_and_without_parent():
 
 
 def test_alias_urns_are_built_as_the_recorded_ones(homelab_base):
-    from changes.preview import _UrnBuilder, _urn_parts
+    from changes.pairing import _UrnBuilder, _urn_parts
 
     builder = _UrnBuilder(homelab_base.resources)
     for r in homelab_base.resources:
@@ -669,7 +667,7 @@ def test_an_ignored_edit_is_reported_as_not_applied():
 def test_changed_container_args_are_shown_per_flag(homelab_base):
     """An operator reads `--ctx-size 2048 -> 1024` rather than list positions; a new value that
     another flag already has (1024 is also chat's --ubatch-size; 4 its --threads) still shows."""
-    from changes.preview import _arg_changes, _entry_line
+    from changes.report import _arg_changes, _entry_line
 
     report = preview(homelab_base, edit("homelab", "models.embed.ctx_size", 1024))
     line = _entry_line(report.entry("Deployment", "llama-embed"))

@@ -1,4 +1,4 @@
-"""planning.gguf_facts (facts from a GGUF header) and planning.catalog (the built-in facts).
+"""tools/gguf_facts.py (facts from a GGUF header) and planning.catalog (the built-in facts).
 
 Every GGUF here is written by the gguf package's writer with known hyperparameters; the expected
 facts are computed from what was written, never copied from the tool's output. No network: the Hub
@@ -19,7 +19,7 @@ import yaml
 from gguf import GGUFReader, GGUFWriter, PoolingType
 
 from config.types import ModelFacts
-from planning import gguf_facts
+from tools import gguf_facts
 from planning.catalog import CatalogError, catalog, facts_for, lookup, parse_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +92,7 @@ def dense(tmp_path: Path, *, layers=3, embd=64, heads=8, kv_heads=2, key_length=
 def run(source: Any) -> tuple[int, str, str]:
     """The CLI in a subprocess, as a user runs it."""
     proc = subprocess.run(
-        [sys.executable, "-m", "planning.gguf_facts", *([str(source)] if source is not None else [])],
+        [sys.executable, "tools/gguf_facts.py", *([str(source)] if source is not None else [])],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     return proc.returncode, proc.stdout, proc.stderr

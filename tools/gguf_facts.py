@@ -1,8 +1,8 @@
 """Print a model's ``facts:`` block (and ``weights:``) from its GGUF header.
 
-    python -m planning.gguf_facts path/to/model.gguf
-    python -m planning.gguf_facts org/Repo-GGUF[:QUANT]
-    python -m planning.gguf_facts https://huggingface.co/org/repo/resolve/main/model.gguf
+    python tools/gguf_facts.py path/to/model.gguf
+    python tools/gguf_facts.py org/Repo-GGUF[:QUANT]
+    python tools/gguf_facts.py https://huggingface.co/org/repo/resolve/main/model.gguf
 
 The output is YAML to paste under ``models.<key>`` in a stack file, for a model the built-in
 catalog (planning/catalog.yaml) does not know. Only the header is read: the fixed preamble, the
@@ -40,7 +40,7 @@ FIRST_FETCH = 8 * MIB
 MAX_FETCH = 64 * MIB
 DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's --hf-repo picks when the tag is left out
 HTTP_TIMEOUT_S = 60
-USAGE = "usage: python -m planning.gguf_facts <path-to-.gguf | org/repo[:QUANT] | https URL>"
+USAGE = "usage: python tools/gguf_facts.py <path-to-.gguf | org/repo[:QUANT] | https URL>"
 
 POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
