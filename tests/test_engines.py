@@ -1,0 +1,104 @@
+"""Adding an engine is one module implementing engines.base.Engine and one registration: shown with
+a minimal engine defined here, which the config, the plan, the components and the render serve
+without any other change."""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+import pytest
+
+import engines
+from config import ConfigError
+from conftest import homelab_plain_values, run_values
+from engines.base import Engine, Problem
+from plane import parse_stack, plan_capacity
+from planning.memory import BACKEND_OVERHEAD, MemoryEstimate, VramEstimate
+
+GIB = 2**30
+
+
+class Minimal(Engine):
+    """A server that takes only a port and loads the weights it was given: 1.25 x weights in memory."""
+
+    name = "minimal"
+    component_types = {"chat": "OpenAIServer", "embedding": "OpenAIServer"}
+
+    def config_problems(self, model, path, pool) -> list[Problem]:
+        return [] if model.weights else [(f"{path}.weights", "required for engine minimal")]
+
+    def plan_problems(self, key, model, facts) -> list[Problem]:
+        return []
+
+    def args(self, model) -> list[str]:
+        return ["--listen", f"0.0.0.0:{model.port}"]
+
+    def env(self, model) -> list[dict]:
+        return [{"name": "MINIMAL_MODE", "value": "serve"}]
+
+    def health_path(self, model) -> str:
+        return "/ready"
+
+    def metrics_path(self, model) -> Optional[str]:
+        return None
+
+    def served_model(self, model, public_name) -> Optional[str]:
+        return "minimal-model"
+
+    def weights_bytes(self, model, facts) -> float:
+        return 8 * GIB
+
+    def bytes_per_token(self, model, facts) -> Optional[float]:
+        return None
+
+    def memory(self, model, facts, backend) -> MemoryEstimate:
+        return MemoryEstimate(weights_gib=8.0, kv_gib=2.0, recurrent_gib=0.0, overhead_gib=8.0 * BACKEND_OVERHEAD[backend],
+                              host_caches_gib=0.0)
+
+    def discrete(self, model, facts) -> tuple[MemoryEstimate, VramEstimate]:
+        raise AssertionError("not on a discrete GPU in this test")
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    monkeypatch.setitem(engines.ENGINES, "minimal", Minimal())
+
+
+def _values() -> dict:
+    values = copy.deepcopy(homelab_plain_values())
+    # The chat server becomes the minimal engine: its llama.cpp-only settings removed.
+    chat = values["models"]["chat"]
+    values["models"]["chat"] = {
+        "role": "chat", "name": "minimal", "engine": "minimal", "image": "registry.example/minimal:v1.0",
+        "node_pool": chat["node_pool"], "weights": "8Gi", "port": 9000, "backend": "vulkan", "webui": False,
+        "resources": {"cpu_request": "2", "cpu_limit": "4"},
+    }
+    return values
+
+
+def test_an_unregistered_engine_is_refused_with_the_registered_ones():
+    with pytest.raises(ConfigError, match=r"models\.chat\.engine: 'minimal' is no engine this program runs; one of llamacpp, openai"):
+        parse_stack(_values())
+
+
+def test_a_registered_engine_is_planned_by_its_own_memory_model(registered):
+    plan = plan_capacity(parse_stack(_values()))
+    chat = plan.servers["chat"]
+    assert chat.estimate.total_gib == pytest.approx(8.0 + 2.0 + 8.0 * BACKEND_OVERHEAD["vulkan"])
+    assert chat.weights == "8Gi" and chat.decode_bound_tok_s is None
+
+
+def test_a_registered_engine_renders_as_it_describes_itself(registered):
+    run = run_values(_values())
+    (deployment,) = [r for r in run.resources if r.type == "kubernetes:apps/v1:Deployment" and r.inputs["metadata"]["name"] == "minimal"]
+    (container,) = deployment.inputs["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["--listen", "0.0.0.0:9000"]
+    assert {"name": "MINIMAL_MODE", "value": "serve"} in container["env"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["startupProbe"]["httpGet"]["path"] == "/ready"
+    # No credentials: nothing mounts an API key, and no llama.cpp cache variable is set.
+    assert all(m["name"] != "api-key" for m in container["volumeMounts"])
+    assert all(e["name"] != "LLAMA_CACHE" for e in container["env"])
+    # Registered as the component type the engine names.
+    assert any(r.type == "inference-plane:index:OpenAIServer" and r.name == "chat" for r in run.resources)
