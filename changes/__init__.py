@@ -3,18 +3,13 @@ modelled on the pulumi-kubernetes provider's and the Pulumi engine's rules, and 
 for the running model servers (restarts, downloads, claims, collisions, downtime).
 
 ``python -m changes STACK --base REF`` compares a stack file at a git ref with the working tree's.
+The two runs come from the offline runner (render.offline).
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-
-from .preview import ChangeReport, Consequence, Entry, preview
+from .preview import preview
 from .provider import Action, ProviderOptions, decide
+from .report import ChangeReport, Consequence, Entry
 
-__all__ = ["Action", "ChangeReport", "Consequence", "Entry", "ProviderOptions", "decide", "engine", "preview"]
-
-def engine() -> ModuleType:
-    """The offline engine's module (run_program, stack_config, config_from_mapping, Registered)."""
-    return importlib.import_module("render.offline")
+__all__ = ["Action", "ChangeReport", "Consequence", "Entry", "ProviderOptions", "decide", "preview"]

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from render import offline
 
-from . import engine
 from .preview import preview
 from .provider import ProviderOptions, options_from_config
 
@@ -51,11 +51,9 @@ class InputError(Exception):
 
 
 def _document(text: str, where: str) -> dict[str, Any]:
-    from render.offline import StackFileError, load_stack_text
-
     try:
-        document = load_stack_text(text, where) or {}
-    except StackFileError as error:
+        document = offline.load_stack_text(text, where) or {}
+    except offline.StackFileError as error:
         raise InputError(str(error)) from None
     if not isinstance(document, dict) or not isinstance(document.get("config") or {}, dict):
         raise InputError(f"{where}: expected a mapping with a `config:` mapping at the top")
@@ -91,9 +89,9 @@ def _full_key(key: str) -> str:
 
 
 def program_config(config: dict[str, Any], rotated: set[str]) -> tuple[dict[str, str], list[str]]:
-    """The engine's config for a stack file's mapping; each rotated secret key gets a value of
-    its own (the offline placeholder is the same for every secret)."""
-    values, secret_keys = engine().config_from_mapping(config)
+    """The offline runner's config for a stack file's mapping; each rotated secret key gets a value
+    of its own (the offline placeholder is the same for every secret)."""
+    values, secret_keys = offline.config_from_mapping(config)
     for key in rotated:
         full = _full_key(key)
         if full in values:
@@ -105,7 +103,7 @@ def program_config(config: dict[str, Any], rotated: set[str]) -> tuple[dict[str,
 def run(stack: str, config: dict[str, Any], rotated: set[str], which: str) -> Any:
     values, secret_keys = program_config(config, rotated)
     try:
-        return engine().run_program(values, secret_keys, stack=stack)
+        return offline.run_program(values, secret_keys, stack=stack)
     except Exception as error:  # the program's own refusal (ConfigError, CapacityError as RunError)
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise InputError(f"the {which} config does not run: {first}") from None

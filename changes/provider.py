@@ -91,7 +91,7 @@ SECRET_SIG = "4dabf18193072939515e22adb298388d"
 WILDCARD = "*"
 
 
-# What the preview reads of a registration: the offline engine's record of it.
+# What the preview reads of a registration: the offline runner's record of it.
 RegisteredLike = Registered
 
 

@@ -406,9 +406,14 @@ class ModelServer(Strict):
     facts: Optional[ModelFacts] = doc("Architecture facts; null: taken from the catalog by hf_repo.", default=None)
     gpu_layers: Annotated[int, Field(ge=0, le=999)] = doc("--n-gpu-layers; 0 runs on the CPU and requests no GPU.", default=99)
     threads: Annotated[int, Field(gt=0, le=1024)] = doc("--threads.", default=4)
-    ctx_size: Annotated[int, Field(gt=0, le=4_194_304)] = doc("--ctx-size: the context shared by all slots.", default=4096)
+    ctx_size: Annotated[int, Field(gt=0, le=4_194_304)] = doc(
+        "--ctx-size: the longest request (prompt and answer) in tokens. All slots share one KV pool of this size "
+        "(--kv-unified), so requests running at once share it too.",
+        default=4096,
+    )
     ubatch_size: Optional[Annotated[int, Field(gt=0, le=65536)]] = doc(
-        "--ubatch-size; null: llama.cpp's 512.", default=None
+        "--ubatch-size; null: llama.cpp's 512. Above 2048, --batch-size is raised with it (llama.cpp clamps the "
+        "micro-batch to the batch).", default=None
     )
     parallel: Optional[Annotated[int, Field(gt=0, le=256)]] = doc(
         "Slots (--parallel); null: the server's auto, 4 slots sharing one KV pool.", default=None

@@ -37,8 +37,12 @@ GENERATED_FLAGS = frozenset({
     "--ctx-size", "-c", "--ubatch-size", "-ub", "--cors-origins", "--host", "--port", "--api-key",
     "--api-key-file", "--metrics", "--embeddings", "--embedding", "--no-webui", "--webui", "--no-ui", "--ui",
     "--parallel", "-np", "--cache-ram", "-cram", "--ctx-checkpoints", "-ctxcp", "--pooling",
-    "--cache-type-k", "-ctk", "--cache-type-v", "-ctv",
+    "--cache-type-k", "-ctk", "--cache-type-v", "-ctv", "--kv-unified", "-kvu", "--no-kv-unified", "-no-kvu",
+    "--batch-size", "-b",
 })
+# common/common.h (b10729): n_batch 2048. llama.cpp clamps the micro-batch to the batch
+# (src/llama-context.cpp: n_ubatch = min(n_batch, n_ubatch)), so a larger ubatch needs --batch-size.
+DEFAULT_BATCH = 2048
 
 
 def first_key(key_file: str) -> str:
@@ -184,9 +188,14 @@ class LlamaCpp(Engine):
         args += ["--n-gpu-layers", str(model.gpu_layers), "--threads", str(model.threads), "--ctx-size", str(model.ctx_size)]
         if model.ubatch_size is not None:
             args += ["--ubatch-size", str(model.ubatch_size)]
+            if model.ubatch_size > DEFAULT_BATCH:
+                args += ["--batch-size", str(model.ubatch_size)]
         # Slots and host-RAM caches are set whenever the config sets them, so the plan counts what runs.
         if model.parallel is not None:
-            args += ["--parallel", str(model.parallel)]
+            # One KV pool for all slots, so one request may use the whole --ctx-size: the server
+            # turns it on itself only when --parallel is auto (tools/server/server.cpp); with an
+            # explicit --parallel N each slot would get ctx/N (src/llama-context.cpp n_ctx_seq).
+            args += ["--parallel", str(model.parallel), "--kv-unified"]
         if model.cache_type_k is not None:
             args += ["--cache-type-k", model.cache_type_k]
         if model.cache_type_v is not None:

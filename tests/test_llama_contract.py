@@ -115,6 +115,8 @@ def check_role(running, role: str, longest_input: bool = True) -> None:
                                                                   "max_tokens": 4, **GREEDY}, auth(running))
         if answer.status != 200 or not answer.json().get("choices"):
             raise ContractFailure(f"chat completion answered {answer.status}: {answer.body[:200]!r}")
+        if longest_input:
+            check_longest_prompt(running)
         return
     ctx = int(running.args[running.args.index("--ctx-size") + 1])
     # The longest input the rendered context allows (a few tokens kept for BOS/EOS).
@@ -127,6 +129,21 @@ def check_role(running, role: str, longest_input: bool = True) -> None:
                               f"{answer.body[:200]!r}")
     if len(answer.json()["data"][0]["embedding"]) < 1:
         raise ContractFailure("embedding response without a vector")
+
+
+def check_longest_prompt(running) -> None:
+    """A chat server answers one request as long as its --ctx-size promises (the config says one
+    request may use the whole context), whatever --parallel is."""
+    ctx = int(running.args[running.args.index("--ctx-size") + 1])
+    # ctx - 16 prompt tokens: the server stops generating at n_ctx and refuses a prompt of n_ctx.
+    text = " hello" * (ctx - 20)
+    tokens = request(running.base + "/tokenize", {"content": text}, auth(running)).json()["tokens"]
+    assert ctx - 24 <= len(tokens) <= ctx - 16, len(tokens)
+    answer = request(running.base + "/v1/completions", {"prompt": text, "max_tokens": 1, **GREEDY}, auth(running),
+                     timeout=300)
+    if answer.status != 200:
+        raise ContractFailure(f"a prompt of {len(tokens)} tokens (ctx-size {ctx}) was refused with {answer.status}: "
+                              f"{answer.body[:300]!r}")
 
 
 @pytest.mark.parametrize("case", servers(), ids=lambda c: f"{c[0]}/{c[1]}")
@@ -222,6 +239,19 @@ def test_a_mean_pooling_embedder_refuses_a_long_input(binary, models):
     with serve(binary, container, models["mean"], probe_path(container)) as running:
         with pytest.raises(ContractFailure, match=r"was refused with 500"):
             check_role(running, "embedding")
+
+
+def test_explicit_slots_without_a_unified_pool_give_each_request_a_share_of_the_context(binary, models):
+    """Why --kv-unified is rendered with --parallel: without it, llama.cpp gives each of N slots
+    ctx/N (src/llama-context.cpp), and a request longer than that share is refused with 400."""
+    stack, key, container, scrape, role, pooling = next(c for c in servers() if c[4] == "chat" and "--parallel" in c[2]["args"])
+    container = copy.deepcopy(container)
+    args = container["args"]
+    assert "--kv-unified" in args
+    args.remove("--kv-unified")
+    with serve(binary, container, models[None], probe_path(container), pod_security=container[POD_SECURITY]) as running:
+        with pytest.raises(ContractFailure, match=r"was refused with 400: .*exceed_context_size_error"):
+            check_longest_prompt(running)
 
 
 def test_a_key_file_with_two_keys_accepts_both_while_a_key_rotates(binary, models):

@@ -355,3 +355,27 @@ def test_the_offline_render_does_not_pretend_to_fingerprint_a_key(tmp_path):
     result = render_stack("homelab", tmp_path / "out")
     (chat,) = [m for m in result.files.values() if m["kind"] == "Deployment" and m["metadata"]["name"] == "llama-server"]
     assert chat["spec"]["template"]["metadata"]["annotations"]["inference-plane/api-key-fingerprint"] == "offline-render"
+
+
+def test_explicit_slots_share_one_kv_pool_so_one_request_can_use_the_whole_context(homelab_values):
+    homelab_values["models"]["chat"]["parallel"] = 2
+    _, model, run = build(homelab_values, "chat")
+    args = run.one("Deployment", model.name).inputs["spec"]["template"]["spec"]["containers"][0]["args"]
+    # llama.cpp unifies the pool itself only when --parallel is auto (tests/test_llama_contract.py).
+    assert args[args.index("--parallel") + 1] == "2" and "--kv-unified" in args
+    homelab_values["models"]["chat"].pop("parallel", None)
+    _, model, run = build(homelab_values, "chat")
+    args = run.one("Deployment", model.name).inputs["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--parallel" not in args and "--kv-unified" not in args
+
+
+@pytest.mark.parametrize("ubatch, batch", [(1024, None), (2048, None), (4096, "4096"), (8192, "8192")])
+def test_a_micro_batch_above_the_default_batch_raises_the_batch_with_it(homelab_values, ubatch, batch):
+    """llama.cpp clamps --ubatch-size to --batch-size (default 2048): a larger micro-batch alone
+    would silently run at 2048."""
+    homelab_values["models"]["embed"]["ubatch_size"] = ubatch
+    homelab_values["models"]["embed"]["ctx_size"] = max(ubatch, homelab_values["models"]["embed"]["ctx_size"])
+    _, model, run = build(homelab_values, "embed")
+    args = run.one("Deployment", model.name).inputs["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--ubatch-size") + 1] == str(ubatch)
+    assert (args[args.index("--batch-size") + 1] if "--batch-size" in args else None) == batch
