@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from .pairing import _is_root, _urn_parts
 from .provider import ObjectId, ProviderOptions, diff_values, unwrap_secrets
 from .report import Consequence, Entry, Severity
-from .workloads import ServerHint, Workload, _all_containers, _secret_names, workload
+from .workloads import ServerHint, WorkloadObject, _all_containers, _secret_names, workload
 
 
 @dataclass
@@ -111,7 +111,7 @@ def _namespace_targets(ctx: _Context, gone: Mapping[str, str]) -> None:
                     f"{gone[e.after.namespace]}; this object, kept by the program, goes with it")
 
 
-def _hint(ctx: _Context, w: Workload) -> ServerHint:
+def _hint(ctx: _Context, w: WorkloadObject) -> ServerHint:
     return ctx.hints.get(w.name) or ctx.old_hints.get(w.name) or ServerHint(None, None, None)
 
 
@@ -120,8 +120,8 @@ class _Start:
     """How one workload's pods are replaced by this edit."""
 
     entry: Entry
-    workload: Workload
-    previous: Optional[Workload]
+    workload: WorkloadObject
+    previous: Optional[WorkloadObject]
     how: str
     down: bool
     partial: bool = False
@@ -155,7 +155,7 @@ def _starts(ctx: _Context) -> list[_Start]:
     return starts
 
 
-def _rollout(e: Entry, new_w: Workload, old_w: Optional[Workload]) -> _Start:
+def _rollout(e: Entry, new_w: WorkloadObject, old_w: Optional[WorkloadObject]) -> _Start:
     if new_w.kind == "Deployment":
         if new_w.strategy == "Recreate":
             return _Start(e, new_w, old_w, "Recreate: every pod stops before the new ones start", down=True)
@@ -168,11 +168,11 @@ def _rollout(e: Entry, new_w: Workload, old_w: Optional[Workload]) -> _Start:
                   f"{new_w.replicas - 1} of {new_w.replicas} keep serving", down=False, partial=True)
 
 
-def _apparent_renames(ctx: _Context) -> dict[str, Workload]:
+def _apparent_renames(ctx: _Context) -> dict[str, WorkloadObject]:
     """New workload name -> removed workload, when a created workload runs the same image with
     the same weights as one this edit removes (a rename without an alias)."""
     removed = [(e, workload(e.old)) for e in ctx.entries if e.op == "delete" and workload(e.old)]
-    renames: dict[str, Workload] = {}
+    renames: dict[str, WorkloadObject] = {}
     for e in ctx.entries:
         new_w = workload(e.applied)
         if e.op != "create" or new_w is None:
@@ -188,7 +188,7 @@ def _apparent_renames(ctx: _Context) -> dict[str, Workload]:
     return renames
 
 
-def _images(w: Workload) -> tuple[str, ...]:
+def _images(w: WorkloadObject) -> tuple[str, ...]:
     return tuple(c.get("image", "") for c in (w.template.get("spec") or {}).get("containers") or [])
 
 
@@ -196,7 +196,7 @@ def _gpu_waits(ctx: _Context, starts: Sequence[_Start]) -> set[str]:
     """New pods that need a GPU while pods this update removes only later still hold one; the
     labels of the workloads whose pods stay Pending."""
     pending: set[str] = set()
-    lingering: list[Workload] = []
+    lingering: list[WorkloadObject] = []
     for e in ctx.entries:
         old_w = workload(e.old)
         if old_w is None or e.action.blocked:
@@ -257,7 +257,7 @@ def _references(change: Any) -> list[str]:
     return found
 
 
-def _selects(selector: Mapping[str, Any], w: Workload) -> bool:
+def _selects(selector: Mapping[str, Any], w: WorkloadObject) -> bool:
     labels = (w.template.get("metadata") or {}).get("labels") or {}
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
@@ -298,7 +298,7 @@ def _redirected_traffic(ctx: _Context, starts: Sequence[_Start], pending: set[st
 
 
 def _secrets(ctx: _Context, restarted: set[tuple[str, str]]) -> None:
-    readers: dict[tuple[str, str], list[Workload]] = {}
+    readers: dict[tuple[str, str], list[WorkloadObject]] = {}
     for w in (workload(e.applied) for e in ctx.entries if e.op != "delete"):
         if w is not None:
             for name in _secret_names(w.template):

@@ -34,8 +34,9 @@ ClaimKey = tuple[str, str]  # (namespace, claim name)
 
 
 @dataclass(frozen=True)
-class Workload:
-    """A Deployment's or StatefulSet's pods, as far as a change's consequences go."""
+class WorkloadObject:
+    """A rendered Deployment or StatefulSet (not the config's workload settings, config.types.Workload):
+    its pods, as far as a change's consequences go."""
 
     resource: Any
     kind: str
@@ -101,7 +102,7 @@ def _int(value: Any, default: int) -> int:
         return default
 
 
-def workload(resource: Optional[RegisteredLike]) -> Optional[Workload]:
+def workload(resource: Optional[RegisteredLike]) -> Optional[WorkloadObject]:
     if resource is None or object_id(resource) is None or kind_of(resource) not in MODEL_SERVER_KINDS:
         return None
     inputs = unwrap_secrets(resource.inputs)
@@ -133,7 +134,7 @@ def workload(resource: Optional[RegisteredLike]) -> Optional[Workload]:
     obj = object_id(resource)
     if obj is None:  # a workload without metadata.name: nothing to say about its pods
         return None
-    return Workload(
+    return WorkloadObject(
         resource=resource,
         kind=kind,
         namespace=obj.namespace,
@@ -239,7 +240,7 @@ def _pvc_fate(e: Entry) -> _ClaimFate:
     return _ClaimFate("lost", f"replaced delete-first ({', '.join(action.replace_paths)}): deleted, then created empty", "pvc")
 
 
-def _template_claim_fate(e: Entry, old_set: Workload, template: str, ordinal: int, new_set: Optional[Workload]) -> _ClaimFate:
+def _template_claim_fate(e: Entry, old_set: WorkloadObject, template: str, ordinal: int, new_set: Optional[WorkloadObject]) -> _ClaimFate:
     replaced = e.op == "replace" and not e.action.blocked and not e.action.retained
     if replaced and old_set.when_deleted == "Delete":
         return _ClaimFate("lost", "its StatefulSet is deleted to be replaced and "
