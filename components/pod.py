@@ -73,7 +73,7 @@ def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, 
     requests: dict[str, str] = {"cpu": model.resources.cpu_request, "memory": plan.memory_request}
     limits: dict[str, str] = {"cpu": model.resources.cpu_limit, "memory": plan.memory_limit}
     if model.uses_gpu(pool):
-        requests[pool.gpu_resource] = limits[pool.gpu_resource] = "1"
+        requests[pool.gpu_resource] = limits[pool.gpu_resource] = str(model.gpus)
     mount, env = _cache_mount(model, cache)
     env = env + SCRATCH_ENV
     mounts = [mount, SCRATCH_VOLUME]

@@ -302,12 +302,12 @@ def _gpu_demand(stack: StackConfig) -> list[Problem]:
     problems = []
     for pool_key, pool in stack.node_pools.items():
         users = [k for k, m in stack.models.items() if m.node_pool == pool_key and m.uses_gpu(pool)]
-        demand = sum(stack.models[k].workload.replicas for k in users)
+        demand = sum(stack.models[k].workload.replicas * stack.models[k].gpus for k in users)
         gpus = pool.nodes * (pool.gpus_per_node if pool.discrete() else 1)
         if demand > pool.gpu_shares * gpus:
             problems.append((
                 f"node_pools.{pool_key}.gpu_shares",
-                f"{demand} model server pods ({', '.join(users)}) each request {pool.gpu_resource}, but the pool "
+                f"model server pods ({', '.join(users)}) request {demand} {pool.gpu_resource}, but the pool "
                 f"offers {pool.gpu_shares * gpus}; raise the device plugin's -shared-dev-num and gpu_shares",
             ))
     return problems

@@ -269,6 +269,17 @@ class ModelFacts(Strict):
     sliding_window_layers: Optional[Positive] = doc(
         "How many layers use the sliding window (they are not in full_attention_layers).", default=None
     )
+    expert_params_b: Optional[Annotated[Number, Field(gt=0)]] = doc(
+        "Mixture-of-experts: parameters in the routed experts, all layers together (the rest, attention and shared "
+        "parts, is read for every token). Needed to plan cpu_moe_layers; null: not known.",
+        default=None,
+    )
+    embedding_length: Optional[Positive] = doc(
+        "Width of the token embedding (hidden size). With vocab_size: the input embedding, which llama.cpp always "
+        "keeps in system RAM, and the output layer, which -ngl offloads first. null: not known (counted as layers).",
+        default=None,
+    )
+    vocab_size: Optional[Positive] = doc("Tokens in the vocabulary (see embedding_length).", default=None)
     kv_heads: Positive = doc("Key/value heads per attention layer.")
     head_dim: Positive = doc("Dimension of one head.")
     recurrent_state_mib: Annotated[Number, Field(ge=0)] = doc(
@@ -404,7 +415,23 @@ class ModelServer(Strict):
         "Size of the weights download; null: parameters x the quant's bits per weight.", default=None
     )
     facts: Optional[ModelFacts] = doc("Architecture facts; null: taken from the catalog by hf_repo.", default=None)
-    gpu_layers: Annotated[int, Field(ge=0, le=999)] = doc("--n-gpu-layers; 0 runs on the CPU and requests no GPU.", default=99)
+    gpu_layers: Annotated[int, Field(ge=0, le=999)] = doc(
+        "--n-gpu-layers: llama.cpp offloads the output layer and then the last N-1 transformer blocks; 0 runs on the "
+        "CPU and requests no GPU; layers + 1 or more: everything.",
+        default=99,
+    )
+    cpu_moe_layers: Optional[Annotated[int, Field(ge=0, le=999)]] = doc(
+        "Mixture-of-experts on a small card: the experts of the first N blocks stay in system RAM (--n-cpu-moe N) "
+        "while attention, shared weights and KV stay on the GPU; planned per part, decode from both memories. "
+        "Needs the model's expert_params_b. null: none.",
+        default=None,
+    )
+    gpus: Annotated[int, Field(ge=1, le=16)] = doc(
+        "Discrete GPUs one replica uses (a 70B over two 24 GiB cards): the pod requests this many, the layers are "
+        "split evenly (--split-mode layer, --tensor-split) and each card is planned. Time-sliced GPUs cannot be "
+        "combined: a pool with gpu_shares > 1 takes 1.",
+        default=1,
+    )
     threads: Annotated[int, Field(gt=0, le=1024)] = doc("--threads.", default=4)
     ctx_size: Annotated[int, Field(gt=0, le=4_194_304)] = doc(
         "--ctx-size: the longest request (prompt and answer) in tokens. All slots share one KV pool of this size "

@@ -96,8 +96,9 @@ class Engine(ABC):
         """The size of the weights download."""
 
     @abstractmethod
-    def bytes_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> Optional[float]:
-        """Bytes of weights read per generated token, for the decode bound; None: unknown."""
+    def read_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"], discrete: bool) -> Optional[tuple[float, float]]:
+        """(bytes from VRAM, bytes from the node's memory) of weights read per generated token, for the
+        decode figures; on unified memory or a CPU (``discrete`` false) all of it is the node's. None: unknown."""
 
     @abstractmethod
     def discrete(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> tuple["MemoryEstimate", "VramEstimate"]:

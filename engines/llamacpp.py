@@ -13,7 +13,16 @@ from planning.catalog import facts_for, repo_of
 from planning.memory import MemoryEstimate, VramEstimate
 
 from .base import Credentials, Engine, Problem
-from .llamacpp_memory import DEFAULT_UBATCH, discrete_split, llamacpp_estimate, model_bits, quant_of, weights_bytes
+from .llamacpp_memory import (
+    DEFAULT_UBATCH,
+    discrete_split,
+    layout,
+    llamacpp_estimate,
+    model_bits,
+    quant_of,
+    read_share,
+    weights_bytes,
+)
 
 if TYPE_CHECKING:
     from config.types import GpuBackend, ModelFacts, ModelServer, NodePool
@@ -38,8 +47,12 @@ GENERATED_FLAGS = frozenset({
     "--api-key-file", "--metrics", "--embeddings", "--embedding", "--no-webui", "--webui", "--no-ui", "--ui",
     "--parallel", "-np", "--cache-ram", "-cram", "--ctx-checkpoints", "-ctxcp", "--pooling",
     "--cache-type-k", "-ctk", "--cache-type-v", "-ctv", "--kv-unified", "-kvu", "--no-kv-unified", "-no-kvu",
-    "--batch-size", "-b",
+    "--batch-size", "-b", "--n-cpu-moe", "-ncmoe", "--cpu-moe", "-cmoe", "--split-mode", "-sm", "--tensor-split", "-ts",
+    "--main-gpu", "-mg",
 })
+# Placements the planner cannot see: a user's tensor overrides move weights between devices behind
+# its back (the same regexes --n-cpu-moe writes); cpu_moe_layers and gpus say it in planned terms.
+UNPLANNED_FLAGS = frozenset({"--override-tensor", "-ot", "--no-kv-offload", "-nkvo"})
 # common/common.h (b10729): n_batch 2048. llama.cpp clamps the micro-batch to the batch
 # (src/llama-context.cpp: n_ubatch = min(n_batch, n_ubatch)), so a larger ubatch needs --batch-size.
 DEFAULT_BATCH = 2048
@@ -101,10 +114,37 @@ class LlamaCpp(Engine):
         if model.ubatch_size is not None and model.ubatch_size > model.ctx_size:
             problems.append((f"{path}.ubatch_size", f"{model.ubatch_size} exceeds ctx_size {model.ctx_size}"))
         for index, arg in enumerate(model.extra_args):
-            if arg.split("=", 1)[0] in GENERATED_FLAGS:
+            flag = arg.split("=", 1)[0]
+            if flag in GENERATED_FLAGS:
                 problems.append(
                     (f"{path}.extra_args[{index}]", f"{arg} is generated from a typed field; set that field instead")
                 )
+            elif flag in UNPLANNED_FLAGS:
+                problems.append((f"{path}.extra_args[{index}]", f"{arg} moves weights or KV between devices where the "
+                                 "plan cannot see it; use cpu_moe_layers (experts in RAM) or gpus (several cards)"))
+        problems += self._placement_problems(model, path, pool)
+        return problems
+
+    @staticmethod
+    def _placement_problems(model: "ModelServer", path: str, pool: Optional["NodePool"]) -> list[Problem]:
+        problems: list[Problem] = []
+        discrete = pool is not None and pool.discrete() and model.uses_gpu(pool)
+        if model.cpu_moe_layers is not None and not discrete:
+            problems.append((f"{path}.cpu_moe_layers", "keeps experts in system RAM beside a discrete GPU; on unified "
+                             "memory or a CPU everything is in the same memory already: remove it"))
+        if model.gpus > 1:
+            if not discrete:
+                problems.append((f"{path}.gpus", "several GPUs per replica are discrete cards (node_pools.<pool>.vram); "
+                                 "set gpus: 1"))
+            elif pool is not None and model.gpus > pool.gpus_per_node:
+                problems.append((f"{path}.gpus", f"{model.gpus} GPUs per replica, but node pool {model.node_pool} has "
+                                 f"{pool.gpus_per_node} per node; set gpus: {pool.gpus_per_node} or less"))
+            elif pool is not None and pool.gpu_shares > 1:
+                # NVIDIA's time-slicing hands out replicas of a card: a pod asking for 2 may get two
+                # slices of the same GPU (the plugin's own docs), so the layers would not get 2 cards.
+                problems.append((f"{path}.gpus", f"node pool {model.node_pool} shares each GPU (gpu_shares "
+                                 f"{pool.gpu_shares}): a request for {model.gpus} may be two slices of one card; use "
+                                 "gpu_shares: 1 on a pool for multi-GPU servers"))
         return problems
 
     @staticmethod
@@ -139,7 +179,14 @@ class LlamaCpp(Engine):
                     f"models.{key}.weights",
                     f"quant {quant_of(model.hf_repo or ':?')} has no known bits per weight; set weights to the GGUF's size",
                 )]
-        return self._pooling_problems(key, model, facts) + self._kv_type_problems(key, model, facts)
+        problems = self._pooling_problems(key, model, facts) + self._kv_type_problems(key, model, facts)
+        if model.cpu_moe_layers is not None and facts.expert_params_b is None:
+            problems.append((f"models.{key}.facts.expert_params_b", "cpu_moe_layers keeps experts in RAM, so the plan "
+                             "needs their size: give expert_params_b (the routed experts' parameters, all layers)"))
+        elif model.cpu_moe_layers is not None and model.cpu_moe_layers > facts.layers:
+            problems.append((f"models.{key}.cpu_moe_layers", f"{model.cpu_moe_layers} exceeds the model's "
+                             f"{facts.layers} layers; set cpu_moe_layers: {facts.layers} (all experts in RAM)"))
+        return problems
 
     @staticmethod
     def _kv_type_problems(key: str, model: "ModelServer", facts: "ModelFacts") -> list[Problem]:
@@ -186,6 +233,12 @@ class LlamaCpp(Engine):
                 # runs, whatever a re-uploaded GGUF declares.
                 args += ["--pooling", facts.pooling]
         args += ["--n-gpu-layers", str(model.gpu_layers), "--threads", str(model.threads), "--ctx-size", str(model.ctx_size)]
+        if model.cpu_moe_layers:
+            args += ["--n-cpu-moe", str(model.cpu_moe_layers)]
+        if model.gpus > 1:
+            # Explicit and even: llama.cpp's default splits by each card's free memory at start, which
+            # depends on what else runs there; the plan gives each card the same share.
+            args += ["--split-mode", "layer", "--tensor-split", ",".join(["1"] * model.gpus)]
         if model.ubatch_size is not None:
             args += ["--ubatch-size", str(model.ubatch_size)]
             if model.ubatch_size > DEFAULT_BATCH:
@@ -236,11 +289,13 @@ class LlamaCpp(Engine):
             raise ValueError(f"{model.name}: no architecture facts")
         return weights_bytes(model, facts)
 
-    def bytes_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> Optional[float]:
-        """Weights read per generated token: the active parameters (MoE) at the quant's bits."""
+    def read_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"], discrete: bool) -> Optional[tuple[float, float]]:
+        """Weights read per generated token: every dense part and the active experts (MoE), from where
+        each lives (Layout); the output layer once."""
         if facts is None:
             return None
-        return (facts.active_params_b or facts.params_b) * 1e9 * model_bits(model, facts) / 8
+        vram, ram = layout(model, facts).read_per_token(read_share(facts))
+        return (vram, ram) if discrete else (0.0, vram + ram)
 
     def health_path(self, model: "ModelServer") -> str:
         return LLAMACPP_HEALTH_PATH

@@ -5,6 +5,7 @@ per-slot recurrent state and host-RAM caches, and the split between VRAM and sys
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from common.quantity import GIB, MIB, parse_quantity
@@ -96,27 +97,103 @@ def vram_reserve_gib(model: "ModelServer") -> float:
     return VRAM_CONTEXT_GIB + VRAM_COMPUTE_GIB_PER_512 * ubatch / 512
 
 
-def discrete_split(model: "ModelServer", facts: "ModelFacts") -> tuple[MemoryEstimate, VramEstimate]:
-    """llama.cpp on a discrete GPU: the offloaded layers' weights, KV and recurrent state live in
-    VRAM (-ngl N offloads N of the repeating layers; the KV cache follows its layer unless
-    --no-kv-offload); the rest, the host caches and the runtime live in system RAM. mmap'd weights
-    that were copied to the GPU are unmapped after the load, so they are not counted twice."""
-    whole = llamacpp_estimate(model, facts, "cpu")
-    offloaded = min(model.gpu_layers, facts.layers)
-    share = offloaded / facts.layers
-    vram = VramEstimate(
-        layers_offloaded=offloaded,
+@dataclass(frozen=True)
+class Layout:
+    """Where llama.cpp puts a model's weights on a discrete GPU (src/llama-model.cpp, b10729): -ngl N
+    offloads the output layer and the last N-1 transformer blocks (the input embedding always stays
+    on the CPU); --n-cpu-moe M keeps the experts of blocks 0..M-1 in system RAM
+    (common/arg.cpp: blk.<i>.ffn_(up|down|gate)_exps)."""
+
+    layers: int
+    gpu_blocks: int  # transformer blocks offloaded
+    output_on_gpu: bool
+    experts_in_ram: int  # offloaded blocks whose experts stay in system RAM
+    embedding: float  # bytes of the input embedding (and of the output layer), 0 when unknown
+    dense_per_block: float  # bytes of a block's attention and shared weights
+    experts_per_block: float  # bytes of a block's routed experts
+    active_expert_share: float  # the share of a block's experts read per token
+
+    @property
+    def vram_weights(self) -> float:
+        return (self.gpu_blocks * self.dense_per_block + (self.gpu_blocks - self.experts_in_ram) * self.experts_per_block
+                + (self.embedding if self.output_on_gpu else 0.0))
+
+    def read_per_token(self, read_share: float = 1.0) -> tuple[float, float]:
+        """(bytes from VRAM, bytes from system RAM) read for one generated token."""
+        ram_blocks = self.layers - self.gpu_blocks
+        experts = self.experts_per_block * self.active_expert_share
+        vram = self.gpu_blocks * self.dense_per_block + (self.gpu_blocks - self.experts_in_ram) * experts
+        ram = ram_blocks * self.dense_per_block + (ram_blocks + self.experts_in_ram) * experts
+        if self.output_on_gpu:
+            vram += self.embedding
+        else:
+            ram += self.embedding
+        return vram * read_share, ram * read_share
+
+
+def layout(model: "ModelServer", facts: "ModelFacts") -> Layout:
+    weights = weights_bytes(model, facts)
+    bytes_per_param = weights / (facts.params_b * 1e9)
+    embedding = (facts.vocab_size * facts.embedding_length * bytes_per_param
+                 if facts.vocab_size and facts.embedding_length else 0.0)
+    per_block = max(weights - 2 * embedding, 0.0) / facts.layers
+    experts = facts.expert_params_b * 1e9 * bytes_per_param / facts.layers if facts.expert_params_b else 0.0
+    experts = min(experts, per_block)
+    if facts.expert_params_b and facts.active_params_b:
+        dense_params = facts.params_b - facts.expert_params_b
+        share = min(max((facts.active_params_b - dense_params) / facts.expert_params_b, 0.0), 1.0)
+    else:
+        share = 1.0
+    ngl = model.gpu_layers
+    gpu_blocks = min(max(ngl - 1, 0), facts.layers) if ngl <= facts.layers else facts.layers
+    in_ram = min(model.cpu_moe_layers or 0, facts.layers)
+    return Layout(
         layers=facts.layers,
-        weights_gib=whole.weights_gib * share,
-        kv_gib=whole.kv_gib * share,
-        recurrent_gib=whole.recurrent_gib * share,
-        reserve_gib=vram_reserve_gib(model),
+        gpu_blocks=gpu_blocks,
+        output_on_gpu=ngl >= 1,
+        experts_in_ram=max(0, in_ram - (facts.layers - gpu_blocks)),
+        embedding=embedding,
+        dense_per_block=per_block - experts,
+        experts_per_block=experts,
+        active_expert_share=share,
     )
+
+
+def read_share(facts: "ModelFacts") -> float:
+    """Without expert_params_b, an MoE's reads are its active share of every part."""
+    if facts.active_params_b and not facts.expert_params_b:
+        return facts.active_params_b / facts.params_b
+    return 1.0
+
+
+def discrete_split(model: "ModelServer", facts: "ModelFacts") -> tuple[MemoryEstimate, VramEstimate]:
+    """llama.cpp on discrete GPUs: the offloaded blocks' weights (less experts kept in RAM), their KV
+    and recurrent state, and the output layer live in VRAM, split evenly over the replica's GPUs
+    (--tensor-split, the output layer on the last); the rest, the host caches and the runtime live in
+    system RAM. mmap'd weights that were copied to the GPU are unmapped after the load, so they are not
+    counted twice. The KV cache follows its block (unless --no-kv-offload)."""
+    whole = llamacpp_estimate(model, facts, "cpu")
+    place = layout(model, facts)
+    share = place.gpu_blocks / facts.layers
+    cards = model.gpus
+    vram_weights = place.vram_weights / GIB
+    output = place.embedding / GIB if place.output_on_gpu else 0.0
+    vram = VramEstimate(
+        layers_offloaded=place.gpu_blocks,
+        layers=facts.layers,
+        weights_gib=(vram_weights - output) / cards + output,
+        kv_gib=whole.kv_gib * share / cards,
+        recurrent_gib=whole.recurrent_gib * share / cards,
+        reserve_gib=vram_reserve_gib(model),
+        gpus=cards,
+        experts_in_ram=place.experts_in_ram,
+    )
+    ram_weights = whole.weights_gib - vram_weights
     ram = MemoryEstimate(
-        weights_gib=whole.weights_gib * (1 - share),
+        weights_gib=ram_weights,
         kv_gib=whole.kv_gib * (1 - share),
         recurrent_gib=whole.recurrent_gib * (1 - share),
-        overhead_gib=DISCRETE_HOST_GIB + whole.weights_gib * (1 - share) * BACKEND_OVERHEAD["cpu"],
+        overhead_gib=DISCRETE_HOST_GIB + ram_weights * BACKEND_OVERHEAD["cpu"],
         host_caches_gib=whole.host_caches_gib,
     )
     return ram, vram

@@ -78,8 +78,8 @@ class OpenAICompatible(Engine):
             raise ValueError(f"{model.name}: engine openai needs weights")
         return float(parse_quantity(model.weights))
 
-    def bytes_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> Optional[float]:
-        return None  # unknown: no decode bound
+    def read_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"], discrete: bool) -> Optional[tuple[float, float]]:
+        return None  # unknown: no decode figures
 
     @staticmethod
     def _settings(model: "ModelServer"):

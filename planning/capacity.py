@@ -29,34 +29,32 @@ class Engine(Protocol):
     def memory(self, model: "ModelServer", facts: Optional["ModelFacts"], backend: "GpuBackend") -> MemoryEstimate: ...
     def discrete(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> tuple[MemoryEstimate, VramEstimate]: ...
     def weights_bytes(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> float: ...
-    def bytes_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> Optional[float]: ...
+    def read_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"], discrete: bool) -> Optional[tuple[float, float]]: ...
 
 
 EngineOf = Callable[["ModelServer"], Engine]
 LIMIT_HEADROOM = 0.10  # a derived limit sits 10% above the estimate: compute buffers vary with load
+# llama.cpp's own fitting keeps this much of each GPU free (common/common.h, b10729: fit_params_target
+# 1 GiB per device): what is planned closer to the card's size fits on paper only.
+GPU_FREE_TARGET_GIB = 1.0
 
 
 def decode_bound_tok_s(
-    model: "ModelServer", bytes_per_token: Optional[float], pool: "NodePool", vram: Optional[VramEstimate] = None
+    model: "ModelServer", read: Optional[tuple[float, float]], pool: "NodePool", vram: Optional[VramEstimate] = None
 ) -> Optional[float]:
-    """Upper bound on decode speed: every weight read per token (active parameters for MoE) from
-    where it lives. On a discrete GPU the offloaded share streams at the card's bandwidth and the
-    rest at the node's, one after the other: time per token is the sum of the two. None for
-    embedding servers (they do not decode) or when a bandwidth it needs is unknown."""
-    if bytes_per_token is None or model.role == "embedding":
+    """Upper bound on decode speed: every weight read per token (``read``: bytes from VRAM, bytes
+    from the node's memory; active experts only for MoE) at the bandwidth of where it lives, one part
+    after the other, so time per token is the sum. None for embedding servers (they do not decode) or
+    when a bandwidth it needs is unknown."""
+    if read is None or model.role == "embedding":
         return None
-    if vram is None:
-        parts = [(1.0, pool.memory_bandwidth_gbs)]
-    else:
-        share = vram.layers_offloaded / vram.layers
-        parts = [(share, pool.vram_bandwidth_gbs), (1 - share, pool.memory_bandwidth_gbs)]
     seconds = 0.0
-    for part, bandwidth in parts:
+    for part, bandwidth in ((read[0], pool.vram_bandwidth_gbs), (read[1], pool.memory_bandwidth_gbs)):
         if part <= 0:
             continue
         if bandwidth is None:
             return None
-        seconds += part * bytes_per_token / (bandwidth * 1e9)
+        seconds += part / (bandwidth * 1e9)
     return 1 / seconds if seconds > 0 else None
 
 
@@ -99,6 +97,10 @@ class GpuPlan:
     def planned_gib(self) -> float:
         return sum(need for _, need in self.workloads)
 
+    @property
+    def free_gib(self) -> float:
+        return self.vram_gib - self.planned_gib
+
 
 @dataclass(frozen=True)
 class NodePlan:
@@ -122,6 +124,8 @@ class NodePlan:
 class CapacityPlan:
     servers: dict[str, ServerPlan] = field(default_factory=dict)
     nodes: list[NodePlan] = field(default_factory=list)
+    # What fits but is worth knowing (the program logs each as a warning).
+    warnings: list[str] = field(default_factory=list)
 
     def fits(self) -> bool:
         return all(node.free_gib >= 0 for node in self.nodes)
@@ -195,7 +199,7 @@ def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", engine: "
         memory_limit=limit,
         budget=startup_budget(weights, stack.startup, prefetched=model.prefetch is not None),
         weights=weights,
-        decode_bound_tok_s=decode_bound_tok_s(model, engine.bytes_per_token(model, facts), pool, vram),
+        decode_bound_tok_s=decode_bound_tok_s(model, engine.read_per_token(model, facts, vram is not None), pool, vram),
         vram=vram,
     )
 
@@ -218,7 +222,8 @@ def _place(stack: "StackConfig", servers: dict[str, ServerPlan]) -> tuple[list[N
         gpus: list[list[list[tuple[str, float]]]] = [
             [[] for _ in range(pool.gpus_per_node if vram_gib is not None else 0)] for _ in range(pool.nodes)
         ]
-        vram_of = {s.name: s.vram.total_gib for s in servers.values() if s.vram is not None}
+        # Per replica: the VRAM each of its cards holds, and how many cards it takes (one node's).
+        vram_of = {s.name: (s.vram.total_gib, s.vram.gpus) for s in servers.values() if s.vram is not None}
         for name, need, one_per_node in sorted(replicas, key=lambda r: (-r[1], r[0])):
             allowed = [i for i in range(pool.nodes) if not (one_per_node and any(n == name for n, _ in loads[i]))]
             if not allowed:
@@ -228,20 +233,27 @@ def _place(stack: "StackConfig", servers: dict[str, ServerPlan]) -> tuple[list[N
                 ))
                 continue
             free = {i: offers - sum(n for _, n in loads[i]) for i in allowed}
-            gpu_need = vram_of.get(name)
-            if gpu_need is not None and vram_gib is not None:
-                # A GPU with room (VRAM and a device-plugin share) on a node with room.
-                candidates = [
-                    (i, g) for i in allowed for g, on_gpu in enumerate(gpus[i])
-                    if len(on_gpu) < pool.gpu_shares and vram_gib - sum(v for _, v in on_gpu) >= gpu_need
-                ]
-                fitting = [(i, g) for i, g in candidates if free[i] >= need]
+            if name in vram_of and vram_gib is not None:
+                gpu_need, cards = vram_of[name]
+
+                def room(i: int) -> list[int]:
+                    """The node's GPUs with a device-plugin share and the VRAM for one card's part."""
+                    return [g for g, on_gpu in enumerate(gpus[i])
+                            if len(on_gpu) < pool.gpu_shares and vram_gib - sum(v for _, v in on_gpu) >= gpu_need]
+
+                candidates = [i for i in allowed if len(room(i)) >= cards]
+                fitting = [i for i in candidates if free[i] >= need]
                 if fitting or candidates:
-                    target, gpu = (fitting or candidates)[0]
-                else:  # nowhere fits: put it where the most VRAM is free and report that GPU
-                    target, gpu = max(((i, g) for i in allowed for g in range(len(gpus[i]))),
-                                      key=lambda ig: vram_gib - sum(v for _, v in gpus[ig[0]][ig[1]]))
-                gpus[target][gpu].append((name, gpu_need))
+                    target = (fitting or candidates)[0]
+                    chosen = room(target)[:cards]
+                else:  # nowhere fits: the node with the most VRAM free, its emptiest cards, reported below
+                    def emptiest(i: int) -> list[int]:
+                        return sorted(range(len(gpus[i])), key=lambda g: sum(v for _, v in gpus[i][g]))[:cards]
+
+                    target = max(allowed, key=lambda i: sum(vram_gib - sum(v for _, v in gpus[i][g]) for g in emptiest(i)))
+                    chosen = emptiest(target)
+                for gpu in chosen:
+                    gpus[target][gpu].append((name, gpu_need))
             else:
                 fitting_nodes = [i for i in allowed if free[i] >= need]
                 target = fitting_nodes[0] if fitting_nodes else max(allowed, key=lambda i: free[i])
@@ -274,6 +286,12 @@ def plan_capacity(stack: "StackConfig", engine_of: EngineOf) -> CapacityPlan:
     result.nodes, problems = _place(stack, result.servers)
     for node in result.nodes:
         for gpu in node.gpus:
+            if gpu.workloads and gpu.planned_gib <= gpu.vram_gib + 1e-9 and gpu.free_gib < GPU_FREE_TARGET_GIB:
+                result.warnings.append(
+                    f"node_pools.{node.pool}.vram: GPU {gpu.index + 1} of node {node.node + 1} is planned to "
+                    f"{gpu.planned_gib:.1f} of {gpu.vram_gib:.1f} GiB, leaving {gpu.free_gib:.2f} GiB; llama.cpp's own "
+                    f"fitting keeps {GPU_FREE_TARGET_GIB:.0f} GiB free per GPU, and a card shows CUDA less than its "
+                    "nominal size: leave that margin (shorter ctx_size, a quant smaller, or fewer layers on it)")
             if gpu.planned_gib > gpu.vram_gib + 1e-9:
                 workloads = ", ".join(f"{name} {need:.1f} GiB" for name, need in gpu.workloads)
                 problems.append((
@@ -331,13 +349,15 @@ def _vram_problems(key: str, model: "ModelServer", server: ServerPlan, pool: "No
     card = float(parse_quantity(pool.vram)) / GIB
     if vram.total_gib <= card:
         return []
-    fit = vram.layers_that_fit(card)
+    # -ngl N offloads the output layer and N-1 blocks: the blocks that fit, plus one.
+    fit = vram.layers_that_fit(card) + 1
     kv_hint = "" if model.cache_type_k == "q8_0" else ", cache_type_k/cache_type_v: q8_0 (halves the KV cache)"
+    moe_hint = ", cpu_moe_layers (experts in system RAM)" if vram.experts_in_ram or model.cpu_moe_layers is not None else ""
     return [(
         f"models.{key}.gpu_layers",
         f"needs {vram.total_gib:.1f} GiB of VRAM ({vram.breakdown()}) but one GPU of node pool {model.node_pool} has "
-        f"{card:.1f} GiB; set gpu_layers: {fit} (the rest runs from system RAM, slower), use a smaller quant, "
-        f"a shorter ctx_size{kv_hint}",
+        f"{card:.1f} GiB; set gpu_layers: {fit} (the rest runs from system RAM, slower){moe_hint}, use a smaller "
+        f"quant, a shorter ctx_size{kv_hint}",
     )]
 
 

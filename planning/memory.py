@@ -71,7 +71,7 @@ def resident_estimate(resident_memory: str, backend: "GpuBackend") -> MemoryEsti
 
 @dataclass(frozen=True)
 class VramEstimate:
-    """What one replica holds on one discrete GPU."""
+    """What one replica holds on each of its discrete GPUs (the fullest one, when they differ)."""
 
     layers_offloaded: int
     layers: int
@@ -79,19 +79,24 @@ class VramEstimate:
     kv_gib: float
     recurrent_gib: float
     reserve_gib: float
+    gpus: int = 1
+    experts_in_ram: int = 0  # offloaded blocks whose experts stay in system RAM (--n-cpu-moe)
 
     @property
     def total_gib(self) -> float:
         return self.weights_gib + self.kv_gib + self.recurrent_gib + self.reserve_gib
 
     def breakdown(self) -> str:
-        return (f"{self.layers_offloaded}/{self.layers} layers: weights {self.weights_gib:.1f} + KV {self.kv_gib:.2f} "
+        cards = f" on each of {self.gpus} GPUs" if self.gpus > 1 else ""
+        experts = f" (experts of {self.experts_in_ram} in RAM)" if self.experts_in_ram else ""
+        return (f"{self.layers_offloaded}/{self.layers} layers{experts}{cards}: weights {self.weights_gib:.1f} + KV {self.kv_gib:.2f} "
                 f"+ recurrent {self.recurrent_gib:.2f} + context and compute {self.reserve_gib:.1f}")
 
     def layers_that_fit(self, vram_gib: float) -> int:
-        """How many layers fit in this much VRAM, everything else unchanged."""
-        per_layer = (self.weights_gib + self.kv_gib + self.recurrent_gib) / max(self.layers_offloaded, 1)
-        return max(0, min(self.layers, int((vram_gib - self.reserve_gib) / per_layer))) if per_layer > 0 else self.layers
+        """How many layers fit in this much VRAM per card, everything else unchanged."""
+        per_layer = (self.weights_gib + self.kv_gib + self.recurrent_gib) * self.gpus / max(self.layers_offloaded, 1)
+        fit = int((vram_gib - self.reserve_gib) * self.gpus / per_layer) if per_layer > 0 else self.layers
+        return max(0, min(self.layers, fit))
 
 
 def discrete_resident(resident_memory: str, model: "ModelServer") -> tuple[MemoryEstimate, VramEstimate]:

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-
 from components.meta import VALUE_NOTES_ANNOTATION
 
 from .offline import PROJECT_DIR, ProgramRun, StackFileError, run_stack
@@ -22,6 +20,16 @@ from common.errors import one_line
 from components.namespace import egress_summary
 from common.constants import probe_allows_seconds
 from policy.rules import RESOURCE_RULES, STACK_RULES, run_rules
+
+
+def vram_cell(vram: dict) -> str:
+    """The VRAM column: per card, with where the layers and experts are."""
+    where = f"{vram['layers_offloaded']}/{vram['layers']} layers"
+    if vram.get("experts_in_ram"):
+        where += f", experts of {vram['experts_in_ram']} in RAM"
+    if vram.get("gpus", 1) > 1:
+        where += f", x{vram['gpus']} GPUs"
+    return f"{vram['total_gib']:.1f} ({where})"
 
 
 def policy_config(run: ProgramRun) -> dict:
@@ -124,7 +132,7 @@ def plan_tables(plan: dict | None) -> list[str]:
         ]
         if discrete:
             vram = server.get("vram")
-            row[1:1] = [f"{vram['total_gib']:.1f} ({vram['layers_offloaded']}/{vram['layers']} layers)" if vram else "-"]
+            row[1:1] = [vram_cell(vram) if vram else "-"]
         rows.append(row)
     if discrete:
         lines.append("    (VRAM: on the GPU; the other columns: system RAM)")

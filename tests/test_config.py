@@ -100,7 +100,7 @@ def test_more_gpu_users_than_shares(homelab_values):
     homelab_values["node_pools"]["iris-xe"]["gpu_shares"] = 1
     (path, message), *_ = rejection(homelab_values).problems
     assert path == "node_pools.iris-xe.gpu_shares"
-    assert "2 model server pods (chat, embed)" in message and "-shared-dev-num" in message
+    assert "model server pods (chat, embed) request 2 " in message and "-shared-dev-num" in message
 
 
 def test_unknown_node_pool(homelab_values):

@@ -49,7 +49,7 @@ class Minimal(Engine):
     def weights_bytes(self, model, facts) -> float:
         return 8 * GIB
 
-    def bytes_per_token(self, model, facts) -> Optional[float]:
+    def read_per_token(self, model, facts, discrete) -> Optional[tuple[float, float]]:
         return None
 
     def memory(self, model, facts, backend) -> MemoryEstimate:

@@ -91,19 +91,21 @@ def test_a_70b_that_cannot_fit_a_24_gib_card_is_refused_with_the_layers_that_fit
         plan_capacity(parse_stack(values))
     ((path, message),) = caught.value.problems
     per_layer = (39.6 + kv_gib(LLAMA_70B, 8192)) / 80
-    fit = int((24 - 1.0) / per_layer)
+    blocks = int((24 - 1.0) / per_layer)
     assert path == "models.chat.gpu_layers"
-    assert f"but one GPU of node pool rtx4090 has 24.0 GiB; set gpu_layers: {fit}" in message
+    # -ngl N offloads the output layer and N-1 blocks (src/llama-model.cpp): the blocks that fit, + 1.
+    assert f"but one GPU of node pool rtx4090 has 24.0 GiB; set gpu_layers: {blocks + 1}" in message
     assert "smaller quant" in message and "ctx_size" in message and "q8_0" in message
-    # Taking the advice fits: the rest of the layers are planned in system RAM.
-    chat["gpu_layers"] = fit
+    # Taking the advice fits: the rest of the blocks are planned in system RAM.
+    chat["gpu_layers"] = blocks + 1
     plan = plan_capacity(parse_stack(values))
     server = plan.servers["chat"]
-    assert server.vram.total_gib <= 24
-    assert server.estimate.weights_gib == pytest.approx(39.6 * (80 - fit) / 80, abs=1e-6)
-    # Decode bound: the card's share at 1008 GB/s, the rest at 70 GB/s, one after the other.
-    per_token = 70.6e9 * 4.85 / 8
-    seconds = (fit / 80) * per_token / 1008e9 + (1 - fit / 80) * per_token / 70e9
+    assert server.vram.total_gib <= 24 and server.vram.layers_offloaded == blocks
+    assert server.estimate.weights_gib == pytest.approx(39.6 * (80 - blocks) / 80, abs=1e-6)
+    # Decode bound: the card's share at 1008 GB/s, the rest at 70 GB/s, one after the other (the
+    # stack's weights, 39.6 GiB, read once per token).
+    per_token = 39.6 * 2**30
+    seconds = (blocks / 80) * per_token / 1008e9 + (1 - blocks / 80) * per_token / 70e9
     assert server.decode_bound_tok_s == pytest.approx(1 / seconds, rel=1e-9)
 
 
