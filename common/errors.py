@@ -21,7 +21,9 @@ class Problems(Exception):
     def __init__(self, problems: list[tuple[str, str]]):
         if not problems:
             raise ValueError("Problems needs at least one problem")
-        self.problems = list(problems)
+        # A fact that several servers share (their pool's backend) is one problem, said once.
+        self.problems = list(dict.fromkeys(problems))
+        problems = self.problems
         shown = "; ".join(f"{path}: {message}" for path, message in problems[:SHOWN_PROBLEMS])
         more = len(problems) - SHOWN_PROBLEMS
         super().__init__(one_line(f"{self.heading}: {shown}" + (f" (and {more} more)" if more > 0 else "")))

@@ -138,8 +138,11 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         # The NVIDIA container runtime is not every node's default (k3s, RKE2): without the class the
         # container starts without the driver's libraries and falls back to the CPU.
         spec["runtimeClassName"] = pool.runtime_class
+    nodes = dict(pool.node_labels)
     if pool.instance_type:
-        spec["nodeSelector"] = {"node.kubernetes.io/instance-type": pool.instance_type}
+        nodes["node.kubernetes.io/instance-type"] = pool.instance_type
+    if nodes:
+        spec["nodeSelector"] = nodes
     if model.workload.one_per_node:
         # One engine per node: two would fight over one GPU and one pool of unified memory.
         spec["affinity"] = {

@@ -10,6 +10,7 @@ from typing import Optional
 
 from common.quantity import parse_quantity
 
+from .images import BACKEND_VENDORS, OLDEST_TESTED_BUILD, build_of_image
 from .ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, program_annotations
 from .gateway import GatewayConfig
 from .types import (
@@ -117,6 +118,17 @@ def _backend_problems(model: ModelServer, path: str, pool: NodePool) -> list[Pro
             f"{backend}, but the image {model.image} is llama.cpp's {named} build; use the {backend} image "
             f"(or set backend: {named})",
         ))
+    effective = model.backend_on(pool)
+    vendors = BACKEND_VENDORS.get(effective or "")
+    if vendors and pool.gpu_resource and model.gpu_layers > 0 and not pool.gpu_resource.startswith(vendors):
+        problems.append((where if backend is not None else f"{path}.image", f"a {effective} build drives "
+                         f"{vendors[0].rstrip('/')} GPUs, but node pool {model.node_pool} offers {pool.gpu_resource}; "
+                         "use the image built for that card (or vulkan, which runs on any vendor's)"))
+    build = build_of_image(model.image)
+    if build is not None and build < OLDEST_TESTED_BUILD:
+        problems.append((f"{path}.image", f"llama.cpp b{build} is older than b{OLDEST_TESTED_BUILD}, the oldest build "
+                         "the rendered flags are tested against (an older server may refuse them at start); use "
+                         f"b{OLDEST_TESTED_BUILD} or later"))
     if named is None and backend is None:
         problems.append((
             f"{path}.backend",

@@ -19,3 +19,21 @@ def backend_of_image(image: str) -> Optional[str]:
     if match is None:
         return None
     return _VARIANTS.get(match["variant"], match["variant"])
+
+
+# The oldest llama.cpp build whose flags and answers this program is checked against: the contract
+# tests run b10729 (the PyPI sdist nearest the pinned image tag b10731). An older image may not know
+# flags the render writes (--no-ui, --kv-unified, --n-cpu-moe all came in 2025-2026 builds).
+OLDEST_TESTED_BUILD = 10729
+_BUILD = re.compile(r"-b(?P<build>[0-9]+)$")
+
+# Which device plugin's GPUs each backend can drive (Vulkan runs on any vendor's card).
+BACKEND_VENDORS = {"cuda": ("nvidia.com/",), "rocm": ("amd.com/",), "sycl": ("gpu.intel.com/",), "musa": ("mthreads.com/",)}
+
+
+def build_of_image(image: str) -> Optional[int]:
+    """The llama.cpp build number an image's tag names (server-cuda-b10731 -> 10731), or None."""
+    if backend_of_image(image) is None:
+        return None
+    match = _BUILD.search(image.split("@", 1)[0])  # the tag, without a digest
+    return int(match["build"]) if match else None

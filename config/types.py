@@ -143,7 +143,14 @@ class NodePool(Strict):
     """Identical nodes that model servers are placed on."""
 
     instance_type: Optional[DnsName] = doc(
-        "node.kubernetes.io/instance-type of the nodes; null when the GPU resource alone places the pods.", default=None
+        "node.kubernetes.io/instance-type of the nodes; null when the GPU resource alone places the pods. k3s sets "
+        "it to `k3s` on every node: there, tell pools apart with node_labels.",
+        default=None,
+    )
+    node_labels: Labels = doc(
+        "Labels the pool's nodes carry and no other node does (e.g. one you apply: `kubectl label node n1 "
+        "inference-plane/pool=gpu`); the servers' nodeSelector, with instance_type.",
+        default={},
     )
     gpu_resource: Optional[ResourceName] = doc(
         "Extended resource the GPU device plugin advertises, e.g. gpu.intel.com/i915, amd.com/gpu.", default=None

@@ -87,14 +87,15 @@ class LlamaCpp(Engine):
                 f"{path}.openai",
                 "engine llamacpp does not read an openai block; remove it, or set engine: openai to run another server",
             ))
-        if model.workload.kind == "Deployment" and model.workload.replicas > 1:
+        if model.workload.cache_volume is None and model.workload.replicas > 1:
             # common/download.cpp (b10729) downloads into <file>.downloadInProgress and renames it,
             # with no lock between processes: replicas starting together on an empty shared cache
             # write the same file at once.
             problems.append((
                 f"{path}.workload.replicas",
                 "llama.cpp replicas on the shared cache would download the same file at once (its downloader takes "
-                "no lock between processes); run 1 replica, or one server per model key",
+                "no lock between processes); run 1 replica, give each replica its own claim (kind: StatefulSet with "
+                "cache_volume and prefetch), or one server per model key",
             ))
         limit = parse_quantity(model.resources.cpu_limit)
         if model.threads > limit:
