@@ -23,7 +23,6 @@ divide by zero (256 bytes, one disk block).
 """
 from __future__ import annotations
 
-import os
 import struct
 import sys
 from dataclasses import dataclass
