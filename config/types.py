@@ -287,6 +287,15 @@ class ModelFacts(Strict):
         default=None,
     )
     vocab_size: Optional[Positive] = doc("Tokens in the vocabulary (see embedding_length).", default=None)
+    feed_forward_length: Optional[Positive] = doc(
+        "Width of a dense block's feed-forward layer (intermediate_size): with embedding_length, sizes llama.cpp's "
+        "compute buffer on a CPU. null: a 10% margin instead.",
+        default=None,
+    )
+    experts_used: Optional[Positive] = doc("Mixture-of-experts: experts each token is routed to.", default=None)
+    expert_feed_forward_length: Optional[Positive] = doc(
+        "Mixture-of-experts: width of one expert's feed-forward layer (moe_intermediate_size).", default=None
+    )
     kv_heads: Positive = doc("Key/value heads per attention layer.")
     head_dim: Positive = doc("Dimension of one head.")
     recurrent_state_mib: Annotated[Number, Field(ge=0)] = doc(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from common.quantity import GIB, MIB, parse_quantity
 from planning.memory import BACKEND_OVERHEAD, DISCRETE_HOST_GIB, VRAM_CONTEXT_GIB, MemoryEstimate, VramEstimate
@@ -69,6 +69,33 @@ def kv_bytes(facts: "ModelFacts", ctx_size: int, type_k: str | None = None, type
     return total
 
 
+def compute_bytes(model: "ModelServer", facts: "ModelFacts") -> Optional[float]:
+    """llama.cpp's compute buffer on a CPU (sched_reserve: the worst-case graph of min(ctx, ubatch)
+    tokens against a full cache; flash attention on, the CPU default). Fitted to llama-server's own
+    "CPU compute buffer size" on real model shapes (tests/test_memory_oracle.py re-measures them):
+    the f16 attention mask (tokens x context x 2 bytes); an embedding server's output for every token
+    (tokens x vocabulary floats) and two hidden-state rows; a chat server's feed-forward intermediates,
+    15.5 bytes per dense FFN column and 4 per hidden column, or for a mixture of experts 8 bytes per
+    hidden column and 6 per expert column for each expert a token is routed to. None: the facts lack
+    the widths (the caller keeps a margin)."""
+    embd = facts.embedding_length
+    if not embd:
+        return None
+    tokens = min(model.ubatch_size or DEFAULT_UBATCH, model.ctx_size)
+    mask = tokens * math.ceil(model.ctx_size / CTX_PAD) * CTX_PAD * 2
+    if model.role == "embedding":
+        if not facts.vocab_size:
+            return None
+        return tokens * (facts.vocab_size * 4 + 2 * embd * 4) + mask
+    if facts.experts_used and facts.expert_feed_forward_length:
+        per_token = facts.experts_used * (8 * embd + 6 * facts.expert_feed_forward_length)
+    elif facts.feed_forward_length:
+        per_token = 15.5 * facts.feed_forward_length + 4 * embd
+    else:
+        return None
+    return tokens * per_token + mask
+
+
 def slots(model: "ModelServer") -> int:
     return model.parallel or AUTO_SLOTS
 
@@ -82,12 +109,15 @@ def llamacpp_estimate(model: "ModelServer", facts: "ModelFacts", backend: "GpuBa
     checkpoints = model.ctx_checkpoints if model.ctx_checkpoints is not None else DEFAULT_CTX_CHECKPOINTS
     cache_ram = model.cache_ram_mib if model.cache_ram_mib is not None else DEFAULT_CACHE_RAM_MIB
     host = cache_ram * MIB + checkpoints * n_slots * facts.recurrent_state_mib * MIB
+    compute = compute_bytes(model, facts) if backend == "cpu" else None
     return MemoryEstimate(
         weights_gib=weights / GIB,
         kv_gib=kv_bytes(facts, model.ctx_size, model.cache_type_k, model.cache_type_v, n_slots,
                         model.ubatch_size or DEFAULT_UBATCH) / GIB,
         recurrent_gib=recurrent / GIB,
-        overhead_gib=weights * BACKEND_OVERHEAD[backend] / GIB,
+        # On a CPU the backend's memory is the compute buffer, sized from the model's widths where the
+        # facts give them; elsewhere (and without them) the backend's margin or measured working set.
+        overhead_gib=(compute if compute is not None else weights * BACKEND_OVERHEAD[backend]) / GIB,
         host_caches_gib=host / GIB,
     )
 

@@ -485,14 +485,31 @@ def test_every_catalog_entry_validates():
             assert known[alias] is known[repo]
 
 
-def test_original_entries_unchanged():
-    qwen36 = catalog()["ggml-org/Qwen3.6-35B-A3B-GGUF"]
-    assert qwen36 == ModelFacts(params_b=35.0, active_params_b=3.0, layers=40, full_attention_layers=10, kv_heads=2,
-                                head_dim=256, recurrent_state_mib=63.0)
-    assert catalog()["Qwen/Qwen3-Embedding-0.6B-GGUF"] == ModelFacts(
-        params_b=0.6, layers=28, kv_heads=8, head_dim=128, pooling="last")
-    assert catalog()["Qwen/Qwen3-Embedding-8B-GGUF"] == ModelFacts(
-        params_b=7.6, layers=36, kv_heads=8, head_dim=128, pooling="last")
+def test_the_shipped_models_facts_match_their_real_shapes():
+    """The catalog's facts for every model a shipped stack runs agree with the tensor table of its real
+    shape (tests/contract/real_shape.py), the file llama.cpp loads in tests/test_memory_oracle.py."""
+    import math
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "contract"))
+    from real_shape import PRESETS, tensor_table
+
+    for repo, preset in [("ggml-org/Qwen3.6-35B-A3B-GGUF", "qwen3.6-35b-a3b"), ("ggml-org/Qwen3-30B-A3B-GGUF", "qwen3-30b-a3b"),
+                         ("Qwen/Qwen3-Embedding-0.6B-GGUF", "qwen3-embedding-0.6b"),
+                         ("Qwen/Qwen3-Embedding-8B-GGUF", "qwen3-embedding-8b"),
+                         ("bartowski/Llama-3.3-70B-Instruct-GGUF", "llama-3.3-70b")]:
+        facts, shape = catalog()[repo], PRESETS[preset]
+        table = tensor_table(preset)
+        params = sum(math.prod(ne) for _, ne, _, _ in table) / 1e9
+        experts = sum(math.prod(ne) for name, ne, _, _ in table if "_exps" in name) / 1e9
+        assert facts.params_b == pytest.approx(params, rel=0.03), repo
+        assert (facts.expert_params_b or 0) == pytest.approx(experts, abs=0.01), repo
+        assert (facts.layers, facts.kv_heads, facts.head_dim) == (shape.n_layer, shape.n_head_kv, shape.head_dim), repo
+        assert (facts.embedding_length, facts.vocab_size) == (shape.n_embd, shape.n_vocab), repo
+        if shape.n_expert:
+            assert (facts.experts_used, facts.expert_feed_forward_length) == (shape.n_expert_used, shape.n_ff_exp), repo
+        else:
+            assert facts.feed_forward_length == shape.n_ff, repo
 
 
 def test_gemma3_and_gpt_oss_count_only_global_layers():

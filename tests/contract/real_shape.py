@@ -135,6 +135,28 @@ PRESETS: dict[str, Shape] = {
         n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, rope_dim=64,
         rope_sections=(11, 11, 10, 0), full_attention_interval=4,
         ssm_d_conv=4, ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=32),
+    # Qwen/Qwen3-1.7B config.json: hidden_size 2048, num_hidden_layers 28, num_attention_heads 16,
+    # num_key_value_heads 8, head_dim 128, intermediate_size 6144, vocab_size 151936,
+    # max_position_embeddings 40960, rope_theta 1e6, rms_norm_eps 1e-6, tie_word_embeddings true.
+    "qwen3-1.7b": Shape(
+        name="qwen3-1.7b", arch="qwen3", source="Qwen/Qwen3-1.7B config.json",
+        n_embd=2048, n_layer=28, n_head=16, n_head_kv=8, head_dim=128, n_ff=6144, n_vocab=151936,
+        n_ctx_train=40960, rope_theta=1e6, rms_eps=1e-6, quant="Q4_K_M", vocab="qwen2", tied=True),
+    # Qwen/Qwen3-32B config.json: hidden_size 5120, num_hidden_layers 64, num_attention_heads 64,
+    # num_key_value_heads 8, head_dim 128, intermediate_size 25600, vocab_size 151936,
+    # max_position_embeddings 40960, rope_theta 1e6, rms_norm_eps 1e-6, tie_word_embeddings false.
+    "qwen3-32b": Shape(
+        name="qwen3-32b", arch="qwen3", source="Qwen/Qwen3-32B config.json",
+        n_embd=5120, n_layer=64, n_head=64, n_head_kv=8, head_dim=128, n_ff=25600, n_vocab=151936,
+        n_ctx_train=40960, rope_theta=1e6, rms_eps=1e-6, quant="Q4_K_M", vocab="qwen2"),
+    # meta-llama/Llama-3.3-70B-Instruct config.json: hidden_size 8192, num_hidden_layers 80,
+    # num_attention_heads 64, num_key_value_heads 8, intermediate_size 28672, vocab_size 128256,
+    # max_position_embeddings 131072, rope_theta 500000, rms_norm_eps 1e-5, rope_scaling llama3,
+    # tie_word_embeddings false. Published GGUF (bartowski) Q4_K_M: 42.5 GB.
+    "llama-3.3-70b": Shape(
+        name="llama-3.3-70b", arch="llama", source="meta-llama/Llama-3.3-70B-Instruct config.json",
+        n_embd=8192, n_layer=80, n_head=64, n_head_kv=8, head_dim=128, n_ff=28672, n_vocab=128256,
+        n_ctx_train=131072, rope_theta=5e5, rms_eps=1e-5, quant="Q4_K_M", vocab="llama-bpe", rope_freqs=True),
     # meta-llama/Llama-3.1-8B-Instruct config.json: hidden_size 4096, num_hidden_layers 32,
     # num_attention_heads 32, num_key_value_heads 8, intermediate_size 14336, vocab_size 128256,
     # max_position_embeddings 131072, rope_theta 500000, rms_norm_eps 1e-5, rope_scaling llama3

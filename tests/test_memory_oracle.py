@@ -1,0 +1,141 @@
+"""llama.cpp is the oracle for memory: every llama.cpp server of every shipped stack is started (the
+CPU build of the pinned release) with its rendered arguments on a GGUF of its model's real shape —
+real hyperparameters and tensor table, all-zero weights in a sparse file (tests/contract/real_shape.py)
+— and what llama.cpp reports allocating at load (its model, KV, recurrent-state and compute buffers)
+is compared with the plan's figures for the same flags: each within 10%. A pod whose node memory
+holds everything (CPU, iGPU, APU) must have a memory limit above what llama.cpp allocates.
+
+GPU buffers (CUDA, Vulkan, ROCm) cannot be measured here: the plan's VRAM context and compute reserve
+stay stated margins (README, "Capacity planning").
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tests" / "contract"))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from build_llama_server import BuildError, build  # noqa: E402
+from real_shape import write_real_shape  # noqa: E402
+from server import free_port  # noqa: E402
+
+GIB = 2**30
+MIB = 2**20
+TOLERANCE = 0.10
+# The published GGUF each shipped hf_repo names, as a real shape (tests/contract/real_shape.py).
+SHAPES = {
+    "ggml-org/Qwen3.6-35B-A3B-GGUF": "qwen3.6-35b-a3b",
+    "Qwen/Qwen3-Embedding-0.6B-GGUF": "qwen3-embedding-0.6b",
+    "Qwen/Qwen3-Embedding-8B-GGUF": "qwen3-embedding-8b",
+    "ggml-org/Qwen3-30B-A3B-GGUF": "qwen3-30b-a3b",
+    "bartowski/Llama-3.3-70B-Instruct-GGUF": "llama-3.3-70b",
+}
+# llama.cpp's load log at -lv 4 (formats: src/llama-model.cpp, llama-kv-cache.cpp,
+# llama-memory-recurrent.cpp, llama-context.cpp; each line may carry a timestamp prefix).
+BUFFER = re.compile(r"(?P<kind>model|KV|RS|compute|output) buffer size = +(?P<mib>[0-9.]+) MiB")
+# Flags dropped or replaced for a run on loopback without the pod's files; the rest run as rendered.
+DROPPED = {"--hf-repo": 1, "--api-key-file": 1, "--host": 1, "--port": 1, "--threads": 1}
+
+
+@lru_cache(maxsize=None)
+def shape_file(preset: str) -> Path:
+    folder = Path("/tmp") / "inference-plane-shapes"
+    folder.mkdir(exist_ok=True)
+    return write_real_shape(preset, folder / f"{preset}.gguf")
+
+
+def llama_cpp_reports(args: list[str], model: Path) -> dict[str, float]:
+    """MiB per buffer kind that llama-server allocates for these arguments (summed over buffers)."""
+    try:
+        binary = build()
+    except BuildError as e:
+        pytest.fail(str(e), pytrace=False)
+    kept: list[str] = []
+    skip = 0
+    for arg in args:
+        if skip:
+            skip -= 1
+        elif arg in DROPPED:
+            skip = DROPPED[arg]
+        else:
+            kept.append(arg)
+    # No warm-up pass (it would read every zero page) and no repacking into a second copy: neither
+    # changes the buffers llama.cpp reserves.
+    cmd = [str(binary), "-m", str(model), *kept, "--host", "127.0.0.1", "--port", str(free_port()), "--threads", "2",
+           "--no-warmup", "--no-repack", "-lv", "4"]
+    log = Path("/tmp") / f"oracle-{model.stem}-{time.monotonic_ns()}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and proc.poll() is None:
+                if "graph splits" in log.read_text(errors="replace"):
+                    break
+                time.sleep(0.2)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    text = log.read_text(errors="replace")
+    log.unlink()
+    reports: dict[str, float] = {}
+    for match in BUFFER.finditer(text):
+        reports[match["kind"]] = reports.get(match["kind"], 0.0) + float(match["mib"])
+    assert "compute" in reports, f"llama-server reported no compute buffer: {text[-800:]}"
+    return reports
+
+
+def cases():
+    from test_llama_contract import servers
+
+    return [c for c in servers() if _repo(c[2]["args"]) in SHAPES]
+
+
+def _repo(args: list[str]) -> str:
+    return args[args.index("--hf-repo") + 1].split(":")[0]
+
+
+@pytest.mark.parametrize("case", cases(), ids=lambda c: f"{c[0]}/{c[1]}")
+def test_the_plan_matches_what_llama_cpp_allocates(case):
+    from engines import engine_of
+    from render.offline import run_stack
+
+    stack, key, container, *_ = case
+    run = run_stack(stack)
+    model = run.config.models[key]
+    engine = engine_of(model)
+    facts = engine.facts(model)
+    reports = llama_cpp_reports(container["args"], shape_file(SHAPES[_repo(container["args"])]))
+    # The plan for the same flags on a CPU (the build here): llama.cpp's buffers are all host buffers.
+    plan = engine.memory(model, facts, "cpu")
+    figures = {"model": plan.weights_gib * 1024, "KV": plan.kv_gib * 1024, "RS": plan.recurrent_gib * 1024,
+               "compute": plan.overhead_gib * 1024}
+    for kind, planned in figures.items():
+        measured = reports.get(kind, 0.0)
+        if measured == 0.0 and planned < 1:
+            continue  # neither holds any (no recurrent state in a plain transformer)
+        print(f"oracle {stack}/{key} {kind}: plan {planned:.1f} MiB, llama.cpp {measured:.1f} MiB "
+              f"({(planned - measured) / measured:+.1%})")
+        assert planned == pytest.approx(measured, rel=TOLERANCE), f"{kind}: plan {planned:.1f} MiB, llama.cpp {measured:.1f} MiB"
+    pool = run.config.node_pools[model.node_pool]
+    if not (pool.discrete() and model.uses_gpu(pool)):
+        # Everything is in the node's memory: the limit must hold all llama.cpp allocates, and the
+        # host-RAM caches (prompt cache, checkpoints) it fills later.
+        plan_server = next(s for k, s in run.outputs["capacity_plan"]["servers"].items() if k == key)
+        limit_mib = _mib(plan_server["memory_limit"])
+        allocated = sum(reports.values()) + plan.host_caches_gib * 1024
+        assert limit_mib >= allocated, f"memory limit {plan_server['memory_limit']} < {allocated:.0f} MiB allocated"
+
+
+def _mib(quantity: str) -> float:
+    number, unit = re.fullmatch(r"([0-9.]+)(Gi|Mi)", quantity).groups()
+    return float(number) * (1024 if unit == "Gi" else 1)
