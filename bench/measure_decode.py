@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--llama-bench", default=None, help="default: the build tool's (LLAMA_CPP_BACKEND picks CPU or CUDA)")
     parser.add_argument("--shapes", default=DEFAULT_SHAPES)
-    parser.add_argument("--ctx", type=int, default=16384, help="full context; depths 0, ctx/2, ctx")
+    parser.add_argument("--ctx", type=int, default=16384, help="full context; depths 0, ctx/2, ctx (0: depth 0 only)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--ngl", type=int, default=99)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
         from build_llama_server import build
 
         binary = str(build(program="llama-bench"))
-    depths = [0, args.ctx // 2, args.ctx]
+    depths = [0, args.ctx // 2, args.ctx] if args.ctx else [0]
     rows = []
     with tempfile.TemporaryDirectory(prefix="shapes-") as tmp:
         for item in args.shapes.split(","):

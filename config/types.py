@@ -178,6 +178,11 @@ class NodePool(Strict):
         default=None,
     )
     gpus_per_node: Annotated[int, Field(gt=0, le=16)] = doc("Discrete GPUs per node the device plugin advertises.", default=1)
+    decode_profile: Optional[Literal["nvidia", "cpu", "intel-igpu", "amd-apu"]] = doc(
+        "How the pool's GPUs turn bandwidth into tokens, for the decode prediction (engines/llamacpp_speed.py: "
+        "measured per device class). null: by backend (cuda: nvidia, rocm: amd-apu, cpu); Vulkan needs it named.",
+        default=None,
+    )
     vram_bandwidth_gbs: Optional[Annotated[Number, Field(gt=0)]] = doc(
         "Memory bandwidth of one discrete GPU in GB/s (RTX 4090: 1008), for the decode-speed bound.", default=None
     )

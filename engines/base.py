@@ -100,6 +100,11 @@ class Engine(ABC):
         """(bytes from VRAM, bytes from the node's memory) of weights read per generated token, for the
         decode figures; on unified memory or a CPU (``discrete`` false) all of it is the node's. None: unknown."""
 
+    def predict_decode(self, model: "ModelServer", facts: Optional["ModelFacts"], pool: "NodePool",
+                       discrete: bool) -> Optional[dict[str, float]]:
+        """Predicted decode tok/s with the context empty, half and full; None: not predicted."""
+        return None
+
     @abstractmethod
     def discrete(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> tuple["MemoryEstimate", "VramEstimate"]:
         """(system RAM, one GPU's VRAM) of one replica on a discrete GPU."""

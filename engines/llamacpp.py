@@ -13,6 +13,7 @@ from planning.catalog import facts_for, repo_of
 from planning.memory import MemoryEstimate, VramEstimate
 
 from .base import Credentials, Engine, Problem
+from .llamacpp_speed import predict_tok_s
 from .llamacpp_memory import (
     DEFAULT_UBATCH,
     discrete_split,
@@ -289,6 +290,15 @@ class LlamaCpp(Engine):
         if facts is None:  # refused by plan_problems
             raise ValueError(f"{model.name}: no architecture facts")
         return weights_bytes(model, facts)
+
+    def predict_decode(self, model: "ModelServer", facts: Optional["ModelFacts"], pool: "NodePool",
+                       discrete: bool) -> Optional[dict[str, float]]:
+        if facts is None:
+            return None
+        backend = model.backend_on(pool) if model.uses_gpu(pool) else "cpu"
+        rates = {name: predict_tok_s(model, facts, pool, backend, discrete, depth)
+                 for name, depth in (("empty", 0), ("half", model.ctx_size // 2), ("full", model.ctx_size))}
+        return None if any(rate is None for rate in rates.values()) else rates  # type: ignore[return-value]
 
     def read_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"], discrete: bool) -> Optional[tuple[float, float]]:
         """Weights read per generated token: every dense part and the active experts (MoE), from where

@@ -30,6 +30,8 @@ class Engine(Protocol):
     def discrete(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> tuple[MemoryEstimate, VramEstimate]: ...
     def weights_bytes(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> float: ...
     def read_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"], discrete: bool) -> Optional[tuple[float, float]]: ...
+    def predict_decode(self, model: "ModelServer", facts: Optional["ModelFacts"], pool: "NodePool",
+                       discrete: bool) -> Optional[dict[str, float]]: ...
 
 
 EngineOf = Callable[["ModelServer"], Engine]
@@ -78,6 +80,8 @@ class ServerPlan:
     decode_bound_tok_s: Optional[float]
     # What one replica holds on one discrete GPU; None on unified memory or without a GPU.
     vram: Optional[VramEstimate] = None
+    # Predicted decode tok/s with the context empty, half and full (engines/llamacpp_speed.py).
+    decode_predicted_tok_s: Optional[dict[str, float]] = None
 
     @property
     def need_gib(self) -> float:
@@ -200,6 +204,7 @@ def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", engine: "
         budget=startup_budget(weights, stack.startup, prefetched=model.prefetch is not None),
         weights=weights,
         decode_bound_tok_s=decode_bound_tok_s(model, engine.read_per_token(model, facts, vram is not None), pool, vram),
+        decode_predicted_tok_s=engine.predict_decode(model, facts, pool, vram is not None),
         vram=vram,
     )
 

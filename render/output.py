@@ -22,6 +22,13 @@ from common.constants import probe_allows_seconds
 from policy.rules import RESOURCE_RULES, STACK_RULES, run_rules
 
 
+def predicted_cell(predicted: Optional[dict]) -> str:
+    """The predicted decode rates (engines/llamacpp_speed.py), context empty / half / full."""
+    if not predicted:
+        return "-"
+    return "/".join(f"{predicted[k]:.1f}" if predicted[k] < 100 else f"{predicted[k]:.0f}" for k in ("empty", "half", "full")) + " tok/s"
+
+
 def vram_cell(vram: dict) -> str:
     """The VRAM column: per card, with where the layers and experts are."""
     where = f"{vram['layers_offloaded']}/{vram['layers']} layers"
@@ -117,7 +124,7 @@ def plan_tables(plan: dict | None) -> list[str]:
             lines.append(f"    {'  GPU ' + str(gpu['gpu'] + 1) + ' VRAM':<22}{gpu['vram_gib']:>8.1f}{gpu['planned_gib']:>9.1f}{free:>8.1f}")
     discrete = any("vram" in server for server in plan["servers"].values())
     header = ["server", "weights", "KV", "state", "backend", "caches", "total", "mem request", "mem limit",
-              "startup", "decode <="]
+              "startup", "decode ~ empty/half/full ctx", "decode <="]
     if discrete:
         header[1:1] = ["VRAM"]
     rows = []
@@ -128,6 +135,7 @@ def plan_tables(plan: dict | None) -> list[str]:
             server["name"], f"{e['weights_gib']:.1f}", f"{e['kv_gib']:.2f}", f"{e['recurrent_gib']:.2f}",
             f"{e['overhead_gib']:.1f}", f"{e['host_caches_gib']:.1f}", f"{e['total_gib']:.1f}",
             server["memory_request"], server["memory_limit"], f"{server['budget']['startup_seconds'] / 60:.0f} min",
+            predicted_cell(server.get("decode_predicted_tok_s")),
             f"{bound:.1f} tok/s" if bound else "-",
         ]
         if discrete:

@@ -1,0 +1,104 @@
+"""The decode prediction (engines/llamacpp_speed.py) against every recorded measurement: prints one
+row per measurement with the predicted rate and the error, and the README's table is this output.
+
+    python bench/decode_error.py [--cpu bench/results-decode-cpu.json]
+
+A row marked `cal` is a measurement a profile was solved from (its error says how well the profile's
+few numbers fit it, not how well it predicts); the others are predictions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from config.types import ModelFacts, ModelServer, NodePool  # noqa: E402
+from engines.llamacpp_speed import predict_tok_s  # noqa: E402
+from planning.catalog import lookup  # noqa: E402
+
+GIB = 2**30
+LLAMA3_8B = dict(params_b=8.03, layers=32, kv_heads=8, head_dim=128, embedding_length=4096, vocab_size=128256,
+                 feed_forward_length=14336)
+LLAMA2_7B = dict(params_b=6.74, layers=32, kv_heads=32, head_dim=128, embedding_length=4096, vocab_size=32000,
+                 feed_forward_length=11008)
+XIONGJIE = "XiongjieDai/GPU-Benchmarks-on-LLM-Inference aa72e0ec, LLaMA 3/*_v3.ipynb, llama-bench build 2824"
+# (device, profile, backend, GB/s, discrete, facts, quant, weights GiB, depth, gpus, measured t/s, calibration?, source)
+RECORDS = [
+    ("RTX 4090", "nvidia", "cuda", 1008, True, LLAMA3_8B, "Q4_K_M", 4.58, 256, 1, 130.58, True, XIONGJIE),
+    ("RTX 4090", "nvidia", "cuda", 1008, True, LLAMA3_8B, "F16", 14.96, 256, 1, 54.84, True, XIONGJIE),
+    ("RTX 4090", "nvidia", "cuda", 1008, True, LLAMA3_8B, "Q4_K_M", 4.58, 4096, 1, 110.66, True, XIONGJIE + " (tg8192)"),
+    ("RTX 3090", "nvidia", "cuda", 936, True, LLAMA3_8B, "Q4_K_M", 4.58, 256, 1, 115.42, False, XIONGJIE),
+    ("RTX 3090", "nvidia", "cuda", 936, True, LLAMA3_8B, "F16", 14.96, 256, 1, 47.40, False, XIONGJIE),
+    ("2x RTX 3090", "nvidia", "cuda", 936, True, "bartowski/Llama-3.3-70B-Instruct-GGUF", "Q4_K_M", 39.59, 256, 2, 16.57,
+     False, XIONGJIE),
+    ("H100 PCIe", "nvidia", "cuda", 2000, True, LLAMA3_8B, "Q4_K_M", 4.58, 256, 1, 145.55, False, XIONGJIE),
+    ("H100 PCIe", "nvidia", "cuda", 2000, True, LLAMA3_8B, "F16", 14.96, 256, 1, 68.03, False, XIONGJIE),
+    ("H100 PCIe", "nvidia", "cuda", 2000, True, "bartowski/Llama-3.3-70B-Instruct-GGUF", "Q4_K_M", 39.59, 256, 1, 25.03,
+     False, XIONGJIE),
+    ("Iris Xe (homelab)", "intel-igpu", "vulkan", 53.9, False, "ggml-org/Qwen3.6-35B-A3B-GGUF", "Q4_K_M", 19.8, 0, 1,
+     11.59, True, "seed 000: llama-bench tg128 on k8s-1"),
+    ("Iris Xe (homelab)", "intel-igpu", "vulkan", 53.9, False, LLAMA3_8B, "Q4_K_M", 4.58, 0, 1, 10.78, False,
+     "seed 000: dense 8B tg128 on k8s-1"),
+    ("Iris Xe (homelab)", "intel-igpu", "vulkan", 53.9, False,
+     dict(params_b=27.0, layers=64, kv_heads=8, head_dim=128), "Q4_K_M", 16.5e9 / GIB, 0, 1, 3.3, False,
+     "seed 000: dense 27B, 16.5 GB/token"),
+    ("Strix Halo", "amd-apu", "rocm", 256, False, LLAMA2_7B, "Q4_0", 3.56, 0, 1, 50.59, True,
+     "kyuz0/amd-strix-halo-toolboxes d1a34bee, llama-2-7b.Q4_0 rocm-7_2_3 fa1, tg128"),
+    ("Strix Halo", "amd-apu", "vulkan", 256, False, LLAMA2_7B, "Q4_0", 3.56, 0, 1, 55.73, False,
+     "kyuz0/amd-strix-halo-toolboxes d1a34bee, llama-2-7b.Q4_0 vulkan_radv fa1, tg128"),
+    ("Strix Halo", "amd-apu", "vulkan", 256, False, "Qwen/Qwen3-30B-A3B-GGUF", "Q4_K_M", 16.49, 0, 1, 77.96, True,
+     "lhl/strix-halo-testing 5ee14b5b, Qwen3-30B-A3B-UD-Q4_K_XL, tg128"),
+]
+
+
+def prediction(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus) -> float:
+    model_facts = lookup(facts) if isinstance(facts, str) else ModelFacts.model_validate(facts)
+    model = ModelServer.model_validate({
+        "role": "chat", "name": "m", "image": "ghcr.io/ggml-org/llama.cpp:server-b10731", "node_pool": "p",
+        "hf_repo": f"x/y-GGUF:{quant}", "weights": f"{weights_gib:.3f}Gi", "gpu_layers": 999 if discrete else 0,
+        "ctx_size": max(depth, 512) * 2, "gpus": gpus, "facts": model_facts.model_dump(),
+        "resources": {"cpu_request": "1", "cpu_limit": "8"},
+    })
+    pool = NodePool.model_validate({
+        "memory": "256Gi", "allocatable": "250Gi", "memory_bandwidth_gbs": 60 if discrete else bandwidth,
+        "decode_profile": profile, "backend": backend,
+        **({"vram": "80Gi", "vram_bandwidth_gbs": bandwidth, "gpu_resource": "nvidia.com/gpu", "gpus_per_node": gpus} if discrete else {}),
+    })
+    return predict_tok_s(model, model_facts, pool, backend if discrete else (backend if profile != "cpu" else "cpu"),
+                         discrete, depth)
+
+
+def rows(cpu_results: list[dict]) -> list[tuple]:
+    out = []
+    for device, profile, backend, bw, discrete, facts, quant, weights, depth, gpus, measured, cal, source in RECORDS:
+        predicted = prediction(profile, backend, bw, discrete, facts, quant, weights, depth, gpus)
+        name = facts if isinstance(facts, str) else f"{facts['params_b']:g}B dense"
+        out.append((device, f"{name} {quant}", depth, measured, predicted, cal, source))
+    for r in cpu_results:
+        out.append((r["device"], f"{r['shape']} {r['quant']}", r["depth"], r["tok_s"], r.get("predicted"), r.get("cal", False),
+                    "bench/measure_decode.py, CPU build of b10729"))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cpu", default=str(ROOT / "bench" / "results-decode-cpu.json"))
+    args = parser.parse_args(argv)
+    cpu = json.loads(Path(args.cpu).read_text()) if Path(args.cpu).exists() else []
+    print("| device | model | depth | measured t/s | predicted t/s | error | source |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for device, model, depth, measured, predicted, cal, source in rows(cpu):
+        error = f"{(predicted - measured) / measured:+.0%}" if predicted else "-"
+        mark = " (cal)" if cal else ""
+        shown = f"{predicted:.1f}" if predicted else "-"
+        print(f"| {device} | {model} | {depth} | {measured:.2f} | {shown} | {error}{mark} | {source} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

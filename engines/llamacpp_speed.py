@@ -1,0 +1,103 @@
+"""llama.cpp's decode speed, predicted: the plan's `decode ~` figure beside the `decode <=` bound.
+
+The bound reads every weight once per token at the memory's full bandwidth. What llama.cpp really
+reaches is less, and it depends on the backend: a fixed cost per block per token (kernel launches,
+synchronisation; larger for a mixture-of-experts block, which routes), an effective share of the
+bandwidth that depends on the weight type (F16 streams near the bandwidth, K-quants need more work
+per byte), and the KV cache, read once per token for every token already in the context, at a
+lower share still. So a prediction per context depth: empty, half and full.
+
+Each profile's numbers come from measurements, cited beside them; the error of the predictions
+against every recorded measurement is in the README ("Decode speed: predicted and measured") and is
+recomputed by `make bench` (bench/decode_error.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+from .llamacpp_memory import KV_TYPE_BYTES, layout, quant_of, read_share
+
+if TYPE_CHECKING:
+    from config.types import ModelFacts, ModelServer, NodePool
+
+
+@dataclass(frozen=True)
+class DecodeProfile:
+    """How one backend class turns bandwidth into tokens."""
+
+    block_us: float  # fixed cost per transformer block per token
+    moe_block_us: float  # extra for a mixture-of-experts block
+    share: dict[str, float]  # weight class -> share of the bandwidth reached reading it
+    kv_share: float  # share of the bandwidth reached reading the KV cache
+    source: str
+
+
+PROFILES: dict[str, DecodeProfile] = {
+    # Published llama-bench runs (tg512, CUDA, build 2824, XiongjieDai/GPU-Benchmarks-on-LLM-Inference
+    # aa72e0ec, LLaMA 3/Gaming GPUs/{4090,3090}_v3.ipynb): Llama-3-8B F16 54.84 / 47.40 t/s and Q4_K_M
+    # 130.58 / 115.42 t/s on an RTX 4090 (1008 GB/s) / 3090 (936 GB/s); solved for ~40 us per block and
+    # shares F16 0.90, K-quants 0.73 (Q8_0 between); tg512 -> tg8192 on the 4090 (130.58 -> 110.66) for
+    # the KV read. A mixture-of-experts block's extra cost on CUDA is not measured: taken as a block's.
+    "nvidia": DecodeProfile(block_us=40.0, moe_block_us=40.0, share={"f16": 0.90, "q8": 0.80, "kquant": 0.73},
+                            kv_share=0.40, source="RTX 4090/3090 llama-bench, XiongjieDai aa72e0ec"),
+    # Measured here: bench/measure_decode.py on the CPU build of b10729 (2 cores), real model shapes
+    # (bench/results-decode-cpu.json), against this machine's memory_bandwidth_gbs.
+    "cpu": DecodeProfile(block_us=0.0, moe_block_us=0.0, share={"f16": 0.85, "q8": 0.85, "kquant": 0.80},
+                         kv_share=0.80, source="measured on this project's CI machine (bench/measure_decode.py)"),
+    # Intel Iris Xe, Vulkan (seed 000, llama-bench on the homelab node, against its 53.9 GB/s measured
+    # for dense decoding): dense 8B Q4_K_M 10.78 t/s and dense 27B (16.5 GB/token) 3.3 t/s read at the
+    # full 53.9 GB/s; the MoE block's extra cost (1.3 ms: routing on 96 EUs) is calibrated on the
+    # seed's Qwen3.6-35B-A3B run (11.59 t/s), so that point is in-sample.
+    "intel-igpu": DecodeProfile(block_us=0.0, moe_block_us=1300.0, share={"f16": 1.0, "q8": 1.0, "kquant": 1.0},
+                                kv_share=1.0, source="seed 000 llama-bench on an Iris Xe (Vulkan)"),
+    # AMD Strix Halo (Radeon 8060S), ROCm 7.2.3 / Vulkan RADV (kyuz0/amd-strix-halo-toolboxes d1a34bee,
+    # benchmark/results): llama-2-7b Q4_0 (3.82 GB) 50.59 / 55.73 t/s on 256 GB/s; Qwen3-30B-A3B
+    # UD-Q4_K_XL 77.96 t/s (Vulkan, lhl/strix-halo-testing 5ee14b5b) gives the MoE block's cost.
+    "amd-apu": DecodeProfile(block_us=0.0, moe_block_us=75.0, share={"f16": 0.80, "q8": 0.80, "kquant": 0.80},
+                             kv_share=0.80, source="Strix Halo llama-bench, kyuz0 d1a34bee, lhl 5ee14b5b"),
+}
+# The profile a pool gets when it names none (node_pools.<pool>.decode_profile): by backend. Vulkan
+# runs on very different GPUs (an Iris Xe, a Radeon APU, a discrete card): no default.
+DEFAULT_PROFILE = {"cuda": "nvidia", "cpu": "cpu", "rocm": "amd-apu"}
+
+
+def weight_class(model: "ModelServer", facts: "ModelFacts") -> str:
+    if facts.bits_per_weight is not None and facts.bits_per_weight >= 16:
+        return "f16"
+    quant = quant_of(model.hf_repo or ":Q4_K_M")
+    return "f16" if quant in ("F16", "BF16", "F32") else "q8" if quant == "Q8_0" else "kquant"
+
+
+def kv_bytes_per_position(model: "ModelServer", facts: "ModelFacts") -> float:
+    """KV bytes read per generated token for each token already in the context."""
+    layers = facts.full_attention_layers or facts.layers
+    per_element = KV_TYPE_BYTES[model.cache_type_k or "f16"] + KV_TYPE_BYTES[model.cache_type_v or "f16"]
+    return layers * facts.kv_heads * facts.head_dim * per_element
+
+
+def predict_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
+                  discrete: bool, depth: int) -> Optional[float]:
+    """Predicted decode rate with `depth` tokens already in the context; None where a bandwidth or
+    the backend's profile is unknown (SYCL, MUSA: nothing measured)."""
+    main = PROFILES.get(pool.decode_profile or DEFAULT_PROFILE.get(backend or "", "")) if backend != "cpu" else PROFILES["cpu"]
+    host = PROFILES["cpu"]
+    if main is None or model.role == "embedding":
+        return None
+    place = layout(model, facts)
+    vram_read, ram_read = place.read_per_token(read_share(facts))
+    if not discrete:
+        vram_read, ram_read = 0.0, vram_read + ram_read
+    kind = weight_class(model, facts)
+    seconds = facts.layers * (main.block_us + (main.moe_block_us if facts.expert_params_b or facts.active_params_b else 0.0)) / 1e6
+    kv = kv_bytes_per_position(model, facts) * depth
+    gpu_kv = kv * place.gpu_blocks / facts.layers if discrete else 0.0
+    for part, kv_part, bandwidth, profile in ((vram_read, gpu_kv, pool.vram_bandwidth_gbs, main),
+                                              (ram_read, kv - gpu_kv, pool.memory_bandwidth_gbs, main if not discrete else host)):
+        if part <= 0 and kv_part <= 0:
+            continue
+        if bandwidth is None:
+            return None
+        seconds += part / (bandwidth * 1e9 * profile.share[kind]) + kv_part / (bandwidth * 1e9 * profile.kv_share)
+    return 1 / seconds if seconds > 0 else None
