@@ -47,6 +47,8 @@ clean:
 bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 	@$(BIN)/python -m compileall -q $(PROJECT_MODULES) > /dev/null
 	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python bench/run.py
+	@echo "==> decode prediction against every recorded measurement (README: Decode speed)"
+	@$(BIN)/python bench/decode_error.py
 
 # The real llama.cpp contract tests for one stack's servers (builds llama-server once, cached in
 # ~/.cache/inference-plane): `make contract STACK=my-cluster`.

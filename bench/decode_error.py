@@ -1,7 +1,7 @@
 """The decode prediction (engines/llamacpp_speed.py) against every recorded measurement: prints one
 row per measurement with the predicted rate and the error, and the README's table is this output.
 
-    python bench/decode_error.py [--cpu bench/results-decode-cpu.json]
+    python bench/decode_error.py   (reads bench/results-decode-*.json beside the cited rows)
 
 A row marked `cal` is a measurement a profile was solved from (its error says how well the profile's
 few numbers fit it, not how well it predicts); the others are predictions.
@@ -36,9 +36,9 @@ RECORDS = [
     ("RTX 3090", "nvidia", "cuda", 936, True, LLAMA3_8B, "F16", 14.96, 256, 1, 47.40, False, XIONGJIE),
     ("2x RTX 3090", "nvidia", "cuda", 936, True, "bartowski/Llama-3.3-70B-Instruct-GGUF", "Q4_K_M", 39.59, 256, 2, 16.57,
      False, XIONGJIE),
-    ("H100 PCIe", "nvidia", "cuda", 2000, True, LLAMA3_8B, "Q4_K_M", 4.58, 256, 1, 145.55, False, XIONGJIE),
-    ("H100 PCIe", "nvidia", "cuda", 2000, True, LLAMA3_8B, "F16", 14.96, 256, 1, 68.03, False, XIONGJIE),
-    ("H100 PCIe", "nvidia", "cuda", 2000, True, "bartowski/Llama-3.3-70B-Instruct-GGUF", "Q4_K_M", 39.59, 256, 1, 25.03,
+    ("H100 PCIe", "nvidia-datacenter", "cuda", 2000, True, LLAMA3_8B, "Q4_K_M", 4.58, 256, 1, 145.55, False, XIONGJIE),
+    ("H100 PCIe", "nvidia-datacenter", "cuda", 2000, True, LLAMA3_8B, "F16", 14.96, 256, 1, 68.03, False, XIONGJIE),
+    ("H100 PCIe", "nvidia-datacenter", "cuda", 2000, True, "bartowski/Llama-3.3-70B-Instruct-GGUF", "Q4_K_M", 39.59, 256, 1, 25.03,
      False, XIONGJIE),
     ("Iris Xe (homelab)", "intel-igpu", "vulkan", 53.9, False, "ggml-org/Qwen3.6-35B-A3B-GGUF", "Q4_K_M", 19.8, 0, 1,
      11.59, True, "seed 000: llama-bench tg128 on k8s-1"),
@@ -73,30 +73,72 @@ def prediction(profile, backend, bandwidth, discrete, facts, quant, weights_gib,
                          discrete, depth)
 
 
-def rows(cpu_results: list[dict]) -> list[tuple]:
+def preset_facts(preset: str) -> dict:
+    """A real shape's facts, counted from its tensor table (tests/contract/real_shape.py)."""
+    import math
+
+    sys.path.insert(0, str(ROOT / "tests" / "contract"))
+    from real_shape import PRESETS, tensor_table
+
+    shape, table = PRESETS[preset], tensor_table(preset)
+    params = sum(math.prod(ne) for _, ne, _, _ in table) / 1e9
+    experts = sum(math.prod(ne) for name, ne, _, _ in table if "_exps" in name) / 1e9
+    facts = dict(params_b=params, layers=shape.n_layer, kv_heads=shape.n_head_kv, head_dim=shape.head_dim,
+                 embedding_length=shape.n_embd, vocab_size=shape.n_vocab)
+    if shape.full_attention_interval:
+        facts["full_attention_layers"] = shape.n_layer // shape.full_attention_interval
+        facts["recurrent_state_mib"] = 62.8  # llama.cpp's RS buffer per slot (tests/test_memory_oracle.py)
+    if shape.n_expert:
+        facts.update(expert_params_b=experts, active_params_b=params - experts * (1 - shape.n_expert_used / shape.n_expert),
+                     experts_used=shape.n_expert_used, expert_feed_forward_length=shape.n_ff_exp)
+    else:
+        facts["feed_forward_length"] = shape.n_ff
+    return facts
+
+
+# Rows of bench/measure_decode.py results the profiles were solved from (shape, quant, depth).
+H200_CALIBRATION = ({("llama-3.1-8b", q, d) for q in ("Q4_K_M", "Q8_0", "F16") for d in (0, 16384)}
+                    | {("qwen3-30b-a3b", "Q4_K_M", 0), ("qwen3.6-35b-a3b", "Q4_K_M", 0)})
+
+
+def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]:
     out = []
     for device, profile, backend, bw, discrete, facts, quant, weights, depth, gpus, measured, cal, source in RECORDS:
         predicted = prediction(profile, backend, bw, discrete, facts, quant, weights, depth, gpus)
         name = facts if isinstance(facts, str) else f"{facts['params_b']:g}B dense"
         out.append((device, f"{name} {quant}", depth, measured, predicted, cal, source))
-    for r in cpu_results:
-        out.append((r["device"], f"{r['shape']} {r['quant']}", r["depth"], r["tok_s"], r.get("predicted"), r.get("cal", False),
-                    "bench/measure_decode.py, CPU build of b10729"))
+    for path, (profile, backend, bandwidth, discrete) in measured_files.items():
+        if not Path(path).exists():
+            continue
+        for r in json.loads(Path(path).read_text()):
+            weights = r.get("weights_bytes")
+            if weights is None:
+                sys.path.insert(0, str(ROOT / "tests" / "contract"))
+                from real_shape import expected_weights_bytes
+
+                weights = expected_weights_bytes(r["shape"], r["quant"])
+            predicted = prediction(profile, backend, bandwidth, discrete, preset_facts(r["shape"]), r["quant"],
+                                   weights / GIB, r["depth"], 1)
+            cal = r.get("cal", (r["shape"], r["quant"], r["depth"]) in H200_CALIBRATION and profile == "nvidia-datacenter")
+            out.append((r["device"], f"{r['shape']} {r['quant']}", r["depth"], r["tok_s"], predicted, cal,
+                        f"bench/measure_decode.py, b10729 ({Path(path).name})"))
     return out
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cpu", default=str(ROOT / "bench" / "results-decode-cpu.json"))
-    args = parser.parse_args(argv)
-    cpu = json.loads(Path(args.cpu).read_text()) if Path(args.cpu).exists() else []
+    parser.parse_args(argv)
+    measured = {
+        str(ROOT / "bench" / "results-decode-h200.json"): ("nvidia-datacenter", "cuda", 4800, True),
+        str(ROOT / "bench" / "results-decode-cpu.json"): ("cpu", "cpu", 26, False),
+    }
     print("| device | model | depth | measured t/s | predicted t/s | error | source |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for device, model, depth, measured, predicted, cal, source in rows(cpu):
-        error = f"{(predicted - measured) / measured:+.0%}" if predicted else "-"
+    for device, model, depth, measured_tok_s, predicted, cal, source in rows(measured):
+        error = f"{(predicted - measured_tok_s) / measured_tok_s:+.0%}" if predicted else "-"
         mark = " (cal)" if cal else ""
         shown = f"{predicted:.1f}" if predicted else "-"
-        print(f"| {device} | {model} | {depth} | {measured:.2f} | {shown} | {error}{mark} | {source} |")
+        print(f"| {device} | {model} | {depth} | {measured_tok_s:.2f} | {shown} | {error}{mark} | {source} |")
     return 0
 
 

@@ -178,9 +178,10 @@ class NodePool(Strict):
         default=None,
     )
     gpus_per_node: Annotated[int, Field(gt=0, le=16)] = doc("Discrete GPUs per node the device plugin advertises.", default=1)
-    decode_profile: Optional[Literal["nvidia", "cpu", "intel-igpu", "amd-apu"]] = doc(
+    decode_profile: Optional[Literal["nvidia", "nvidia-datacenter", "cpu", "intel-igpu", "amd-apu"]] = doc(
         "How the pool's GPUs turn bandwidth into tokens, for the decode prediction (engines/llamacpp_speed.py: "
-        "measured per device class). null: by backend (cuda: nvidia, rocm: amd-apu, cpu); Vulkan needs it named.",
+        "measured per device class; nvidia: GeForce cards, nvidia-datacenter: H100/H200). null: by backend (cuda: "
+        "nvidia, rocm: amd-apu, cpu); Vulkan needs it named.",
         default=None,
     )
     vram_bandwidth_gbs: Optional[Annotated[Number, Field(gt=0)]] = doc(

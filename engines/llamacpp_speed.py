@@ -32,6 +32,7 @@ class DecodeProfile:
     share: dict[str, float]  # weight class -> share of the bandwidth reached reading it
     kv_share: float  # share of the bandwidth reached reading the KV cache
     source: str
+    recurrent_block_us: float = 0.0  # extra for a linear-attention (Gated DeltaNet) block of a hybrid model
 
 
 PROFILES: dict[str, DecodeProfile] = {
@@ -42,10 +43,19 @@ PROFILES: dict[str, DecodeProfile] = {
     # the KV read. A mixture-of-experts block's extra cost on CUDA is not measured: taken as a block's.
     "nvidia": DecodeProfile(block_us=40.0, moe_block_us=40.0, share={"f16": 0.90, "q8": 0.80, "kquant": 0.73},
                             kv_share=0.40, source="RTX 4090/3090 llama-bench, XiongjieDai aa72e0ec"),
-    # Measured here: bench/measure_decode.py on the CPU build of b10729 (2 cores), real model shapes
-    # (bench/results-decode-cpu.json), against this machine's memory_bandwidth_gbs.
-    "cpu": DecodeProfile(block_us=0.0, moe_block_us=0.0, share={"f16": 0.85, "q8": 0.85, "kquant": 0.80},
-                         kv_share=0.80, source="measured on this project's CI machine (bench/measure_decode.py)"),
+    # Measured: an NVIDIA H200 (4.8 TB/s), CUDA build of b10729, bench/measure_decode.py on real shapes
+    # (bench/results-decode-h200.json): Llama-3.1-8B Q4_K_M / Q8_0 / F16 266 / 251 / 207 t/s at depth 0
+    # and 215 / 206 / 176 at 16k, Qwen3-30B-A3B 297 t/s. On a card this fast decode is mostly fixed
+    # cost: ~35 us per block, K-quants at 38% of the bandwidth, Q8_0 62%, F16 90%; a Gated DeltaNet block
+    # of Qwen3.6-35B-A3B costs 40 us more (239 t/s).
+    "nvidia-datacenter": DecodeProfile(block_us=35.0, moe_block_us=15.0, share={"f16": 0.90, "q8": 0.62, "kquant": 0.38},
+                                       kv_share=0.50, source="H200 llama-bench (bench/results-decode-h200.json)",
+                                       recurrent_block_us=40.0),
+    # Measured here: the CPU build of b10729 on this project's 2-core CI machine (26 GB/s copy),
+    # Llama-3.1-8B Q4_K_M 3.85 t/s at depth 0, 2.56 at 2048 (bench/results-decode-cpu.json): 73% of the
+    # bandwidth; attention over the cache is compute-bound on 2 cores (8% of the bandwidth's worth).
+    "cpu": DecodeProfile(block_us=0.0, moe_block_us=0.0, share={"f16": 0.73, "q8": 0.73, "kquant": 0.73},
+                         kv_share=0.08, source="measured on this project's CI machine (bench/results-decode-cpu.json)"),
     # Intel Iris Xe, Vulkan (seed 000, llama-bench on the homelab node, against its 53.9 GB/s measured
     # for dense decoding): dense 8B Q4_K_M 10.78 t/s and dense 27B (16.5 GB/token) 3.3 t/s read at the
     # full 53.9 GB/s; the MoE block's extra cost (1.3 ms: routing on 96 EUs) is calibrated on the
@@ -91,6 +101,8 @@ def predict_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", b
         vram_read, ram_read = 0.0, vram_read + ram_read
     kind = weight_class(model, facts)
     seconds = facts.layers * (main.block_us + (main.moe_block_us if facts.expert_params_b or facts.active_params_b else 0.0)) / 1e6
+    if facts.full_attention_layers and facts.recurrent_state_mib:
+        seconds += (facts.layers - facts.full_attention_layers) * main.recurrent_block_us / 1e6
     kv = kv_bytes_per_position(model, facts) * depth
     gpu_kv = kv * place.gpu_blocks / facts.layers if discrete else 0.0
     for part, kv_part, bandwidth, profile in ((vram_read, gpu_kv, pool.vram_bandwidth_gbs, main),

@@ -194,3 +194,34 @@ def test_a_card_planned_within_1_gib_of_its_size_is_warned_about():
     (warning,) = plan.warnings
     assert warning.startswith(f"node_pools.rtx4090.vram: GPU 1 of node 1 is planned to {gpu.planned_gib:.1f} of 24.0 GiB")
     assert "keeps 1 GiB free per GPU" in warning
+
+
+# --- decode prediction ----------------------------------------------------------------------------
+
+
+def test_the_homelab_prediction_meets_the_seeds_measurement():
+    """Seed 000: Qwen3.6-35B-A3B at 11.59 t/s (llama-bench tg128, empty context) on the Iris Xe. In
+    sample: the intel-igpu profile's MoE block cost was solved from it (README)."""
+    chat = plan_capacity(parse_stack(values("homelab"))).servers["chat"]
+    predicted = chat.decode_predicted_tok_s
+    assert predicted["empty"] == pytest.approx(11.59, rel=0.15)
+    # Slower as the context fills, and never above the bound.
+    assert predicted["empty"] > predicted["half"] > predicted["full"]
+    assert predicted["empty"] <= chat.decode_bound_tok_s
+
+
+def test_a_pool_without_a_measured_profile_gets_no_prediction():
+    stack = values("homelab")
+    del stack["node_pools"]["iris-xe"]["decode_profile"]  # Vulkan: no default profile
+    chat = plan_capacity(parse_stack(stack)).servers["chat"]
+    assert chat.decode_predicted_tok_s is None and chat.decode_bound_tok_s is not None
+
+
+def test_experts_in_ram_are_predicted_slower_than_all_on_the_card():
+    """rtx3060: the experts of 28 blocks read from 45 GB/s system RAM, the rest from the card."""
+    stack = values("rtx3060")
+    offloaded = plan_capacity(parse_stack(stack)).servers["chat"].decode_predicted_tok_s["empty"]
+    stack["node_pools"]["rtx3060"]["vram"] = "24Gi"
+    stack["models"]["chat"]["cpu_moe_layers"] = None
+    on_card = plan_capacity(parse_stack(stack)).servers["chat"].decode_predicted_tok_s["empty"]
+    assert offloaded < on_card / 2
