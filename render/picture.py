@@ -32,7 +32,8 @@ def plan_svg(plan: dict) -> str:
     scale = (WIDTH - LABEL - 20) / max([n["offers_gib"] for n in nodes] + [g["vram_gib"] for n in nodes for g in n.get("gpus", [])] or [1])
     gpu_rows = [(node, gpu) for node in nodes for gpu in node.get("gpus", [])]
     rows = len(nodes) + len(gpu_rows)
-    height = TOP + rows * (BAR + GAP) + 40
+    speeds = [s for s in plan["servers"].values() if s.get("decode_bound_tok_s") or s.get("decode_predicted_tok_s")]
+    height = TOP + rows * (BAR + GAP) + 40 + 18 * len(speeds)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="12">',
            f'<text x="10" y="20" font-size="14">capacity plan per node (GiB; bar = what the node offers, allocatable less reserved)</text>']
     for row, node in enumerate(nodes):
@@ -78,5 +79,14 @@ def plan_svg(plan: dict) -> str:
     for i, (part, _, colour) in enumerate([*PARTS, ("headroom", (), HEADROOM)]):
         out.append(f'<rect x="{10 + i * 130}" y="{legend_y}" width="12" height="12" fill="{colour}"/>'
                    f'<text x="{26 + i * 130}" y="{legend_y + 11}">{part}</text>')
+    for i, server in enumerate(speeds):
+        # Decode: the prediction at an empty, half and full context, and the bandwidth bound.
+        predicted = server.get("decode_predicted_tok_s")
+        bound = server.get("decode_bound_tok_s")
+        said = ("decode ~ " + " / ".join(f"{predicted[k]:.1f}" for k in ("empty", "half", "full"))
+                + " tok/s (context empty / half / full)") if predicted else "decode: no prediction for this device"
+        data = (f' data-decode-empty="{predicted["empty"]:.2f}" data-decode-full="{predicted["full"]:.2f}"' if predicted else "")
+        out.append(f'<text x="10" y="{legend_y + 34 + 18 * i}" data-server="{escape(server["name"])}"{data}>'
+                   f'{escape(server["name"])}: {said}' + (f", at most {bound:.1f} tok/s" if bound else "") + "</text>")
     out.append("</svg>")
     return "\n".join(out) + "\n"

@@ -235,6 +235,13 @@ def test_plan_picture_draws_the_plans_figures(tmp_path, stack):
             assert vram == pytest.approx({n: servers[n]["vram"]["total_gib"] for n in gpu["workloads"]}, abs=1e-3)
             (size,) = [r for r in rects if r.get("data-node") == label and r.get("data-part") == "vram-size"]
             assert float(size.get("width")) == pytest.approx(gpu["vram_gib"] * scale, rel=1e-3)
+    # The decode figures: the prediction (context empty and full) for every chat server that has one.
+    texts = {t.get("data-server"): t for t in svg.iter("{http://www.w3.org/2000/svg}text") if t.get("data-server")}
+    for name, server in servers.items():
+        predicted = server.get("decode_predicted_tok_s")
+        if predicted:
+            assert float(texts[name].get("data-decode-empty")) == pytest.approx(predicted["empty"], abs=0.01)
+            assert float(texts[name].get("data-decode-full")) == pytest.approx(predicted["full"], abs=0.01)
     assert f"plan picture: {tmp_path / 'out' / 'plan.svg'}" in result.summary()
 
 
