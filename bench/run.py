@@ -95,7 +95,7 @@ def synthetic_stack(servers: int) -> dict:
     }
     config = {
         "node_pools": {"cpu": {"nodes": servers, "memory": "64Gi", "allocatable": "60Gi", "backend": "cpu"}},
-        "model_cache": {"storage_class": "ceph-filesystem"},
+        "model_cache": {"storage_class": "ceph-filesystem", "size": f"{max(40, servers)}Gi"},  # holds 0.5 GiB per server
         "models": models,
         "gateway": {
             "hostname": "inference.example.org",

@@ -17,7 +17,7 @@ DEVICE_PLUGIN_SHARING = {
 }
 
 # The prefetch init container's image: Python's standard library is all the downloader
-# (components/hub_download.py) needs, so nothing is installed at start.
+# (components/prefetch/hub_download.py) needs, so nothing is installed at start.
 PREFETCH_IMAGE = "docker.io/library/python:3.12.11-slim-bookworm"
 
 # Who may reach an exposed chat endpoint: the private address ranges (RFC 1918), carrier-grade
