@@ -312,10 +312,38 @@ def _secrets(ctx: _Context, restarted: set[tuple[str, str]]) -> None:
                     "pods mounting it cannot start and controllers reading it find it missing")
         if not data_changed or e.after is None:
             continue
+        _key_rotation(ctx, e)
         for w in readers.get((e.after.namespace, e.after.name or ""), []):
             if (w.namespace, w.name) not in restarted:
                 ctx.add("stale-secret", "warning", w.label, f"reads {e.subject}, whose content changes, but its pods "
                         "do not restart: a process that reads it at start keeps the old value")
+
+
+# The key in an API-key Secret the program writes that holds the key clients send (the key file's
+# first line): engines.base.Credentials.metrics_token_key of the engines that take keys.
+CLIENT_KEY = "metrics-token"
+
+
+def _string_data(entry_side: Any) -> Mapping[str, Any]:
+    inputs = unwrap_secrets(getattr(entry_side, "inputs", None) or {})
+    return inputs.get("stringData") or {}
+
+
+def _key_rotation(ctx: _Context, e: Entry) -> None:
+    """An API key replaced outright: from the restart on, clients still sending the old key get 401.
+    Not said for a step of the two-key rotation (the old key stays a line of the new key file)."""
+    before, after = _string_data(e.old), _string_data(e.applied)
+    old_key = before.get(CLIENT_KEY)
+    if not isinstance(old_key, str) or CLIENT_KEY not in after:
+        return
+    files = [v for k, v in after.items() if k != CLIENT_KEY and isinstance(v, str)]
+    if any(old_key in (line.strip() for line in text.splitlines()) for text in files):
+        return
+    ctx.add("old-key-refused", "warning", e.subject,
+            "the old API key stops working when the server restarts: clients (the gateway's copy is updated with it) "
+            "still sending it get 401. To rotate without that: set the secret to the old key and the new one on "
+            "two lines (pulumi config set --secret <key> \"$(printf '%s\\n%s' OLD NEW)\"), pulumi up, move the "
+            "clients to the new key, then set the new key alone and pulumi up again")
 
 
 def _missing_volumes(ctx: _Context) -> None:

@@ -572,7 +572,7 @@ def test_homelab_key_rotation_replaces_the_secret_and_restarts_its_server(homela
     }
     assert report.entry("Deployment", "llama-server").action.changed == (
         "spec.template.metadata.annotations.inference-plane/api-key-fingerprint",)
-    assert {c.kind for c in report.consequences} == {"restart", "downtime", "secret-gap"}
+    assert {c.kind for c in report.consequences} == {"restart", "downtime", "secret-gap", "old-key-refused"}
     assert not report.of_kind("stale-secret")
 
 

@@ -123,6 +123,17 @@ def test_rotating_the_homelab_key_updates_the_secret_and_restarts_the_server():
     # llama.cpp reads --api-key-file once: the pod template's fingerprint restarts it.
     (restart,) = report.of_kind("restart")
     assert restart.subject.endswith("llama-server")
+    # Replaced outright, the old key stops working at the restart: said, with the two-key steps.
+    (replaced,) = report.of_kind("old-key-refused")
+    assert replaced.subject.endswith("llama-server-api-key") and "401" in replaced.message
+    assert "two lines" in replaced.message
+
+
+def test_the_first_step_of_a_two_key_rotation_is_not_a_replacement():
+    old = "inference-plane:llama_api_key-value"
+    report = edit("homelab", lambda c: None, secrets_after={"llama_api_key": f"{old}\nnew-key-2"})
+    assert report.entry("Secret", "llama-server-api-key").op == "update"
+    assert report.of_kind("old-key-refused") == []
 
 
 def test_rotating_the_strix_keys_leaves_no_secret_missing():
