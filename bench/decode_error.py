@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
 from config.types import ModelFacts, ModelServer, NodePool  # noqa: E402
 from engines.llamacpp_speed import predict_tok_s  # noqa: E402
 from planning.catalog import lookup  # noqa: E402
+from real_shape import PRESETS, expected_weights_bytes, tensor_table  # noqa: E402
 
 GIB = 2**30
 LLAMA3_8B = dict(params_b=8.03, layers=32, kv_heads=8, head_dim=128, embedding_length=4096, vocab_size=128256,
@@ -69,17 +72,12 @@ def prediction(profile, backend, bandwidth, discrete, facts, quant, weights_gib,
         "decode_profile": profile, "backend": backend,
         **({"vram": "80Gi", "vram_bandwidth_gbs": bandwidth, "gpu_resource": "nvidia.com/gpu", "gpus_per_node": gpus} if discrete else {}),
     })
-    return predict_tok_s(model, model_facts, pool, backend if discrete else (backend if profile != "cpu" else "cpu"),
-                         discrete, depth)
+    rates = predict_tok_s(model, model_facts, pool, backend, discrete, {"depth": depth})
+    return rates["depth"] if rates else None
 
 
 def preset_facts(preset: str) -> dict:
     """A real shape's facts, counted from its tensor table (tests/contract/real_shape.py)."""
-    import math
-
-    sys.path.insert(0, str(ROOT / "tests" / "contract"))
-    from real_shape import PRESETS, tensor_table
-
     shape, table = PRESETS[preset], tensor_table(preset)
     params = sum(math.prod(ne) for _, ne, _, _ in table) / 1e9
     experts = sum(math.prod(ne) for name, ne, _, _ in table if "_exps" in name) / 1e9
@@ -113,9 +111,6 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
         for r in json.loads(Path(path).read_text()):
             weights = r.get("weights_bytes")
             if weights is None:
-                sys.path.insert(0, str(ROOT / "tests" / "contract"))
-                from real_shape import expected_weights_bytes
-
                 weights = expected_weights_bytes(r["shape"], r["quant"])
             predicted = prediction(profile, backend, bandwidth, discrete, preset_facts(r["shape"]), r["quant"],
                                    weights / GIB, r["depth"], 1)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from common.constants import METRICS_TOKEN_KEY
+
 from .pairing import _is_root, _urn_parts
 from .provider import ObjectId, ProviderOptions, diff_values, unwrap_secrets
 from .report import Consequence, Entry, Severity
@@ -287,7 +289,7 @@ def _redirected_traffic(ctx: _Context, starts: Sequence[_Start], pending: set[st
             behind = ", ".join(w.label for w in backends) or "no workload"
             never = [w.label for w in backends if w.label in pending]
             if never:
-                tail = f"which never becomes ready in this update (its pods stay Pending, see gpu-pending)"
+                tail = "which never becomes ready in this update (its pods stay Pending, see gpu-pending)"
             elif any(w.label in ready_when for w in backends):
                 tail = "which is not ready until its pods have started (and downloaded, if they must)"
             else:
@@ -319,11 +321,6 @@ def _secrets(ctx: _Context, restarted: set[tuple[str, str]]) -> None:
                         "do not restart: a process that reads it at start keeps the old value")
 
 
-# The key in an API-key Secret the program writes that holds the key clients send (the key file's
-# first line): engines.base.Credentials.metrics_token_key of the engines that take keys.
-CLIENT_KEY = "metrics-token"
-
-
 def _string_data(entry_side: Any) -> Mapping[str, Any]:
     inputs = unwrap_secrets(getattr(entry_side, "inputs", None) or {})
     return inputs.get("stringData") or {}
@@ -333,10 +330,10 @@ def _key_rotation(ctx: _Context, e: Entry) -> None:
     """An API key replaced outright: from the restart on, clients still sending the old key get 401.
     Not said for a step of the two-key rotation (the old key stays a line of the new key file)."""
     before, after = _string_data(e.old), _string_data(e.applied)
-    old_key = before.get(CLIENT_KEY)
-    if not isinstance(old_key, str) or CLIENT_KEY not in after:
+    old_key = before.get(METRICS_TOKEN_KEY)
+    if not isinstance(old_key, str) or METRICS_TOKEN_KEY not in after:
         return
-    files = [v for k, v in after.items() if k != CLIENT_KEY and isinstance(v, str)]
+    files = [v for k, v in after.items() if k != METRICS_TOKEN_KEY and isinstance(v, str)]
     if any(old_key in (line.strip() for line in text.splitlines()) for text in files):
         return
     ctx.add("old-key-refused", "warning", e.subject,

@@ -17,6 +17,10 @@ PART_OF = {"app.kubernetes.io/part-of": PROJECT, "app.kubernetes.io/managed-by":
 ENVOY_OWNING_GATEWAY_LABEL = "gateway.envoyproxy.io/owning-gateway-name"
 ENVOY_POD_LABELS = {NAME_LABEL: "envoy"}
 LLAMACPP_METRICS_PATH = "/metrics"
+# The key in an API-key Secret the program writes that holds only the key clients send (the key
+# file's first line): the metrics scrape's bearer token, and what the change preview compares when
+# a key rotates.
+METRICS_TOKEN_KEY = "metrics-token"
 # The app.kubernetes.io/component label of each server role. "embeddings" (plural) is what running
 # stacks carry and the policy pack matches; changing it would restart every embedding server.
 COMPONENT_LABEL = {"chat": "chat", "embedding": "embeddings"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Optional
 
-from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH
+from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, METRICS_TOKEN_KEY
 from common.quantity import parse_quantity
 from planning.catalog import facts_for, repo_of
 from planning.memory import MemoryEstimate, VramEstimate
@@ -21,7 +21,6 @@ from .llamacpp_memory import (
     llamacpp_estimate,
     model_bits,
     quant_of,
-    read_share,
     weights_bytes,
 )
 
@@ -66,9 +65,6 @@ def first_key(key_file: str) -> str:
     lines = [line.strip() for line in key_file.splitlines() if line.strip()]
     return lines[0] if lines else ""
 
-
-# The key in the API key Secret that holds only the first key, for the metrics scrape's bearer token.
-METRICS_TOKEN_KEY = "metrics-token"
 
 
 class LlamaCpp(Engine):
@@ -296,17 +292,15 @@ class LlamaCpp(Engine):
         if facts is None:
             return None
         backend = model.backend_on(pool) if model.uses_gpu(pool) else "cpu"
-        rates = {name: predict_tok_s(model, facts, pool, backend, discrete, depth)
-                 for name, depth in (("empty", 0), ("half", model.ctx_size // 2), ("full", model.ctx_size))}
-        return None if any(rate is None for rate in rates.values()) else rates  # type: ignore[return-value]
+        return predict_tok_s(model, facts, pool, backend, discrete,
+                             {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size})
 
     def read_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"], discrete: bool) -> Optional[tuple[float, float]]:
         """Weights read per generated token: every dense part and the active experts (MoE), from where
         each lives (Layout); the output layer once."""
         if facts is None:
             return None
-        vram, ram = layout(model, facts).read_per_token(read_share(facts))
-        return (vram, ram) if discrete else (0.0, vram + ram)
+        return layout(model, facts).read_per_token(discrete)
 
     def health_path(self, model: "ModelServer") -> str:
         return LLAMACPP_HEALTH_PATH

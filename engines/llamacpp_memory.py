@@ -142,14 +142,17 @@ class Layout:
     dense_per_block: float  # bytes of a block's attention and shared weights
     experts_per_block: float  # bytes of a block's routed experts
     active_expert_share: float  # the share of a block's experts read per token
+    # Without expert_params_b, an MoE's reads are its active share of every part.
+    read_share: float = 1.0
 
     @property
     def vram_weights(self) -> float:
         return (self.gpu_blocks * self.dense_per_block + (self.gpu_blocks - self.experts_in_ram) * self.experts_per_block
                 + (self.embedding if self.output_on_gpu else 0.0))
 
-    def read_per_token(self, read_share: float = 1.0) -> tuple[float, float]:
-        """(bytes from VRAM, bytes from system RAM) read for one generated token."""
+    def read_per_token(self, discrete: bool = True) -> tuple[float, float]:
+        """(bytes from VRAM, bytes from system RAM) read for one generated token; on unified memory or
+        a CPU (``discrete`` false) all of it is the node's."""
         ram_blocks = self.layers - self.gpu_blocks
         experts = self.experts_per_block * self.active_expert_share
         vram = self.gpu_blocks * self.dense_per_block + (self.gpu_blocks - self.experts_in_ram) * experts
@@ -158,7 +161,8 @@ class Layout:
             vram += self.embedding
         else:
             ram += self.embedding
-        return vram * read_share, ram * read_share
+        vram, ram = vram * self.read_share, ram * self.read_share
+        return (vram, ram) if discrete else (0.0, vram + ram)
 
 
 def layout(model: "ModelServer", facts: "ModelFacts") -> Layout:
@@ -186,14 +190,8 @@ def layout(model: "ModelServer", facts: "ModelFacts") -> Layout:
         dense_per_block=per_block - experts,
         experts_per_block=experts,
         active_expert_share=share,
+        read_share=facts.active_params_b / facts.params_b if facts.active_params_b and not facts.expert_params_b else 1.0,
     )
-
-
-def read_share(facts: "ModelFacts") -> float:
-    """Without expert_params_b, an MoE's reads are its active share of every part."""
-    if facts.active_params_b and not facts.expert_params_b:
-        return facts.active_params_b / facts.params_b
-    return 1.0
 
 
 def discrete_split(model: "ModelServer", facts: "ModelFacts") -> tuple[MemoryEstimate, VramEstimate]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from .llamacpp_memory import KV_TYPE_BYTES, layout, quant_of, read_share
+from .llamacpp_memory import KV_TYPE_BYTES, layout, quant_of
 
 if TYPE_CHECKING:
     from config.types import ModelFacts, ModelServer, NodePool
@@ -88,28 +88,33 @@ def kv_bytes_per_position(model: "ModelServer", facts: "ModelFacts") -> float:
 
 
 def predict_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
-                  discrete: bool, depth: int) -> Optional[float]:
-    """Predicted decode rate with `depth` tokens already in the context; None where a bandwidth or
-    the backend's profile is unknown (SYCL, MUSA: nothing measured)."""
-    main = PROFILES.get(pool.decode_profile or DEFAULT_PROFILE.get(backend or "", "")) if backend != "cpu" else PROFILES["cpu"]
-    host = PROFILES["cpu"]
+                  discrete: bool, depths: dict[str, int]) -> Optional[dict[str, float]]:
+    """Predicted decode rate at each named context depth (tokens already in the context); None where
+    a bandwidth or the backend's profile is unknown (Vulkan unnamed, SYCL, MUSA: nothing measured)."""
+    main = PROFILES["cpu"] if backend == "cpu" else PROFILES.get(pool.decode_profile or DEFAULT_PROFILE.get(backend or "", ""))
     if main is None or model.role == "embedding":
         return None
     place = layout(model, facts)
-    vram_read, ram_read = place.read_per_token(read_share(facts))
-    if not discrete:
-        vram_read, ram_read = 0.0, vram_read + ram_read
+    vram_read, ram_read = place.read_per_token(discrete)
     kind = weight_class(model, facts)
-    seconds = facts.layers * (main.block_us + (main.moe_block_us if facts.expert_params_b or facts.active_params_b else 0.0)) / 1e6
+    fixed = facts.layers * (main.block_us + (main.moe_block_us if facts.expert_params_b or facts.active_params_b else 0.0)) / 1e6
     if facts.full_attention_layers and facts.recurrent_state_mib:
-        seconds += (facts.layers - facts.full_attention_layers) * main.recurrent_block_us / 1e6
-    kv = kv_bytes_per_position(model, facts) * depth
-    gpu_kv = kv * place.gpu_blocks / facts.layers if discrete else 0.0
-    for part, kv_part, bandwidth, profile in ((vram_read, gpu_kv, pool.vram_bandwidth_gbs, main),
-                                              (ram_read, kv - gpu_kv, pool.memory_bandwidth_gbs, main if not discrete else host)):
-        if part <= 0 and kv_part <= 0:
-            continue
-        if bandwidth is None:
+        fixed += (facts.layers - facts.full_attention_layers) * main.recurrent_block_us / 1e6
+    # Beside a discrete card, what stays in system RAM runs on the CPU.
+    ram_profile = PROFILES["cpu"] if discrete else main
+    rates: dict[str, float] = {}
+    for name, depth in depths.items():
+        kv = kv_bytes_per_position(model, facts) * depth
+        gpu_kv = kv * place.gpu_blocks / facts.layers if discrete else 0.0
+        seconds = fixed
+        for part, kv_part, bandwidth, profile in ((vram_read, gpu_kv, pool.vram_bandwidth_gbs, main),
+                                                  (ram_read, kv - gpu_kv, pool.memory_bandwidth_gbs, ram_profile)):
+            if part <= 0 and kv_part <= 0:
+                continue
+            if bandwidth is None:
+                return None
+            seconds += part / (bandwidth * 1e9 * profile.share[kind]) + kv_part / (bandwidth * 1e9 * profile.kv_share)
+        if seconds <= 0:
             return None
-        seconds += part / (bandwidth * 1e9 * profile.share[kind]) + kv_part / (bandwidth * 1e9 * profile.kv_share)
-    return 1 / seconds if seconds > 0 else None
+        rates[name] = 1 / seconds
+    return rates

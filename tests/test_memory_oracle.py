@@ -26,11 +26,10 @@ sys.path.insert(0, str(ROOT / "tests" / "contract"))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from build_llama_server import BuildError, build  # noqa: E402
+from common.quantity import MIB, parse_quantity  # noqa: E402
 from real_shape import write_real_shape  # noqa: E402
 from server import free_port  # noqa: E402
 
-GIB = 2**30
-MIB = 2**20
 TOLERANCE = 0.10
 # The published GGUF each shipped hf_repo names, as a real shape (tests/contract/real_shape.py).
 SHAPES = {
@@ -131,11 +130,7 @@ def test_the_plan_matches_what_llama_cpp_allocates(case):
         # Everything is in the node's memory: the limit must hold all llama.cpp allocates, and the
         # host-RAM caches (prompt cache, checkpoints) it fills later.
         plan_server = next(s for k, s in run.outputs["capacity_plan"]["servers"].items() if k == key)
-        limit_mib = _mib(plan_server["memory_limit"])
+        limit_mib = float(parse_quantity(plan_server["memory_limit"])) / MIB
         allocated = sum(reports.values()) + plan.host_caches_gib * 1024
         assert limit_mib >= allocated, f"memory limit {plan_server['memory_limit']} < {allocated:.0f} MiB allocated"
 
-
-def _mib(quantity: str) -> float:
-    number, unit = re.fullmatch(r"([0-9.]+)(Gi|Mi)", quantity).groups()
-    return float(number) * (1024 if unit == "Gi" else 1)

@@ -176,9 +176,10 @@ def test_two_cards_on_a_time_sliced_pool_is_refused():
 def test_a_second_two_card_replica_finds_no_free_cards():
     stack = values("dual-3090")
     stack["models"]["chat"]["workload"] = {"replicas": 2}
-    with pytest.raises((CapacityError, ConfigError)) as caught:
+    with pytest.raises(ConfigError) as caught:
         plan_capacity(parse_stack(stack))
-    assert "nvidia.com/gpu" in str(caught.value) or "vram" in str(caught.value)
+    assert ("node_pools.dual-3090.gpu_shares", "model server pods (chat) request 4 nvidia.com/gpu, but the pool offers 2; "
+            "raise the device plugin's -shared-dev-num and gpu_shares") in caught.value.problems
 
 
 # --- llama.cpp's free-memory target ----------------------------------------------------------------

@@ -241,7 +241,7 @@ def build(build: int = DEFAULT_BUILD, program: str = "llama-server", sha256: str
     programs = ("llama-server", "llama-bench") if cuda else PROGRAMS
     if program not in programs:
         raise BuildError(f"{program} is not built for {BACKEND_ENV}=cuda; one of {', '.join(programs)}")
-    home = install_dir(build, sha256).with_name(install_dir(build, sha256).name + ("-cuda" if cuda else ""))
+    home = cache_root() / (_key(build, sha256) + ("-cuda" if cuda else ""))
     out = home / "bin" / program
     if all((home / "bin" / p).exists() for p in programs):
         return out
