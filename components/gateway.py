@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -22,19 +21,24 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from common.constants import ENVOY_OWNING_GATEWAY_LABEL, ENVOY_POD_LABELS, PART_OF, service_fqdn
-from config.gateway import GatewayConfig, Route
+from config.gateway import GatewayConfig
 from config.types import PodPeer, StackConfig
 from engines import engine_of
 from common.constants import MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAME, tailnet_device
 
+from .gateway_routes import (
+    MODEL_HEADER,
+    _ref,
+    embedding_routes,
+    route_rules,
+    split_rules,
+    traffic_policy_spec,
+)
 from .meta import VALUE_NOTES_ANNOTATION, token, value_notes
 
 AIGW = "aigateway.envoyproxy.io/v1beta1"
 EG = "gateway.envoyproxy.io/v1alpha1"
 GWAPI = "gateway.networking.k8s.io/v1"
-MODEL_HEADER = "x-ai-eg-model"
-# AIGatewayRoute accepts at most 15 rules (one slot is the controller's route-not-found rule).
-MAX_RULES_PER_ROUTE = 15
 # Paths on which an embedding model would be asked to generate: refused at the gateway.
 GENERATIVE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/anthropic/v1/messages")
 CLIENT_ID_HEADER = "x-client-id"
@@ -82,11 +86,6 @@ def upstream_keys(gw: GatewayConfig, stack: StackConfig, secret: SecretReader) -
     return keys
 
 
-def rule_name(model: str) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
-    return slug or "model"
-
-
 @dataclass(frozen=True)
 class InferenceGatewayArgs:
     gateway: GatewayConfig
@@ -108,71 +107,6 @@ def _envoy_service(gw: GatewayConfig) -> dict:
     return service
 
 
-def _ref(group: str, kind: str, name: str) -> dict:
-    return {"group": group, "kind": kind, "name": name}
-
-
-def backend_refs(route_backends, gateway: GatewayConfig, stack: StackConfig, public_model: Optional[str]) -> list[dict]:
-    """Priority-ordered backendRefs; each tier gets the model name it knows the model by."""
-    refs = []
-    for priority, backend in enumerate(route_backends):
-        tier_name = backend if isinstance(backend, str) else backend.tier
-        override = None if isinstance(backend, str) else backend.model
-        tier = gateway.tiers[tier_name]
-        if override is None and tier.local is not None and public_model is not None:
-            local = stack.models[tier.local]
-            override = engine_of(local).served_model(local, public_model)
-        ref: dict = {"name": tier_name, "priority": priority}
-        if override is not None and override != public_model:
-            ref["modelNameOverride"] = override
-        refs.append(ref)
-    return refs
-
-
-def route_rules(gateway: GatewayConfig, stack: StackConfig, kind: str = "chat") -> list[dict]:
-    """The AIGatewayRoute rules of one kind, in order: one per public model, then (chat) the catch-all.
-    Chat and embedding rules live on separate routes: their retry policies differ."""
-    timing = {
-        # Generation length is unbounded at the route (AI Gateway's own default is a 60 s cut). No
-        # rule streamIdleTimeout: AI Gateway 1.1 makes it Envoy's per-try idle timeout, which re-runs
-        # a non-streamed completion on the next tier once it has been silent that long. The route's
-        # idle limit is completion_idle_timeout, on its BackendTrafficPolicy.
-        "timeouts": {"request": "0s"},
-    }
-    rules = []
-    for route in gateway.routes:
-        if route.kind != kind:
-            continue
-        rules.append(
-            {
-                "name": rule_name(route.model),
-                "matches": [{"headers": [{"type": "Exact", "name": MODEL_HEADER, "value": route.model}]}],
-                "backendRefs": backend_refs(route.backends, gateway, stack, route.model),
-                **timing,
-            }
-        )
-    if gateway.catch_all and kind == "chat":
-        rules.append(
-            {
-                "name": "catch-all",
-                # A regular-expression match (not an empty one): Exact rules still win on
-                # precedence, and it does not tie with the controller's route-not-found rules.
-                "matches": [{"headers": [{"type": "RegularExpression", "name": MODEL_HEADER, "value": ".*"}]}],
-                "backendRefs": backend_refs(gateway.catch_all, gateway, stack, None),
-                **timing,
-            }
-        )
-    return rules
-
-
-def split_rules(rules: list[dict]) -> list[list[dict]]:
-    return [rules[i : i + MAX_RULES_PER_ROUTE] for i in range(0, len(rules), MAX_RULES_PER_ROUTE)] or [[]]
-
-
-def embedding_routes(gateway: GatewayConfig) -> list[Route]:
-    return [r for r in gateway.routes if r.kind == "embedding"]
-
-
 class InferenceGateway(pulumi.ComponentResource):
     """Gateway, policies, backends and AI routes for one stack's inference plane."""
 
@@ -192,7 +126,7 @@ class InferenceGateway(pulumi.ComponentResource):
             opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(aliases=[pulumi.Alias(name=args.gateway.name)]))
         super().__init__(token("InferenceGateway"), name, None, opts)
         self._args = args
-        gw, ns = args.gateway, args.namespace
+        gw = args.gateway
         self._labels = {**PART_OF, "inference-plane/gateway": gw.name}
 
         if gw.create_class:
@@ -428,37 +362,13 @@ class InferenceGateway(pulumi.ComponentResource):
                 "rules": rules,
             },
         )
-        retry = gw.retry
-        # The controller generates an HTTPRoute of the same name; this policy targets it. One
-        # policy per route carries both settings: two of one kind on one target do not merge.
+        spec = traffic_policy_spec(gw, self._args.stack, route_name, rules, status_codes)
         self._cr(
             f"{name}-{suffix}-traffic",
             EG,
             "BackendTrafficPolicy",
             self._meta(route_name),
-            {
-                "targetRefs": [_ref("gateway.networking.k8s.io", "HTTPRoute", route_name)],
-                # A conversation stays on the pod that holds its KV cache.
-                "loadBalancer": {
-                    "type": "ConsistentHash",
-                    "consistentHash": {"type": "Headers", "headers": [{"name": gw.session_header}]},
-                },
-                # The route's own idle limit: a non-streamed completion is silent until done, and the
-                # listener's stream_idle_timeout would otherwise end it (Envoy Gateway >= 1.8 maps this
-                # to the route's idle_timeout). No per-try timeout: it would re-run long completions.
-                "timeout": {"http": {"streamIdleTimeout": gw.completion_idle_timeout}},
-                # Priority alone fails over only once hosts are ejected; a retry moves each
-                # failed request to the next priority after attempts_per_priority attempts.
-                "retry": {
-                    "numRetries": retry.num_retries,
-                    "numAttemptsPerPriority": retry.attempts_per_priority,
-                    "retryOn": {
-                        "triggers": ["connect-failure", "refused-stream", "reset", "retriable-status-codes"],
-                        "httpStatusCodes": list(status_codes),
-                    },
-                    "perRetry": {"backOff": {"baseInterval": "100ms", "maxInterval": "2s"}},
-                },
-            },
+            spec,
             depends_on=[route],
         )
         return route

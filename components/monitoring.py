@@ -108,7 +108,7 @@ def fallback_alerts(stack: StackConfig) -> list[tuple]:
     AI Gateway labels a request with the model name it sent upstream (gen_ai_request_model: the
     backend's modelNameOverride); gen_ai_provider_name is the API schema ("openai") for every
     OpenAI-compatible backend, so it cannot tell a local tier from a remote one."""
-    from .gateway import backend_refs
+    from .gateway_routes import backend_refs
 
     gateway = stack.gateway
     found, problems = [], []

@@ -180,6 +180,18 @@ def gateway_problems(gateway: GatewayConfig, models: dict[str, ModelServer]) -> 
                 ))
             if role == "chat" and route.kind == "embedding":
                 problems.append((where, f"{backend.tier} serves a chat model, not embeddings"))
+    explicit = gateway.retry.attempts_per_priority
+    if explicit is not None:
+        for index, route in enumerate(gateway.routes):
+            needed = gateway.local_replicas([b.tier for b in route.backends], models)
+            if explicit < needed:
+                problems.append((
+                    "gateway.retry.attempts_per_priority",
+                    f"{explicit} sends a request that failed on one of the {needed} local replicas of "
+                    f"{route.model!r} to the next tier while another local replica is healthy; remove it "
+                    f"(default: one attempt per local replica) or set it to {needed}",
+                ))
+                break
     for index, tier_name in enumerate(gateway.catch_all):
         if tier_name not in gateway.tiers:
             problems.append((f"gateway.catch_all[{index}]", f"no tier {tier_name!r}; defined: {', '.join(gateway.tiers)}"))
@@ -252,6 +264,7 @@ def stack_problems(stack: StackConfig) -> list[Problem]:
     problems += hub_egress_problems(stack.namespace.model_hub_egress, "namespace.model_hub_egress")
     problems += _egress_expressible(stack)
     problems += _exposure_problems(stack)
+    problems += certificate_problems(stack)
     for pool_key, pool in stack.node_pools.items():
         problems += node_pool_problems(pool, f"node_pools.{pool_key}")
     problems += _gpu_demand(stack)
@@ -270,6 +283,40 @@ def _egress_expressible(stack: StackConfig) -> list[Problem]:
             "set mode: world with a reason (the egress it really gets), or use cni: cilium",
         )]
     return []
+
+
+# Names no public DNS zone of the user's can hold: mDNS and the special-use / private-use suffixes
+# (RFC 6762, RFC 8375 home.arpa, ICANN's .internal) and Tailscale's MagicDNS domain (Tailscale's zone).
+PRIVATE_SUFFIXES = (".local", ".lan", ".home", ".home.arpa", ".internal", ".localdomain", ".corp", ".ts.net")
+
+
+def certificate_problems(stack: StackConfig) -> list[Problem]:
+    """Every name the program asks cert-manager for, against what its issuer can prove: these hosts
+    are never published on the internet (public_dns_label is refused), so ACME HTTP-01 cannot reach
+    them, and DNS-01 needs a public zone the user controls."""
+    cluster = stack.cluster
+    names = [(f"models.{key}.exposure.host", m.exposure.host) for key, m in stack.models.items() if m.exposure]
+    if stack.gateway is not None:
+        names.append(("gateway.hostname", stack.gateway.hostname))
+    problems: list[Problem] = []
+    for path, host in names:
+        if cluster.issuer_solver == "http01":
+            problems.append((
+                "cluster.issuer_solver",
+                f"{cluster.cert_manager_issuer} (http01) cannot issue for {host} ({path}): Let's Encrypt must fetch a "
+                "token from it over the internet, and the program publishes no record for it; use a dns01 issuer on a "
+                "public zone you control (issuer_solver: dns01) or a CA issuer (issuer_solver: ca)",
+            ))
+            break
+        private = next((s for s in PRIVATE_SUFFIXES if host.endswith(s)), None)
+        if cluster.issuer_solver == "dns01" and private is not None:
+            problems.append((
+                "cluster.issuer_solver",
+                f"{cluster.cert_manager_issuer} (dns01) cannot issue for {host} ({path}): no public zone of yours "
+                f"holds *{private}; use a CA issuer for it (cluster.cert_manager_issuer: <your CA ClusterIssuer>, "
+                "issuer_solver: ca)",
+            ))
+    return problems
 
 
 def _exposure_problems(stack: StackConfig) -> list[Problem]:

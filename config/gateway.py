@@ -3,7 +3,7 @@ model servers, its tiers, routes and clients. Checks between fields live in ``ch
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Iterable, Literal, Mapping, Optional
 
 from pydantic import Field
 
@@ -67,8 +67,11 @@ class Retry(Strict):
     """How a failed request moves to the next priority."""
 
     num_retries: Annotated[int, Field(ge=0, le=10)] = doc("Retries after the first attempt.", default=3)
-    attempts_per_priority: Annotated[int, Field(ge=1, le=5)] = doc(
-        "Attempts per priority: 1 hands a failing tier's request to the next one at once.", default=1
+    attempts_per_priority: Optional[Annotated[int, Field(ge=1, le=5)]] = doc(
+        "Attempts on one priority before the next; null: as many as the route's largest local server has replicas, so a "
+        "request that failed on one local replica is tried on the others before it leaves the cluster (Envoy Gateway "
+        "adds the previous-hosts predicate to every retry). Fewer than that is refused.",
+        default=None,
     )
     status_codes: list[Annotated[int, Field(ge=400, le=599)]] = doc(
         "Chat routes: upstream statuses that are retried.", default=[429, 500, 502, 503, 504]
@@ -130,6 +133,16 @@ class GatewayConfig(Strict):
     )
     retry: Retry = doc("Failover between priorities.", default=Retry())
     llamacpp_embeddings: Optional[LlamaCppEmbeddingsPath] = doc("A direct path to a llama.cpp embedding server.", default=None)
+
+    def local_replicas(self, tier_names: Iterable[str], models: Mapping[str, Any]) -> int:
+        """The most replicas any local server among these tiers runs (1 with none): the attempts a
+        priority needs so that every local replica is tried before a request moves on."""
+        replicas = [
+            models[tier.local].workload.replicas
+            for tier in (self.tiers.get(name) for name in tier_names)
+            if tier is not None and tier.local is not None and tier.local in models
+        ]
+        return max(replicas, default=1)
 
     def local_models(self) -> set[str]:
         """The models keys the gateway's Envoy pods reach (and must authenticate to)."""

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import difflib
 import json
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
-from common.constants import COMMIT_ID, OFFLINE_SECRET_PLACEHOLDER, PROJECT
+from common.constants import COMMIT_ID, OFFLINE_SECRET_PLACEHOLDER, PROJECT, TAILSCALE_CLASS, tailnet_device
 from common.errors import ConfigError
 
-from .types import TOP_LEVEL_KEYS, StackConfig
+from .gateway import GatewayConfig
+from .types import TOP_LEVEL_KEYS, Problem, StackConfig
 from .validation import EngineChecks, parse_stack, path_part
 
 
@@ -57,6 +59,42 @@ def secrets_mutable() -> bool:
     return (pulumi.Config(namespace).get(key) or "").lower() == "true"
 
 
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+
+def tailnet_name_problems(gateway: Optional[GatewayConfig], stack: str, project_dir: Path) -> list[Problem]:
+    """A gateway on the tailnet claims a device name (its hostname's first label); the project's
+    other stacks must not claim the same one on the same tailnet: Tailscale names the second device
+    `<name>-1` (its KB 1098), which matches neither that gateway's listener nor its certificate.
+    Only a stack with its own file is compared (a test run under another name is not a stack)."""
+    if gateway is None or gateway.load_balancer_class != TAILSCALE_CLASS:
+        return []
+    if not (project_dir / f"Pulumi.{stack}.yaml").is_file():
+        return []
+    import yaml
+
+    problems: list[Problem] = []
+    for path in sorted(project_dir.glob("Pulumi.*.yaml")):
+        other = path.name[len("Pulumi."):-len(".yaml")]
+        if other == stack:
+            continue
+        try:
+            document = yaml.safe_load(path.read_text()) or {}
+            theirs = (document.get("config") or {}).get(f"{PROJECT}:gateway") or {}
+            host, lb_class = theirs.get("hostname"), theirs.get("load_balancer_class", TAILSCALE_CLASS)
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue  # that stack's own run reports its file
+        if host == gateway.hostname and lb_class == TAILSCALE_CLASS:
+            device, _, tailnet = gateway.hostname.partition(".")
+            problems.append((
+                "gateway.hostname",
+                f"{gateway.hostname} is also the gateway of stack {other} ({path.name}): on one tailnet the second "
+                f"device to join becomes {tailnet_device(host)}-1, which matches neither its listener nor its "
+                f"certificate; give each stack a name of its own, e.g. {device}-{stack}.{tailnet}",
+            ))
+    return problems
+
+
 def load_stack(engine_checks: EngineChecks) -> StackConfig:
     """Read and validate the running stack's config (with each engine's checks, handed in)."""
     if not secrets_mutable():
@@ -70,6 +108,9 @@ def load_stack(engine_checks: EngineChecks) -> StackConfig:
     structured = {k: v for k, v in values.items() if k in TOP_LEVEL_KEYS}
     stack = parse_stack(structured, engine_checks)
     problems = _secret_key_problems(stack, values, secret_keys)
+    import pulumi
+
+    problems += tailnet_name_problems(stack.gateway, pulumi.get_stack(), PROJECT_DIR)
     for key in sorted(set(structured) & secret_keys):
         problems.append((key, "structured config must not be secret; keep credentials in their own keys"))
     if problems:

@@ -86,6 +86,13 @@ class ClusterConfig(Strict):
         default=IngressController(),
     )
     cert_manager_issuer: DnsName = doc("The cert-manager ClusterIssuer for every TLS certificate.", default="letsencrypt-cluster")
+    issuer_solver: Literal["dns01", "http01", "ca"] = doc(
+        "How cert_manager_issuer proves a name. dns01: ACME through a public DNS zone you control, which works for a "
+        "LAN-only name in it (the seed's letsencrypt-cluster solves through Cloudflare); http01: ACME fetches a token "
+        "over port 80 from the internet, which no host of this program can answer (none is published), so it is "
+        "refused; ca: a CA or self-signed ClusterIssuer, any name (.lan, .ts.net), clients trust its CA.",
+        default="dns01",
+    )
     monitoring: Optional[PodPeer] = doc(
         "The pods that scrape /metrics; null when the cluster runs no monitoring.", default=PodPeer(namespace="monitoring")
     )

@@ -7,7 +7,8 @@ import copy
 import pulumi
 import pytest
 
-from components.gateway import GENERATIVE_PATHS, MAX_RULES_PER_ROUTE, derived_client_key
+from components.gateway import GENERATIVE_PATHS, derived_client_key
+from components.gateway_routes import MAX_RULES_PER_ROUTE
 from conftest import STRIX_SECRETS, run_strix, strix_values
 from render.manifests import dump, manifests
 
@@ -196,11 +197,68 @@ def test_traffic_policy_combines_affinity_and_fallback_retry(strix_run):
         "type": "ConsistentHash",
         "consistentHash": {"type": "Headers", "headers": [{"name": "x-sks-session-id"}]},
     }
-    assert btp["retry"]["numAttemptsPerPriority"] == 1
-    assert btp["retry"]["numRetries"] >= 2  # enough to walk a three-tier chain
+    # Both of flash's replicas are tried before a prompt leaves the cluster.
+    assert btp["retry"]["numAttemptsPerPriority"] == 2
+    assert btp["retry"]["numRetries"] >= 3  # two local replicas, then a remote tier
     assert "retriable-status-codes" in btp["retry"]["retryOn"]["triggers"]
     assert {503, 429} <= set(btp["retry"]["retryOn"]["httpStatusCodes"])
     assert "timeout" not in btp["retry"].get("perRetry", {})  # would cut long generations
+
+
+def local_replicas_behind(run, route: dict) -> list[int]:
+    """Follow each rule's backends to the workloads behind them: AIServiceBackend -> Backend ->
+    Service FQDN -> the Deployment/StatefulSet whose pods that Service selects."""
+    ai = {b["metadata"]["name"]: b for b in objects(run, "AIServiceBackend")}
+    backends = {b["metadata"]["name"]: b for b in objects(run, "Backend")}
+    services = {s["metadata"]["name"]: s for s in objects(run, "Service")}
+    workloads = objects(run, "Deployment") + objects(run, "StatefulSet")
+    found = []
+    for rule in route["spec"]["rules"]:
+        for ref in rule["backendRefs"]:
+            backend = backends[ai[ref["name"]]["spec"]["backendRef"]["name"]]
+            host = backend["spec"]["endpoints"][0]["fqdn"]["hostname"]
+            service = services.get(host.split(".")[0]) if host.endswith(".svc.cluster.local") else None
+            if service is None:
+                continue  # a remote provider
+            selector = service["spec"]["selector"]
+            (workload,) = [w for w in workloads
+                           if selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()]
+            found.append(workload["spec"].get("replicas", 1))
+    return found
+
+
+@pytest.mark.parametrize("stack", ["strix-halo", "rtx4090"])
+def test_a_failed_local_replica_is_retried_locally_before_the_next_tier(stack):
+    """Across objects: every AI route's retry tries each replica of its local servers before the
+    next priority, and hashes sessions only where there is more than one replica to choose from
+    (a hash balancer ignores the retry's priority step, envoyproxy/envoy#9042: a single local replica
+    behind a hash would never hand a failed request to the remote tier while it is listed)."""
+    from conftest import run_stack_file, stack_file_config, RTX_SECRETS
+    run = strix_run_cached() if stack == "strix-halo" else run_stack_file(stack, stack_file_config(stack), RTX_SECRETS)
+    routes = [r for r in objects(run, "AIGatewayRoute")]
+    assert routes
+    for route in routes:
+        replicas = local_replicas_behind(run, route)
+        btp = traffic_policy(run, route["metadata"]["name"])
+        most = max(replicas, default=1)
+        assert btp["retry"]["numAttemptsPerPriority"] == most
+        assert ("loadBalancer" in btp) == (most > 1)
+        assert "circuitBreaker" not in btp  # its overflow 503 is never retried: no spill, only errors
+    if stack == "rtx4090":
+        # One card: a failure on it goes straight to OpenRouter (priority 1), no hash in the way.
+        chat = traffic_policy(run, "inference-routes-1")
+        assert chat["retry"]["numAttemptsPerPriority"] == 1 and "loadBalancer" not in chat
+
+
+def strix_run_cached():
+    return run_strix()
+
+
+def test_fewer_attempts_than_local_replicas_is_refused(strix):
+    strix["gateway"]["retry"] = {"attempts_per_priority": 1}
+    with pytest.raises(pulumi.RunError, match=r"gateway.retry.attempts_per_priority: 1 sends a request that failed on "
+                       r"one of the 2 local replicas of 'qwen/qwen3.8-flash' to the next tier .*set it to 2"):
+        run_strix(strix)
 
 
 def test_embeddings_never_fail_over_on_a_rejected_request(strix_run):
@@ -419,3 +477,56 @@ def test_what_secrets_md_says_each_key_holds_is_what_the_program_puts_there(stri
     text = secrets_to_create("strix-halo", [r.inputs for r in strix_run.find("Secret")], supplied_secrets(strix_run))
     assert "`inference-client-ca` in namespace `shikanime` (key: ca.crt)" in text
     assert "  - `metrics-token`: the first line of api-keys" in text
+
+
+def test_two_stacks_claiming_one_tailnet_device_are_refused(tmp_path):
+    """Tailscale names a second device with a taken name `<name>-1` (KB 1098): its listener and
+    certificate would no longer match. The project's stacks are compared with each other."""
+    from config.gateway import GatewayConfig
+    from config.load import PROJECT_DIR, tailnet_name_problems
+
+    gateway = {"hostname": "inference.tail0a1b2c.ts.net", "tls_secret": "t", "clients": {"me": {}},
+               "master_key_config": "k", "tiers": {"r": {"remote": {"host": "openrouter.ai", "api_key_config": "o"}}},
+               "catch_all": ["r"]}
+    for stack in ("one", "two"):
+        (tmp_path / f"Pulumi.{stack}.yaml").write_text(
+            "config:\n  inference-plane:gateway:\n    hostname: inference.tail0a1b2c.ts.net\n")
+    mine = GatewayConfig.model_validate(gateway)
+    (problem,) = tailnet_name_problems(mine, "one", tmp_path)
+    assert problem == ("gateway.hostname", "inference.tail0a1b2c.ts.net is also the gateway of stack two "
+                       "(Pulumi.two.yaml): on one tailnet the second device to join becomes inference-1, which "
+                       "matches neither its listener nor its certificate; give each stack a name of its own, e.g. "
+                       "inference-one.tail0a1b2c.ts.net")
+    # Another load-balancer class claims no tailnet device; a run that is no stack of the project is not compared.
+    (tmp_path / "Pulumi.two.yaml").write_text("config:\n  inference-plane:gateway:\n    hostname: "
+                                              "inference.tail0a1b2c.ts.net\n    load_balancer_class: metallb\n")
+    assert tailnet_name_problems(mine, "one", tmp_path) == []
+    assert tailnet_name_problems(mine, "test", tmp_path) == []
+    # The shipped stacks: no two on the example tailnet share a device.
+    from conftest import STACKS
+    for stack in STACKS:
+        values = __import__("conftest").stack_values(stack)
+        if "gateway" in values:
+            assert tailnet_name_problems(GatewayConfig.model_validate(values["gateway"]), stack, PROJECT_DIR) == []
+
+
+@pytest.mark.parametrize("solver, host, fragment", [
+    ("http01", "chat.home.example.org", "letsencrypt-cluster (http01) cannot issue for chat.home.example.org "
+     "(models.chat.exposure.host): Let's Encrypt must fetch a token from it over the internet"),
+    ("dns01", "llm.home.arpa", "letsencrypt-cluster (dns01) cannot issue for llm.home.arpa (models.chat.exposure.host): "
+     "no public zone of yours holds *.home.arpa; use a CA issuer"),
+])
+def test_an_issuer_that_cannot_prove_a_lan_name_is_refused(solver, host, fragment):
+    from conftest import CPU_SECRETS, run_stack_file, stack_file_config
+    config = stack_file_config("cpu-cluster")
+    cluster = config["inference-plane:cluster"]
+    cluster["issuer_solver"] = solver
+    config["inference-plane:models"]["chat"]["exposure"]["host"] = host
+    config["inference-plane:models"]["chat"]["cors_origins"] = f"https://{host}"
+    with pytest.raises(pulumi.RunError, match=r"cluster.issuer_solver: " + __import__("re").escape(fragment)):
+        run_stack_file("cpu-cluster", config, CPU_SECRETS)
+    # A CA issuer proves any name.
+    cluster["issuer_solver"] = "ca"
+    run = run_stack_file("cpu-cluster", config, CPU_SECRETS)
+    (ingress,) = [r.inputs for r in run.find("Ingress")]
+    assert ingress["spec"]["tls"][0]["hosts"] == [host]

@@ -1,0 +1,127 @@
+"""The AI routes' content: the rules that match a public model name to its tiers in priority
+order, and the BackendTrafficPolicy that decides how a failed request moves between them."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from config.gateway import GatewayConfig, Route
+from config.types import StackConfig
+from engines import engine_of
+
+MODEL_HEADER = "x-ai-eg-model"
+# AIGatewayRoute accepts at most 15 rules (one slot is the controller's route-not-found rule).
+MAX_RULES_PER_ROUTE = 15
+
+
+def rule_name(model: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
+    return slug or "model"
+
+
+def _ref(group: str, kind: str, name: str) -> dict:
+    return {"group": group, "kind": kind, "name": name}
+
+
+def backend_refs(route_backends, gateway: GatewayConfig, stack: StackConfig, public_model: Optional[str]) -> list[dict]:
+    """Priority-ordered backendRefs; each tier gets the model name it knows the model by."""
+    refs = []
+    for priority, backend in enumerate(route_backends):
+        tier_name = backend if isinstance(backend, str) else backend.tier
+        override = None if isinstance(backend, str) else backend.model
+        tier = gateway.tiers[tier_name]
+        if override is None and tier.local is not None and public_model is not None:
+            local = stack.models[tier.local]
+            override = engine_of(local).served_model(local, public_model)
+        ref: dict = {"name": tier_name, "priority": priority}
+        if override is not None and override != public_model:
+            ref["modelNameOverride"] = override
+        refs.append(ref)
+    return refs
+
+
+def route_rules(gateway: GatewayConfig, stack: StackConfig, kind: str = "chat") -> list[dict]:
+    """The AIGatewayRoute rules of one kind, in order: one per public model, then (chat) the catch-all.
+    Chat and embedding rules live on separate routes: their retry policies differ."""
+    timing = {
+        # Generation length is unbounded at the route (AI Gateway's own default is a 60 s cut). No
+        # rule streamIdleTimeout: AI Gateway 1.1 makes it Envoy's per-try idle timeout, which re-runs
+        # a non-streamed completion on the next tier once it has been silent that long. The route's
+        # idle limit is completion_idle_timeout, on its BackendTrafficPolicy.
+        "timeouts": {"request": "0s"},
+    }
+    rules = []
+    for route in gateway.routes:
+        if route.kind != kind:
+            continue
+        rules.append(
+            {
+                "name": rule_name(route.model),
+                "matches": [{"headers": [{"type": "Exact", "name": MODEL_HEADER, "value": route.model}]}],
+                "backendRefs": backend_refs(route.backends, gateway, stack, route.model),
+                **timing,
+            }
+        )
+    if gateway.catch_all and kind == "chat":
+        rules.append(
+            {
+                "name": "catch-all",
+                # A regular-expression match (not an empty one): Exact rules still win on
+                # precedence, and it does not tie with the controller's route-not-found rules.
+                "matches": [{"headers": [{"type": "RegularExpression", "name": MODEL_HEADER, "value": ".*"}]}],
+                "backendRefs": backend_refs(gateway.catch_all, gateway, stack, None),
+                **timing,
+            }
+        )
+    return rules
+
+
+def split_rules(rules: list[dict]) -> list[list[dict]]:
+    return [rules[i : i + MAX_RULES_PER_ROUTE] for i in range(0, len(rules), MAX_RULES_PER_ROUTE)] or [[]]
+
+
+def embedding_routes(gateway: GatewayConfig) -> list[Route]:
+    return [r for r in gateway.routes if r.kind == "embedding"]
+
+
+def traffic_policy_spec(gw: GatewayConfig, stack: StackConfig, route_name: str, rules: list[dict],
+                        status_codes: list[int]) -> dict:
+    """One AI route's BackendTrafficPolicy: session affinity where there is a replica to choose,
+    the route's idle limit, and the retry that walks the priorities."""
+    retry = gw.retry
+    tiers = {ref["name"] for rule in rules for ref in rule["backendRefs"]}
+    replicas = gw.local_replicas(tiers, stack.models)
+    spec: dict = {"targetRefs": [_ref("gateway.networking.k8s.io", "HTTPRoute", route_name)]}
+    if replicas > 1:
+        # A conversation stays on the replica that holds its KV cache. Only where there is a
+        # choice of replica: Envoy's hash balancers (Maglev here) ignore the retry's priority
+        # step (envoyproxy/envoy#9042), so a hashed route leaves the local tier only once its
+        # endpoints are gone (not ready), while an unhashed one moves on after its attempts.
+        spec["loadBalancer"] = {
+            "type": "ConsistentHash",
+            "consistentHash": {"type": "Headers", "headers": [{"name": gw.session_header}]},
+        }
+    # The controller generates an HTTPRoute of the same name; this policy targets it. One
+    # policy per route carries both settings: two of one kind on one target do not merge.
+    spec |= {
+        # The route's own idle limit: a non-streamed completion is silent until done, and the
+        # listener's stream_idle_timeout would otherwise end it (Envoy Gateway >= 1.8 maps this
+        # to the route's idle_timeout). No per-try timeout: it would re-run long completions.
+        "timeout": {"http": {"streamIdleTimeout": gw.completion_idle_timeout}},
+        # Envoy Gateway gives every retry the previous-hosts predicate (5 host selections,
+        # internal/xds/translator/route.go v1.8.3), so a retry reaches another local replica;
+        # one attempt per local replica before the next priority (previous_priorities). No
+        # circuit breaker: its overflow 503 is Envoy's own, never retried and never failed over
+        # (retry_state_impl.cc), so it would turn a busy card into errors, not a spill.
+        "retry": {
+            "numRetries": retry.num_retries,
+            "numAttemptsPerPriority": retry.attempts_per_priority or replicas,
+            "retryOn": {
+                "triggers": ["connect-failure", "refused-stream", "reset", "retriable-status-codes"],
+                "httpStatusCodes": list(status_codes),
+            },
+            "perRetry": {"backOff": {"baseInterval": "100ms", "maxInterval": "2s"}},
+        },
+    }
+    return spec
