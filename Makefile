@@ -64,3 +64,8 @@ docs: $(VENV)/.installed
 # `make diff STACK=homelab BASE=<git ref or stack file>` (default: the last commit).
 diff: $(VENV)/.installed
 	$(BIN)/python -m changes $(STACK) --base $(or $(BASE),HEAD)
+
+# A stack file for your hardware, every value commented: make new-stack ARGS="mybox --gpu nvidia --vram 12 --ram 64"
+.PHONY: new-stack
+new-stack: $(VENV)/.installed
+	$(BIN)/python tools/new_stack.py $(ARGS)

@@ -1,0 +1,286 @@
+"""tools/new_stack.py: a stack file for common homelab machines that parses, plans, renders offline,
+passes the policies and really fits; bad input refused in one line with nothing written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, stack_file_config
+from common.quantity import GIB, parse_quantity
+from plane import parse_stack, plan_capacity
+from planning.catalog import lookup
+from policy.rules import run_rules
+from render.output import policy_config, render_stack
+from tools import new_stack
+
+# A pinned arm64 llama-server build the user supplies (the project's images are not known to have one).
+ARM64_IMAGE = "registry.lan.example.org/llama.cpp:server-arm64-b10731"
+
+# name -> (flags, kind, the machine's memory (RAM GiB, VRAM GiB or None))
+MACHINES = {
+    "nvidia-8": (["--gpu", "nvidia", "--vram", "8", "--ram", "64"], "nvidia", (64, 8)),
+    "nvidia-12": (["--gpu", "nvidia", "--vram", "12", "--ram", "64"], "nvidia", (64, 12)),
+    "nvidia-16": (["--gpu", "nvidia", "--vram", "16", "--ram", "64"], "nvidia", (64, 16)),
+    "nvidia-24": (["--gpu", "nvidia", "--vram", "24", "--ram", "64"], "nvidia", (64, 24)),
+    "intel-minipc-32": (["--gpu", "intel-igpu", "--ram", "32"], "intel-igpu", (32, None)),
+    "strix-halo-64": (["--gpu", "amd-apu", "--ram", "64"], "amd-apu", (64, None)),
+    "strix-halo-128": (["--gpu", "amd-apu", "--ram", "128"], "amd-apu", (128, None)),
+    "cpu-minipc-16": (["--gpu", "none", "--ram", "16"], "cpu", (16, None)),
+    "cpu-minipc-32": (["--gpu", "none", "--ram", "32"], "cpu", (32, None)),
+    "raspberry-pi-5": (["--gpu", "none", "--ram", "8", "--arch", "arm64", "--image", ARM64_IMAGE], "arm64", (8, None)),
+}
+PROJECT_PREFIX = "inference-plane:"
+
+
+def generate(folder: Path, name: str, flags: list[str], capsys) -> tuple[Path, str, str]:
+    """Run the command in-process; (the file, its text, what it printed)."""
+    path = folder / f"Pulumi.{name}.yaml"
+    assert new_stack.main([name, *flags, "--out", str(path)]) == 0
+    out = capsys.readouterr().out
+    return path, path.read_text(), out
+
+
+def values_of(text: str) -> dict:
+    config = yaml.safe_load(text)["config"]
+    values = {k[len(PROJECT_PREFIX):]: v for k, v in config.items() if k.startswith(PROJECT_PREFIX)}
+    return {k: v for k, v in values.items() if not (isinstance(v, dict) and "secure" in v)}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> dict[str, tuple[Path, str, str]]:
+    """Every machine's stack, written once into one folder (the render reads them from there)."""
+    folder = tmp_path_factory.mktemp("stacks")
+    result = {}
+    for name, (flags, _, _) in MACHINES.items():
+        path = folder / f"Pulumi.{name}.yaml"
+        summary = main_quietly([name, *flags, "--out", str(path)])
+        result[name] = (path, path.read_text(), summary)
+    return result
+
+
+def main_quietly(argv: list[str]) -> str:
+    """main() in-process, its stdout captured without a fixture (module scope has no capsys)."""
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert new_stack.main(argv) == 0
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_the_written_stack_renders_offline_and_passes_every_policy(written, name, tmp_path):
+    path, text, _ = written[name]
+    result = render_stack(name, tmp_path / "out", project_dir=path.parent)  # validates every manifest strictly
+    assert run_rules(list(result.files.items()), policy_config(result.run)) == []
+    kinds = {m["kind"] for m in result.files.values()}
+    assert {"Deployment", "Service", "PersistentVolumeClaim", "Namespace"} <= kinds
+    # Minimal: nothing the user did not ask for (the rtx4090 copy brought VictoriaMetrics and Tailscale).
+    assert not kinds & {"VMServiceScrape", "VMRule", "Gateway", "HTTPRoute", "Ingress", "Secret", "Middleware"}
+    assert "tailscale" not in text.lower() and "victoria" not in text.lower()
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_the_chosen_models_fit_the_machine(written, name):
+    _, text, _ = written[name]
+    _, kind, (ram, vram) = MACHINES[name]
+    stack = parse_stack(values_of(text))
+    plan = plan_capacity(stack)
+    assert plan.fits() and plan.warnings == []
+    pool = next(iter(stack.node_pools.values()))
+    assert float(parse_quantity(pool.memory)) / GIB == ram
+    # What the plan puts on each node is within what the node offers, and that within its memory.
+    for node in plan.nodes:
+        assert node.planned_gib <= node.offers_gib <= ram
+        for gpu in node.gpus:  # and on the card, llama.cpp's own 1 GiB margin kept
+            assert gpu.planned_gib <= gpu.vram_gib - 1.0
+            assert gpu.vram_gib == vram
+    # The pods' memory limits (what the kubelet enforces) fit the node too.
+    limits = sum(float(parse_quantity(s.memory_limit)) / GIB for s in plan.servers.values())
+    assert limits <= plan.nodes[0].offers_gib
+    chat, embed = stack.models["chat"], stack.models["embed"]
+    assert lookup(chat.hf_repo) is not None and lookup(embed.hf_repo) is not None  # from the catalog
+    assert chat.ctx_size >= new_stack.MIN_CTX
+    predicted = plan.servers["chat"].decode_predicted_tok_s
+    assert predicted is not None and predicted["half"] >= new_stack.MIN_DECODE_TOK_S
+    assert (plan.servers["chat"].vram is not None) == (vram is not None)
+    # Images like the shipped stacks': CPU build for embeddings, the backend's build for chat.
+    expected_chat = {"nvidia": new_stack.IMAGES["cuda"], "intel-igpu": new_stack.IMAGES["vulkan"],
+                     "amd-apu": new_stack.IMAGES["vulkan"], "cpu": new_stack.IMAGES["cpu"], "arm64": ARM64_IMAGE}[kind]
+    assert chat.image == expected_chat
+    assert embed.image == (ARM64_IMAGE if kind == "arm64" else new_stack.IMAGES["cpu"]) and embed.gpu_layers == 0
+    assert pool.node_labels == {"kubernetes.io/arch": "arm64" if kind == "arm64" else "amd64"}
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_every_value_is_commented_and_nothing_secret_is_written(written, name):
+    _, text, _ = written[name]
+    lines = text.splitlines()
+    assert lines[0].startswith("# ") and "config:" in lines
+    body = lines[lines.index("config:") + 1:]
+    for index, line in enumerate(body):
+        if line.strip().startswith("#"):
+            continue
+        assert re.match(r"^ +[A-Za-z0-9_.:-]+:", line), line
+        assert body[index - 1].strip().startswith("#"), f"no reason above {line.strip()!r}"
+    # Only the k3s defaults asked for: no issuer, no gateway, no monitoring objects, no secrets.
+    config = yaml.safe_load(text)["config"]
+    assert set(config) == {"kubernetes:enableSecretMutable", *(PROJECT_PREFIX + k for k in (
+        "cluster", "namespace", "node_pools", "model_cache", "models"))}
+    cluster = config[PROJECT_PREFIX + "cluster"]
+    assert cluster["cni"] == "networkpolicy" and cluster["monitoring"] is None and cluster["storage"] is None
+    assert cluster["ingress"] == {"kind": "traefik", "class_name": "traefik", "namespace": "kube-system",
+                                  "pod_labels": {"app.kubernetes.io/name": "traefik"}}
+    assert "cert_manager_issuer" not in cluster
+    assert config[PROJECT_PREFIX + "model_cache"]["storage_class"] == "local-path"
+    assert "secure" not in text and "api_key" not in text
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_the_summary_says_what_was_chosen_and_why(written, name):
+    _, text, summary = written[name]
+    stack = parse_stack(values_of(text))
+    plan = plan_capacity(stack)
+    assert stack.models["chat"].hf_repo in summary and stack.models["embed"].hf_repo in summary
+    assert f"{plan.servers['chat'].decode_predicted_tok_s['half']:.1f} tok/s" in summary
+    assert f"{plan.servers['chat'].estimate.total_gib:.1f} GiB" in summary
+    assert "why: the largest catalog chat model that fits" in summary
+    assert "secrets to set: none" in summary
+
+
+GROUPS = {
+    "nvidia": ["nvidia-8", "nvidia-12", "nvidia-16", "nvidia-24"],
+    "amd-apu": ["strix-halo-64", "strix-halo-128"],
+    "cpu": ["cpu-minipc-16", "cpu-minipc-32"],
+}
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_a_bigger_machine_never_gets_a_smaller_chat_model(written, group):
+    sizes = [lookup(values_of(written[name][1])["models"]["chat"]["hf_repo"]).params_b for name in GROUPS[group]]
+    assert sizes == sorted(sizes), dict(zip(GROUPS[group], sizes))
+
+
+def test_the_choices_for_the_table(written):
+    """What each machine gets (the README's table, checked): the largest that fits and is fast enough."""
+    chosen = {name: values_of(written[name][1])["models"]["chat"]["hf_repo"] for name in MACHINES}
+    assert chosen["strix-halo-128"] == "ggml-org/gpt-oss-120b-GGUF:MXFP4"
+    assert chosen["strix-halo-64"] == chosen["nvidia-12"] == "ggml-org/Qwen3.6-35B-A3B-GGUF:Q4_K_M"
+    assert chosen["nvidia-12"] != chosen["raspberry-pi-5"]
+    # The 12 GiB card keeps experts in RAM, as the shipped rtx3060 stack does.
+    assert values_of(written["nvidia-12"][1])["models"]["chat"]["cpu_moe_layers"] > 0
+
+
+def test_the_same_flags_write_the_same_file(tmp_path, capsys):
+    flags = MACHINES["nvidia-12"][0]
+    _, first, _ = generate(tmp_path, "a", flags, capsys)
+    (tmp_path / "b").mkdir()
+    _, second, _ = generate(tmp_path / "b", "a", flags, capsys)
+    assert first == second
+
+
+def test_an_exposed_stack_uses_the_placeholder_and_prints_the_secret_to_set(tmp_path, capsys):
+    flags = ["--gpu", "nvidia", "--vram", "12", "--ram", "64", "--host", "llm.lan.example.org", "--issuer", "lan-ca",
+             "--cni", "cilium", "--storage", "longhorn", "--monitoring", "monitoring", "--nodes", "2"]
+    path, text, summary = generate(tmp_path, "exposed", flags, capsys)
+    config = yaml.safe_load(text)["config"]
+    shipped = stack_file_config("rtx3060")[PROJECT_PREFIX + "chat_api_key"]
+    assert config[PROJECT_PREFIX + "chat_api_key"] == shipped  # the shipped stacks' placeholder, nothing else
+    assert "pulumi config set --stack exposed --secret chat_api_key" in summary
+    result = render_stack("exposed", tmp_path / "out", project_dir=tmp_path)
+    kinds = {m["kind"] for m in result.files.values()}
+    assert {"Ingress", "CiliumNetworkPolicy", "VMServiceScrape"} <= kinds  # asked for, so there
+    assert result.run.config.cluster.cert_manager_issuer == "lan-ca"
+    assert result.run.config.model_cache.access_mode == "ReadWriteMany"
+
+
+def test_ingress_nginx_and_calico_render(tmp_path, capsys):
+    flags = ["--gpu", "none", "--ram", "32", "--ingress", "nginx", "--cni", "calico", "--host", "chat.home.example.org",
+             "--issuer", "letsencrypt", "--storage", "ceph-filesystem"]
+    generate(tmp_path, "nginx", flags, capsys)
+    result = render_stack("nginx", tmp_path / "out", project_dir=tmp_path)
+    assert result.run.config.cluster.ingress.kind == "ingress-nginx"
+    assert run_rules(list(result.files.items()), policy_config(result.run)) == []
+
+
+# --- bad input: one line on stderr, exit 2, nothing written -------------------------------------------
+
+BAD = [
+    (["--gpu", "nvidia", "--ram", "64"], "--vram: required with --gpu nvidia"),
+    (["--gpu", "none", "--vram", "8", "--ram", "16"], "--vram: only for a discrete NVIDIA card"),
+    (["--gpu", "none", "--ram", "0"], "--ram 0: not a node's memory"),
+    (["--gpu", "none", "--ram", "3"], "--ram 3: no catalog chat model fits this machine"),
+    (["--gpu", "amd", "--ram", "64"], "argument --gpu: invalid choice"),
+    (["--gpu", "none"], "the following arguments are required: --ram"),
+    (["--gpu", "none", "--ram", "16", "--bogus"], "unrecognized arguments: --bogus"),
+    (["--gpu", "none", "--ram", "16", "--host", "llm.lan.example.org"], "--host: the Ingress's TLS certificate"),
+    (["--gpu", "none", "--ram", "16", "--host", "llm.lan.example.org", "--issuer", "ca", "--ingress", "none"],
+     "--host: exposing the chat endpoint needs an ingress controller"),
+    (["--gpu", "none", "--ram", "16", "--issuer", "Not_A_Name"], "--issuer 'Not_A_Name': not a ClusterIssuer name"),
+    (["--gpu", "none", "--ram", "16", "--image", "docker.io/foo/bar:latest"], "not a pinned image"),
+    (["--gpu", "none", "--ram", "16", "--image", "ghcr.io/ggml-org/llama.cpp:server-cuda-b10731"],
+     "llama.cpp's cuda build, but --gpu none runs the cpu build"),
+    (["--gpu", "none", "--ram", "16", "--kubernetes-version", "1.12"], "--kubernetes-version 1.12: no schemas"),
+    (["--gpu", "none", "--ram", "16", "--namespace", "kube-system"], "--namespace kube-system: a system or peer"),
+    (["--gpu", "nvidia", "--vram", "12", "--ram", "64", "--arch", "arm64"], "--arch arm64 --gpu nvidia"),
+    # The Raspberry Pi without an image: the project cannot vouch for an arm64 llama.cpp image.
+    (["--gpu", "none", "--ram", "8", "--arch", "arm64"], "cannot confirm that tag has a linux/arm64 image"),
+]
+
+
+@pytest.mark.parametrize("flags, message", BAD, ids=[m for _, m in BAD])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, flags, message):
+    assert new_stack.main(["bad", *flags, "--out", str(tmp_path / "Pulumi.bad.yaml")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith("new_stack: ")
+    assert message in captured.err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_arm64_refusal_says_what_to_do(capsys, tmp_path):
+    assert new_stack.main(["pi", "--gpu", "none", "--ram", "8", "--arch", "arm64", "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "ghcr.io/ggml-org/llama.cpp:server-b10731" in err and "--image" in err and "docker manifest inspect" in err
+
+
+def test_an_existing_file_is_never_replaced_without_force(tmp_path, capsys):
+    target = tmp_path / "Pulumi.mine.yaml"
+    target.write_text("mine\n")
+    flags = ["mine", "--gpu", "none", "--ram", "16", "--out", str(target)]
+    assert new_stack.main(flags) == 2
+    assert "already exists" in capsys.readouterr().err and target.read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Pulumi.mine.yaml"]
+    assert new_stack.main([*flags, "--force"]) == 0
+    assert target.read_text().startswith("# CPU only")
+
+
+def test_bad_names_and_folders_are_refused(tmp_path, capsys):
+    assert new_stack.main(["a/b", "--gpu", "none", "--ram", "16", "--out", str(tmp_path / "x.yaml")]) == 2
+    assert "NAME 'a/b'" in capsys.readouterr().err
+    assert new_stack.main(["a", "--gpu", "none", "--ram", "16", "--out", str(tmp_path / "no" / "x.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_command_line(tmp_path):
+    """As a user runs it: a subprocess, exit 2 and one line for bad input; 0 and the file otherwise."""
+    command = [sys.executable, str(ROOT / "tools" / "new_stack.py")]
+    bad = subprocess.run([*command, "x", "--gpu", "nvidia", "--ram", "64"], capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.splitlines()) == 1
+    good = subprocess.run([*command, "x", "--gpu", "none", "--ram", "16", "--out", str(tmp_path / "Pulumi.x.yaml")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert good.returncode == 0, good.stderr
+    assert (tmp_path / "Pulumi.x.yaml").is_file() and "chat:" in good.stdout
+
+
+def test_every_candidate_is_in_the_catalog():
+    for candidate in (*new_stack.CHAT_CANDIDATES, *new_stack.EMBED_CANDIDATES):
+        assert lookup(candidate.repo) is not None, candidate.repo
