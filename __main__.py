@@ -11,7 +11,7 @@ from typing import Optional
 
 import pulumi
 
-from common.errors import Problems
+from common.errors import ConfigError, Problems
 from common.quantity import gib
 from components import SERVER_COMPONENTS
 from components.gateway import InferenceGateway, InferenceGatewayArgs, client_keys, envoy_peer, upstream_keys
@@ -21,7 +21,8 @@ from components.monitoring import Monitoring, MonitoringArgs, fallback_alerts
 from components.namespace import AINamespace, AINamespaceArgs
 from config import StackConfig
 from engines import engine_of
-from plane import load_stack, plan_capacity
+from config.history import HistoryVerdict, compare, snapshot
+from plane import HISTORY_OUTPUT, load_stack, plan_capacity, previous_history
 from planning.capacity import CapacityPlan
 
 
@@ -58,9 +59,20 @@ def check(stack: StackConfig) -> CapacityPlan:
     return capacity
 
 
-def build(stack: StackConfig, capacity: CapacityPlan, secret=None) -> Built:
+def check_edits(stack: StackConfig) -> HistoryVerdict:
+    """This run against the last update's history: refuses the edits that would wedge the stack,
+    warns of those the cluster would ignore, and finds servers whose key was renamed."""
+    verdict = compare(previous_history(), stack)
+    if verdict.problems:
+        raise ConfigError(verdict.problems)
+    for warning in verdict.warnings:
+        pulumi.log.warn(warning)
+    return verdict
+
+
+def build(stack: StackConfig, capacity: CapacityPlan, secret=None, edits: Optional[HistoryVerdict] = None) -> Built:
     """Register the stack's resources. ``secret(key)`` reads a secret config value (default: the
-    Pulumi config of the running stack)."""
+    Pulumi config of the running stack); ``edits`` names servers whose models key was renamed."""
     config = pulumi.Config()
     secret = secret or config.require_secret
     built = Built(stack=stack, capacity=capacity)
@@ -76,8 +88,11 @@ def build(stack: StackConfig, capacity: CapacityPlan, secret=None) -> Built:
         ModelCacheArgs(cache=stack.model_cache, namespace=ns_name),
         opts=pulumi.ResourceOptions(depends_on=[namespace]),
     )
+    renamed = edits.renamed_keys if edits is not None else {}
     for key, model in stack.models.items():
         api_key = model.api_key
+        # A renamed key keeps the server's resources: they are found under the old key.
+        aliases = [pulumi.Alias(name=renamed[key])] if key in renamed else None
         built.servers[key] = server_component(model)(
             key,
             ModelServerArgs(
@@ -89,7 +104,7 @@ def build(stack: StackConfig, capacity: CapacityPlan, secret=None) -> Built:
                 plan=capacity.servers[key],
                 api_key_value=secret(api_key.from_config) if api_key and api_key.from_config else None,
             ),
-            opts=pulumi.ResourceOptions(depends_on=[namespace, cache]),
+            opts=pulumi.ResourceOptions(depends_on=[namespace, cache], aliases=aliases),
         )
     endpoints = {
         key: {"url": server.url, **({"external_url": server.external_url} if server.external_url else {})}
@@ -120,6 +135,8 @@ def build(stack: StackConfig, capacity: CapacityPlan, secret=None) -> Built:
     pulumi.export("capacity_plan", capacity.to_dict())
     pulumi.export("model_cache", cache.claim_name)
     pulumi.export("endpoints", endpoints)
+    # Read back by the next run (plane.previous_history): names, pools and claim sizes, nothing secret.
+    pulumi.export(HISTORY_OUTPUT, snapshot(stack))
     return built
 
 
@@ -127,10 +144,11 @@ def main() -> Built:
     try:
         stack = load_stack()
         capacity = check(stack)
+        edits = check_edits(stack)
     except Problems as error:
         # The file the paths are in: the stack's own settings file.
         raise pulumi.RunError(f"Pulumi.{pulumi.get_stack()}.yaml: {error}") from None
-    return build(stack, capacity)
+    return build(stack, capacity, edits=edits)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ import engines/); this is where they are handed in, for ``__main__``, the render
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import config
 from config.types import StackConfig
@@ -25,3 +25,25 @@ def load_stack() -> StackConfig:
 def plan_capacity(stack: StackConfig) -> capacity.CapacityPlan:
     """The capacity plan, each server's memory estimated by its engine; raises CapacityError."""
     return capacity.plan_capacity(stack, engine_of)
+
+
+# The stack output that carries config.history.snapshot() from one update to the next.
+HISTORY_OUTPUT = "history"
+
+
+def previous_history() -> Optional[dict[str, Any]]:
+    """The ``history`` output of this stack's last update, or None (first update, offline).
+
+    Read with the engine's builtin invoke ``pulumi:pulumi:readStackOutputs`` (pkg/resource/deploy/
+    builtins.go), the call the SDKs' StackReference makes to read a stack's outputs, here naming
+    the running stack itself; synchronous, so it decides before any resource is registered."""
+    import pulumi
+
+    name = f"{pulumi.get_organization()}/{pulumi.get_project()}/{pulumi.get_stack()}"
+    try:
+        result = pulumi.runtime.invoke("pulumi:pulumi:readStackOutputs", {"name": name})
+    except Exception:  # noqa: BLE001 - no state yet (a new stack) reads as no history
+        return None
+    outputs = (result.value or {}).get("outputs") if result is not None else None
+    found = (outputs or {}).get(HISTORY_OUTPUT)
+    return found if isinstance(found, dict) else None

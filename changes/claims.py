@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
+from common.constants import NODE_LOCAL_CLASSES
 from common.quantity import GIB
 
 from .consequences import _Context, _Start
@@ -120,7 +121,7 @@ def _pvc_size(ctx: _Context) -> None:
                     f"storage {old_size} -> {new_size}: the API server refuses to shrink a claim; pulumi up fails")
         else:
             storage_class = _get(unwrap_secrets(e.applied.inputs), ("spec", "storageClassName"))
-            if storage_class in NON_EXPANDING_CLASSES:
+            if storage_class in NODE_LOCAL_CLASSES:
                 ctx.add("update-rejected", "error", e.subject,
                         f"storage {old_size} -> {new_size}: {storage_class} volumes cannot grow (its StorageClass has no "
                         "allowVolumeExpansion), so the API server refuses the resize and every pulumi up fails until the "
@@ -130,10 +131,6 @@ def _pvc_size(ctx: _Context) -> None:
                         f"storage {old_size} -> {new_size} in place: only if its StorageClass sets allowVolumeExpansion; "
                         "otherwise the API server refuses it and every pulumi up fails until the size is set back")
 
-
-# Storage classes whose provisioner cannot expand a volume: rancher's local-path-provisioner
-# (node-local folders; it neither enforces nor grows a size) under its usual class names.
-NON_EXPANDING_CLASSES = frozenset({"local-path", "local-storage"})
 
 
 def _get(value: Any, path: Sequence[str]) -> Any:

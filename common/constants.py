@@ -69,3 +69,8 @@ def service_fqdn(name: str, namespace: str) -> str:
 # A git commit as the Hugging Face Hub names it: the only revision that never moves (branches and
 # tags can). components/prefetch/hub_download.py keeps its own copy: it runs alone, with `python3 -c`.
 COMMIT_ID = re.compile(r"[0-9a-f]{40}")
+
+
+# Storage classes of node-local folders (rancher's local-path-provisioner under its usual names):
+# each volume is pinned to its node by required node affinity, and none can be expanded.
+NODE_LOCAL_CLASSES = frozenset({"local-path", "local-storage"})

@@ -20,6 +20,7 @@ import yaml
 
 from common.constants import OFFLINE_SECRET_PLACEHOLDER as SECRET_PLACEHOLDER
 from common.constants import PROJECT
+from plane import HISTORY_OUTPUT
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 PROGRAM = PROJECT_DIR / "__main__.py"
@@ -201,7 +202,8 @@ def _alias(alias: Any) -> dict[str, Any]:
 
 
 def _run(
-    config: dict[str, str], secret_keys: list[str], stack: str, program: Union[Path, Callable[[], Any]]
+    config: dict[str, str], secret_keys: list[str], stack: str, program: Union[Path, Callable[[], Any]],
+    previous: Optional[dict[str, Any]] = None,
 ) -> ProgramRun:
     import pulumi
     from pulumi.runtime import config as runtime_config
@@ -217,7 +219,12 @@ def _run(
             return f"{args.name}-id", dict(args.inputs)
 
         def call(self, args: pulumi.runtime.MockCallArgs):
-            return {}, None
+            if args.token == "pulumi:pulumi:readStackOutputs":
+                # The stack's last update, as the engine answers it: offline there is none unless
+                # a test hands one in (the `history` output of an earlier run).
+                outputs = {HISTORY_OUTPUT: previous} if previous is not None else {}
+                return {"name": args.args.get("name"), "outputs": outputs, "secretOutputNames": []}
+            return {}
 
     class RecordingMonitor(mocks.MockMonitor):
         def RegisterResource(self, request):  # noqa: N802 - gRPC method name
@@ -293,9 +300,11 @@ def run_program(
     secret_keys: Sequence[str] = (),
     stack: str = "test",
     program: Union[Path, Callable[[], Any]] = PROGRAM,
+    previous: Optional[dict[str, Any]] = None,
 ) -> ProgramRun:
-    """Run the program once, isolated: each run gets fresh Pulumi runtime state."""
-    return contextvars.Context().run(_run, dict(config), list(secret_keys), stack, program)
+    """Run the program once, isolated: each run gets fresh Pulumi runtime state. ``previous`` is
+    the ``history`` output of the stack's last update (none: a first update, as offline)."""
+    return contextvars.Context().run(_run, dict(config), list(secret_keys), stack, program, previous)
 
 
 def run_stack(stack: str, project_dir: Path = PROJECT_DIR) -> ProgramRun:

@@ -1,0 +1,168 @@
+"""What the last update of this stack applied, against what this run would apply: the edits that
+Pulumi and the API server would turn into a wedge or a silent no-op are refused or said here,
+before anything is registered.
+
+The program exports ``snapshot(stack)`` as the plain stack output ``history`` (names, pools,
+claim sizes: nothing secret) and reads it back on the next run (``plane.previous_history``).
+Offline (render) and on a stack's first update there is none, and nothing is compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from common.constants import NODE_LOCAL_CLASSES
+from common.quantity import parse_quantity
+
+from .types import ModelServer, Problem, StackConfig
+
+HISTORY_VERSION = 1
+
+
+def snapshot(stack: StackConfig) -> dict[str, Any]:
+    """The facts of this update that a later edit must be compared with."""
+    servers = {}
+    for key, model in stack.models.items():
+        volume = model.workload.cache_volume
+        servers[key] = {
+            "name": model.name,
+            "workload": model.workload_name,
+            "kind": model.workload.kind,
+            "node_pool": model.node_pool,
+            "replicas": model.workload.replicas,
+            "cache_volume": {"storage_class": volume.storage_class, "size": volume.size} if volume else None,
+        }
+    cache = stack.model_cache
+    return {
+        "version": HISTORY_VERSION,
+        "servers": servers,
+        "model_cache": {"claim_name": cache.claim_name, "storage_class": cache.storage_class, "size": cache.size},
+    }
+
+
+@dataclass
+class HistoryVerdict:
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    # models key now -> the key the same server had in the last update (its resources' old name).
+    renamed_keys: dict[str, str] = field(default_factory=dict)
+
+
+def _count(number: Any, noun: str) -> str:
+    """Numbers come back from the engine's outputs as floats (protobuf Struct): 2.0 replicas."""
+    count = int(number)
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _same_size(a: str, b: str) -> bool:
+    return parse_quantity(a) == parse_quantity(b)
+
+
+def compare(previous: Optional[dict[str, Any]], stack: StackConfig) -> HistoryVerdict:
+    verdict = HistoryVerdict()
+    if not isinstance(previous, dict) or previous.get("version") != HISTORY_VERSION:
+        return verdict
+    before: dict[str, dict] = previous.get("servers") or {}
+    for key, model in stack.models.items():
+        old_key = key if key in before else _renamed_from(key, model, before, stack)
+        if old_key is None:
+            continue  # a new server
+        if old_key != key:
+            # Its resources are registered under the old key as an alias: the same objects, no
+            # create that would collide with them (AlreadyExists) nor a second pod for one GPU.
+            verdict.renamed_keys[key] = old_key
+        _server(verdict, key, model, before[old_key], stack)
+    _model_cache(verdict, previous.get("model_cache") or {}, stack)
+    return verdict
+
+
+def _renamed_from(key: str, model: ModelServer, before: dict[str, dict], stack: StackConfig) -> Optional[str]:
+    """A key that is gone and whose server had this server's Kubernetes name: the same server."""
+    for old_key, old in before.items():
+        if old_key not in stack.models and old.get("name") == model.name:
+            return old_key
+    return None
+
+
+def _server(verdict: HistoryVerdict, key: str, model: ModelServer, old: dict, stack: StackConfig) -> None:
+    path = f"models.{key}"
+    volume = model.workload.cache_volume
+    old_volume = old.get("cache_volume")
+    per_replica_claims = old.get("kind") == "StatefulSet" and old_volume is not None
+    if per_replica_claims and model.workload.kind == "StatefulSet" and old.get("workload") != model.workload_name \
+            and model.workload.name is None:
+        verdict.problems.append((
+            f"{path}.name",
+            f"renaming {old['name']} to {model.name} renames StatefulSet {old['workload']} and its claims, so "
+            f"{_count(old.get('replicas', 1), 'replica')} fetch their weights again with every replica down; to keep the "
+            f"weights add {path}.workload.name: {old['workload']} (the Service and pods take the new name), or set "
+            f"{path}.workload.name: {model.name} to rename and download again",
+        ))
+    if old.get("node_pool") != model.node_pool:
+        pinned = _pinned_claims(model, old, stack)
+        if pinned:
+            verdict.problems.append((
+                f"{path}.node_pool",
+                f"moving {model.name} from {old['node_pool']} to {model.node_pool}: {pinned} pinned to "
+                f"{old['node_pool']}'s nodes ({_classes(model, old, stack)} volumes carry required node affinity), so "
+                f"its pods would stay Pending and every pulumi up fail at its timeout; keep node_pool: "
+                f"{old['node_pool']}, or delete those claims first (their weights are fetched again)",
+            ))
+    if per_replica_claims and volume is not None and model.workload_name == old.get("workload"):
+        changed = [
+            f"{name} {old_volume[name]} -> {getattr(volume, name)}"
+            for name in ("storage_class", "size")
+            if (old_volume[name] != volume.storage_class if name == "storage_class" else not _same_size(old_volume[name], volume.size))
+        ]
+        if changed:
+            verdict.warnings.append(
+                f"{path}.workload.cache_volume: {', '.join(changed)} is not applied: a StatefulSet's claim template "
+                f"cannot change, so the program leaves it and {old['workload']}'s claims keep "
+                f"{old_volume['storage_class']} {old_volume['size']}; to apply it, give the StatefulSet new claims "
+                f"(set {path}.workload.name to a new name: weights are fetched again), or resize each claim by hand "
+                "where its class allows expansion"
+            )
+
+
+def _pinned_claims(model: ModelServer, old: dict, stack: StackConfig) -> str:
+    old_volume = old.get("cache_volume")
+    if old.get("kind") == "StatefulSet" and old_volume and old_volume.get("storage_class") in NODE_LOCAL_CLASSES:
+        return f"its per-replica claims of StatefulSet {old['workload']} are"
+    if model.workload.cache_volume is None and stack.model_cache.storage_class in NODE_LOCAL_CLASSES:
+        return f"the shared claim {stack.model_cache.claim_name} is"
+    return ""
+
+
+def _classes(model: ModelServer, old: dict, stack: StackConfig) -> str:
+    old_volume = old.get("cache_volume")
+    if old.get("kind") == "StatefulSet" and old_volume:
+        return old_volume["storage_class"]
+    return stack.model_cache.storage_class
+
+
+def _model_cache(verdict: HistoryVerdict, old: dict, stack: StackConfig) -> None:
+    cache = stack.model_cache
+    if old.get("claim_name") != cache.claim_name:
+        return  # a new claim: created with this size and class
+    if old.get("size") and not _same_size(old["size"], cache.size):
+        grow = parse_quantity(cache.size) > parse_quantity(old["size"])
+        if not grow:
+            why = "the API server refuses to shrink a claim"
+        elif cache.storage_class in NODE_LOCAL_CLASSES:
+            why = f"{cache.storage_class} volumes cannot grow (their StorageClass has no volume expansion)"
+        else:
+            why = ""
+        if why:
+            verdict.problems.append((
+                "model_cache.size",
+                f"{old['size']} -> {cache.size}: {why}, so the resize is refused and every later pulumi up fails; keep "
+                f"size: {old['size']}, or give model_cache.claim_name a new name for a new claim of {cache.size} "
+                "(its weights are fetched again)",
+            ))
+    if old.get("storage_class") and old["storage_class"] != cache.storage_class:
+        verdict.warnings.append(
+            f"model_cache.storage_class {old['storage_class']} -> {cache.storage_class} is not applied: a claim's class "
+            f"cannot change, so the program leaves claim {cache.claim_name} on {old['storage_class']}; to move the "
+            "weights, give model_cache.claim_name a new name (a new claim on the new class; weights fetched again)"
+        )
