@@ -10,6 +10,8 @@ connection while downloading) until its weights are resident, which is what the 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
@@ -24,8 +26,12 @@ from planning.capacity import ServerPlan
 from planning.startup import StartupBudget
 
 from .meta import VALUE_NOTES_ANNOTATION, labels, metadata, selector, token, value_notes
-from .pod import KEY_FINGERPRINT_ANNOTATION, checkov_waivers, key_fingerprint, pod_spec
+from .pod import KEY_FINGERPRINT_ANNOTATION, checkov_waivers, config_map_name, key_fingerprint, planned, pod_spec
 from .workloads import WorkloadParts, build
+
+
+# The pod template's digest of the server's config files: a changed file restarts the server.
+FILES_DIGEST_ANNOTATION = "inference-plane/files-digest"
 
 
 @dataclass(frozen=True)
@@ -118,10 +124,21 @@ class ModelServerBase(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
 
+        self.config_files = None
+        files = engine.config_files(planned(model, args.plan))
         template_meta: dict = {"labels": labels(model.name, component)}
+        if files:
+            # Files the server reads at start (a router's preset): a change restarts it, since the
+            # router does not watch its preset (a reload keeps unchanged children, but needs a call).
+            data = {name: content for name, content in files.values()}
+            self.config_files = k8s.core.v1.ConfigMap(
+                f"{name}-files", metadata=metadata(config_map_name(model), ns, model.name, component), data=data,
+                opts=pulumi.ResourceOptions(parent=self))
+            digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+            template_meta["annotations"] = {FILES_DIGEST_ANNOTATION: digest}
         pod_waivers = checkov_waivers(args.cluster.cni, pod=True)
         if pod_waivers:
-            template_meta["annotations"] = dict(pod_waivers)
+            template_meta.setdefault("annotations", {}).update(pod_waivers)
         if self.api_key_secret is not None:
             # llama.cpp reads --api-key-file once, at start: a rotated key must restart the pods, so
             # the pod template carries a fingerprint of the key (scrypt, so a weak key is not cheap to
@@ -136,7 +153,7 @@ class ModelServerBase(pulumi.ComponentResource):
             service_metadata=meta,
             template={"metadata": template_meta, "spec": pod_spec(model, args.node_pool, args.cache, args.plan)},
             budget=budget,
-            depends_on=[self.api_key_secret] if self.api_key_secret else [],
+            depends_on=[r for r in (self.api_key_secret, self.config_files) if r is not None],
             parent=self,
         ))
         self.url = self.service.metadata.apply(lambda m: f"http://{service_fqdn(m['name'], m['namespace'])}:{model.port}")

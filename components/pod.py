@@ -68,7 +68,19 @@ def _cache_mount(model: ModelServer, cache: ModelCacheConfig) -> tuple[dict, lis
     return {"name": "models", "mountPath": cache.mount_path}, engine_of(model).cache_env(model, cache.mount_path)
 
 
+def planned(model: ModelServer, plan: ServerPlan) -> ModelServer:
+    """The server as it runs: a router's --models-max is the residency the plan derived."""
+    if plan.residency is None or model.on_demand is None:
+        return model
+    return model.model_copy(update={"on_demand": model.on_demand.model_copy(update={"max_loaded": plan.residency.max_loaded})})
+
+
+def config_map_name(model: ModelServer) -> str:
+    return f"{model.name}-files"
+
+
 def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan) -> dict:
+    model = planned(model, plan)
     budget = plan.budget
     requests: dict[str, str] = {"cpu": model.resources.cpu_request, "memory": plan.memory_request}
     limits: dict[str, str] = {"cpu": model.resources.cpu_limit, "memory": plan.memory_limit}
@@ -82,6 +94,8 @@ def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, 
     if model.api_key is not None and credentials is not None:
         mounts.append({"name": "api-key", "mountPath": credentials.mount_dir, "readOnly": True})
     env += engine.env(model)
+    for index, folder in enumerate(engine.config_files(model)):
+        mounts.append({"name": f"files-{index}", "mountPath": folder, "readOnly": True})
     health = engine.health_path(model)
     return {
         "name": model.name,
@@ -132,6 +146,9 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
     }
     if model.prefetch is not None:
         spec["initContainers"] = [prefetch_container(model)]
+    for index, (file_name, _) in enumerate(engine_of(model).config_files(planned(model, plan)).values()):
+        volumes.append({"name": f"files-{index}", "configMap": {
+            "name": config_map_name(model), "items": [{"key": file_name, "path": file_name}]}})
     volumes.append({"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}})
     spec["volumes"] = volumes
     if pool.runtime_class and model.uses_gpu(pool):

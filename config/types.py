@@ -14,7 +14,9 @@ from pydantic import Field
 
 from .defaults import DEVICE_PLUGIN_SHARING, MODEL_HUB_HOSTS, PREFETCH_IMAGE, PRIVATE_SOURCE_RANGES
 from .images import backend_of_image
+from .facts import KvCacheType, ModelFacts
 from .gateway import GatewayConfig
+from .on_demand import OnDemand
 from .values import (
     doc,
     Args,
@@ -32,7 +34,6 @@ from .values import (
     Memory,
     Number,
     PinnedImage,
-    Positive,
     Reason,
     RepoId,
     ResourceName,
@@ -270,60 +271,6 @@ class Resources(Strict):
     )
 
 
-class ModelFacts(Strict):
-    """What the memory model needs to know about a model's architecture."""
-
-    params_b: Annotated[Number, Field(gt=0)] = doc("Parameters, in billions.")
-    active_params_b: Optional[Annotated[Number, Field(gt=0)]] = doc(
-        "Parameters read per token, for mixture-of-experts; null: dense (all of them).", default=None
-    )
-    layers: Positive = doc("Transformer blocks.")
-    full_attention_layers: Optional[Positive] = doc(
-        "Layers with a KV cache; hybrid models (Gated DeltaNet, Mamba) have fewer than layers. null: all.", default=None
-    )
-    sliding_window: Optional[Positive] = doc(
-        "Window of the sliding-window attention layers (Gemma 3: 1024, gpt-oss: 128). llama.cpp keeps only "
-        "window-sized KV for them (unless --swa-full); null: the model has none.",
-        default=None,
-    )
-    sliding_window_layers: Optional[Positive] = doc(
-        "How many layers use the sliding window (they are not in full_attention_layers).", default=None
-    )
-    expert_params_b: Optional[Annotated[Number, Field(gt=0)]] = doc(
-        "Mixture-of-experts: parameters in the routed experts, all layers together (the rest, attention and shared "
-        "parts, is read for every token). Needed to plan cpu_moe_layers; null: not known.",
-        default=None,
-    )
-    embedding_length: Optional[Positive] = doc(
-        "Width of the token embedding (hidden size). With vocab_size: the input embedding, which llama.cpp always "
-        "keeps in system RAM, and the output layer, which -ngl offloads first. null: not known (counted as layers).",
-        default=None,
-    )
-    vocab_size: Optional[Positive] = doc("Tokens in the vocabulary (see embedding_length).", default=None)
-    feed_forward_length: Optional[Positive] = doc(
-        "Width of a dense block's feed-forward layer (intermediate_size): with embedding_length, sizes llama.cpp's "
-        "compute buffer on a CPU. null: a 10% margin instead.",
-        default=None,
-    )
-    experts_used: Optional[Positive] = doc("Mixture-of-experts: experts each token is routed to.", default=None)
-    expert_feed_forward_length: Optional[Positive] = doc(
-        "Mixture-of-experts: width of one expert's feed-forward layer (moe_intermediate_size).", default=None
-    )
-    kv_heads: Positive = doc("Key/value heads per attention layer.")
-    head_dim: Positive = doc("Dimension of one head.")
-    recurrent_state_mib: Annotated[Number, Field(ge=0)] = doc(
-        "Fixed-size recurrent state per slot (hybrid models), independent of context.", default=0.0
-    )
-    bits_per_weight: Optional[Annotated[Number, Field(gt=0, le=32)]] = doc(
-        "Overrides the quant's table value (checkpoints that are not GGUF).", default=None
-    )
-    pooling: Optional[Literal["none", "mean", "cls", "last", "rank"]] = doc(
-        "Embedding models: how token vectors are pooled into one (the GGUF's pooling_type). mean and cls need the "
-        "whole input in one micro-batch: llama.cpp refuses a longer input (HTTP 500).",
-        default=None,
-    )
-
-
 class OpenAIEngine(Strict):
     """Any other OpenAI-compatible server: its own image, arguments, port and paths."""
 
@@ -420,7 +367,6 @@ class ApiKey(Strict):
 
 
 # llama.cpp's KV cache types (--cache-type-k/-v; common/arg.cpp kv_cache_types).
-KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
 class ModelServer(Strict):
@@ -436,6 +382,11 @@ class ModelServer(Strict):
     hf_repo: Optional[HfRepo] = doc("llama.cpp's --hf-repo (org/Model-GGUF:QUANT); required for llamacpp.", default=None)
     openai: Optional[OpenAIEngine] = doc("The engine's settings; required for engine openai, refused otherwise.", default=None)
     prefetch: Optional[Prefetch] = doc("Download the weights in an init container before the engine starts.", default=None)
+    on_demand: Optional[OnDemand] = doc(
+        "Several models behind this one server, each loaded when a request names it (llama.cpp's router; hf_repo "
+        "stays null): residency planned from memory.",
+        default=None,
+    )
     workload: Workload = doc("How the pods are run.", default=Workload())
     backend: Optional[GpuBackend] = doc("Overrides the node pool's backend for this server's image.", default=None)
     image: PinnedImage = doc("The server image, pinned to a build tag or digest.")
@@ -505,6 +456,14 @@ class ModelServer(Strict):
     exposure: Optional[Exposure] = doc("An Ingress on the LAN (chat servers only).", default=None)
     api_key: Optional[ApiKey] = doc("llama.cpp's API key; required once anything outside the namespace reaches it.", default=None)
     extra_args: Args = doc("More llama.cpp flags; flags generated from the fields above are refused here.", default=[])
+
+    def as_single(self, name: str) -> "ModelServer":
+        """One on-demand model as a single-model server with this server's settings: what the router
+        runs it as (a child process), and what the memory and speed plans are asked about."""
+        if self.on_demand is None:
+            raise ValueError(f"{self.name}: no on_demand models")
+        own = self.on_demand.models[name].model_dump(exclude={"pinned"}, exclude_none=True)
+        return self.model_copy(update={**own, "on_demand": None, "facts": self.on_demand.models[name].facts})
 
     @property
     def workload_name(self) -> str:

@@ -59,6 +59,10 @@ class Engine(ABC):
     @abstractmethod
     def env(self, model: "ModelServer") -> list[dict]: ...
 
+    def config_files(self, model: "ModelServer") -> dict[str, tuple[str, str]]:
+        """Files the server reads, by mount folder: (file name, content), mounted from a ConfigMap."""
+        return {}
+
     @abstractmethod
     def health_path(self, model: "ModelServer") -> str: ...
 

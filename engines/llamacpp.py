@@ -13,6 +13,7 @@ from planning.catalog import facts_for, repo_of
 from planning.memory import MemoryEstimate, VramEstimate
 
 from .base import Credentials, Engine, Problem
+from .llamacpp_router import PRESET_DIR, PRESET_FILE, preset_ini, router_args
 from .llamacpp_speed import predict_tok_s
 from .llamacpp_memory import (
     DEFAULT_UBATCH,
@@ -77,6 +78,8 @@ class LlamaCpp(Engine):
 
     def config_problems(self, model: "ModelServer", path: str, pool: Optional["NodePool"]) -> list[Problem]:
         problems: list[Problem] = []
+        if model.on_demand is not None:
+            return self._router_problems(model, path, pool)
         if model.hf_repo is None:
             problems.append((f"{path}.hf_repo", "required for engine llamacpp (org/Model-GGUF:QUANT)"))
         if model.openai is not None:
@@ -121,6 +124,22 @@ class LlamaCpp(Engine):
                 problems.append((f"{path}.extra_args[{index}]", f"{arg} moves weights or KV between devices where the "
                                  "plan cannot see it; use cpu_moe_layers (experts in RAM) or gpus (several cards)"))
         problems += self._placement_problems(model, path, pool)
+        return problems
+
+    def _router_problems(self, model: "ModelServer", path: str, pool: Optional["NodePool"]) -> list[Problem]:
+        """A router: its own settings, then each model as the single-model server it runs as."""
+        problems: list[Problem] = []
+        if model.hf_repo is not None:
+            problems.append((f"{path}.hf_repo", "a server with on_demand models loads them by name; move hf_repo into "
+                             "on_demand.models.<name>.hf_repo"))
+        if model.role != "chat":
+            problems.append((f"{path}.on_demand", "on-demand models are chat models: an embedding server serves one"))
+        if model.workload.replicas > 1 or model.workload.kind != "Deployment":
+            problems.append((f"{path}.workload", "a router runs as one Deployment replica on the shared cache"))
+        for name in model.on_demand.models:
+            single = model.as_single(name)
+            for where, message in self.config_problems(single, path, pool):
+                problems.append((where.replace(path, f"{path}.on_demand.models.{name}", 1), message))
         return problems
 
     @staticmethod
@@ -219,7 +238,11 @@ class LlamaCpp(Engine):
         )]
 
     def args(self, model: "ModelServer") -> list[str]:
-        """llama-server's command line, generated from the typed settings."""
+        """llama-server's command line, generated from the typed settings (a router's: its shared
+        flags; each model's own are in its preset section, ``preset``)."""
+        if model.on_demand is not None:
+            key_file = f"{API_KEY_DIR}/{model.api_key.secret_key}" if model.api_key is not None else None
+            return router_args(model, key_file)
         if model.hf_repo is None:  # refused by config_problems before anything is built
             raise ValueError(f"{model.name}: engine llamacpp needs hf_repo")
         args = ["--hf-repo", model.hf_repo]
@@ -270,6 +293,12 @@ class LlamaCpp(Engine):
 
     def env(self, model: "ModelServer") -> list[dict]:
         return []
+
+    def config_files(self, model: "ModelServer") -> dict[str, tuple[str, str]]:
+        """Files the server reads, mounted from a ConfigMap: a router's preset."""
+        if model.on_demand is None:
+            return {}
+        return {PRESET_DIR: (PRESET_FILE, preset_ini(model, self.args))}
 
     def cache_env(self, model: "ModelServer", mount_path: str) -> list[dict]:
         """--hf-repo downloads into LLAMA_CACHE: on the shared volume the download is a one-time cost,

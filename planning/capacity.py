@@ -12,6 +12,7 @@ from common.errors import CapacityError
 from common.quantity import GIB, gib, parse_quantity
 
 from .memory import MemoryEstimate, VramEstimate
+from .residency import Residency, ResidentModel, limit_gib, plan_residency, summed_estimate, summed_vram
 from .startup import StartupBudget, startup_budget
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ class ServerPlan:
     vram: Optional[VramEstimate] = None
     # Predicted decode tok/s with the context empty, half and full (engines/llamacpp_speed.py).
     decode_predicted_tok_s: Optional[dict[str, float]] = None
+    # A server of models on demand: which may be resident together (planning/residency.py).
+    residency: Optional[Residency] = None
 
     @property
     def need_gib(self) -> float:
@@ -147,6 +150,10 @@ class CapacityPlan:
         servers = {}
         for key, server in self.servers.items():
             data = asdict(server)
+            if server.residency is not None:
+                data["residency"] = server.residency.to_dict()
+            else:
+                del data["residency"]
             if server.vram is None:
                 del data["vram"]
             else:
@@ -207,6 +214,58 @@ def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", engine: "
         decode_predicted_tok_s=engine.predict_decode(model, facts, pool, vram is not None),
         vram=vram,
     )
+
+
+def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", engine: "Engine",
+                 planned: dict[str, ServerPlan]) -> tuple[Optional[ServerPlan], list[Problem]]:
+    """A router's plan: each model planned as the single-model server it runs as, then the
+    largest resident set that fits what the node and its GPU leave beside the other servers."""
+    if model.on_demand is None:
+        raise ValueError(f"{model.name}: not a router (no on_demand)")
+    pool = stack.node_pools[model.node_pool]
+    problems: list[Problem] = []
+    resident: list[ResidentModel] = []
+    for name, entry in model.on_demand.models.items():
+        single = model.as_single(name)
+        path = f"models.{key}.on_demand.models.{name}"
+        unplannable = [(where.replace(f"models.{key}", path, 1), why)
+                       for where, why in engine.plan_problems(key, single, engine.facts(single))]
+        problems += unplannable
+        if unplannable:
+            continue
+        plan = _server_plan(key, single, stack, engine)
+        vram_gib = plan.vram.total_gib if plan.vram is not None else 0.0
+        resident.append(ResidentModel(
+            name=name, pinned=entry.pinned, ram_gib=plan.estimate.total_gib * (1 + LIMIT_HEADROOM), vram_gib=vram_gib,
+            weights_gib=gib(plan.weights), load_seconds=plan.budget.load_seconds,
+            decode_predicted_tok_s=plan.decode_predicted_tok_s, estimate=plan.estimate, vram=plan.vram,
+        ))
+    if problems:
+        return None, problems
+    beside = [s for s in planned.values() if s.node_pool == model.node_pool]
+    ram_budget = node_offers_gib(pool) - sum(s.need_gib * s.replicas for s in beside)
+    vram_budget = None
+    if any(m.vram is not None for m in resident) and pool.vram is not None:
+        # Time-sliced cards are shared with the pool's other GPU servers, which the plan may put on the same card.
+        vram_budget = float(parse_quantity(pool.vram)) / GIB - GPU_FREE_TARGET_GIB - sum(
+            s.vram.total_gib for s in beside if s.vram is not None)
+    others = f", beside {', '.join(s.name for s in beside)}" if beside else ""
+    residency, problems = plan_residency(key, model, resident, ram_budget, vram_budget, others)
+    if residency is None:
+        return None, problems
+    worst = residency.worst()
+    estimate = summed_estimate(worst)
+    limit = model.resources.memory_limit or f"{limit_gib(worst)}Gi"
+    weights = f"{ceil_gib(sum(m.weights_gib for m in resident) * 10) / 10}Gi"
+    return ServerPlan(
+        key=key, name=model.name, workload=model.workload_name, node_pool=model.node_pool,
+        replicas=model.workload.replicas, one_per_node=model.workload.one_per_node, estimate=estimate,
+        memory_request=model.resources.memory_request or limit, memory_limit=limit,
+        # The router answers once it listens; each model loads when first asked (its swap cost, listed per model).
+        budget=startup_budget("0.1Gi", stack.startup, prefetched=True), weights=weights,
+        decode_bound_tok_s=None, decode_predicted_tok_s=None, vram=summed_vram(residency.worst_vram()),
+        residency=residency,
+    ), []
 
 
 def _place(stack: "StackConfig", servers: dict[str, ServerPlan]) -> tuple[list[NodePlan], list[Problem]]:
@@ -276,8 +335,16 @@ def plan_capacity(stack: "StackConfig", engine_of: EngineOf) -> CapacityPlan:
     CapacityError (path, numbers, remedy) if it does not fit."""
     problems: list[Problem] = []
     result = CapacityPlan()
-    for key, model in stack.models.items():
+    # Servers of models on demand last: their residency is planned in what the others leave.
+    for key, model in sorted(stack.models.items(), key=lambda item: item[1].on_demand is not None):
         engine = engine_of(model)
+        if model.on_demand is not None:
+            server, router_problems = _router_plan(key, model, stack, engine, result.servers)
+            problems += router_problems
+            if server is None:
+                continue
+            result.servers[key] = server
+            continue
         unplannable = engine.plan_problems(key, model, engine.facts(model))
         problems += unplannable
         if any(path.endswith((".facts", ".weights")) for path, _ in unplannable):

@@ -52,8 +52,8 @@ def servers() -> list[tuple[str, str, dict, dict | None, str, str | None]]:
             continue
         files = manifests(run).values()
         for key, model in run.config.models.items():
-            if model.engine != "llamacpp":
-                continue
+            if model.engine != "llamacpp" or model.on_demand is not None:
+                continue  # a router's models run as these servers' flags: tests/test_router_contract.py
             (workload,) = [m for m in files if m["kind"] in ("Deployment", "StatefulSet") and m["metadata"]["name"] == model.workload_name]
             (container,) = [c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == model.name]
             container = {**container, POD_SECURITY: workload["spec"]["template"]["spec"].get("securityContext")}

@@ -1,0 +1,65 @@
+"""A model's architecture facts (what the memory and speed plans read) and the KV cache types."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional
+
+from pydantic import Field
+
+from .values import doc, Number, Positive, Strict
+
+KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+
+
+class ModelFacts(Strict):
+    """What the memory model needs to know about a model's architecture."""
+
+    params_b: Annotated[Number, Field(gt=0)] = doc("Parameters, in billions.")
+    active_params_b: Optional[Annotated[Number, Field(gt=0)]] = doc(
+        "Parameters read per token, for mixture-of-experts; null: dense (all of them).", default=None
+    )
+    layers: Positive = doc("Transformer blocks.")
+    full_attention_layers: Optional[Positive] = doc(
+        "Layers with a KV cache; hybrid models (Gated DeltaNet, Mamba) have fewer than layers. null: all.", default=None
+    )
+    sliding_window: Optional[Positive] = doc(
+        "Window of the sliding-window attention layers (Gemma 3: 1024, gpt-oss: 128). llama.cpp keeps only "
+        "window-sized KV for them (unless --swa-full); null: the model has none.",
+        default=None,
+    )
+    sliding_window_layers: Optional[Positive] = doc(
+        "How many layers use the sliding window (they are not in full_attention_layers).", default=None
+    )
+    expert_params_b: Optional[Annotated[Number, Field(gt=0)]] = doc(
+        "Mixture-of-experts: parameters in the routed experts, all layers together (the rest, attention and shared "
+        "parts, is read for every token). Needed to plan cpu_moe_layers; null: not known.",
+        default=None,
+    )
+    embedding_length: Optional[Positive] = doc(
+        "Width of the token embedding (hidden size). With vocab_size: the input embedding, which llama.cpp always "
+        "keeps in system RAM, and the output layer, which -ngl offloads first. null: not known (counted as layers).",
+        default=None,
+    )
+    vocab_size: Optional[Positive] = doc("Tokens in the vocabulary (see embedding_length).", default=None)
+    feed_forward_length: Optional[Positive] = doc(
+        "Width of a dense block's feed-forward layer (intermediate_size): with embedding_length, sizes llama.cpp's "
+        "compute buffer on a CPU. null: a 10% margin instead.",
+        default=None,
+    )
+    experts_used: Optional[Positive] = doc("Mixture-of-experts: experts each token is routed to.", default=None)
+    expert_feed_forward_length: Optional[Positive] = doc(
+        "Mixture-of-experts: width of one expert's feed-forward layer (moe_intermediate_size).", default=None
+    )
+    kv_heads: Positive = doc("Key/value heads per attention layer.")
+    head_dim: Positive = doc("Dimension of one head.")
+    recurrent_state_mib: Annotated[Number, Field(ge=0)] = doc(
+        "Fixed-size recurrent state per slot (hybrid models), independent of context.", default=0.0
+    )
+    bits_per_weight: Optional[Annotated[Number, Field(gt=0, le=32)]] = doc(
+        "Overrides the quant's table value (checkpoints that are not GGUF).", default=None
+    )
+    pooling: Optional[Literal["none", "mean", "cls", "last", "rank"]] = doc(
+        "Embedding models: how token vectors are pooled into one (the GGUF's pooling_type). mean and cls need the "
+        "whole input in one micro-batch: llama.cpp refuses a longer input (HTTP 500).",
+        default=None,
+    )

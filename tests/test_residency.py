@@ -1,0 +1,127 @@
+"""Models on demand: the router's residency limit is planned from memory (planning/residency.py)
+and rendered as --models-max; the preset ConfigMap holds each model's single-model flags."""
+
+from __future__ import annotations
+
+import copy
+
+import pulumi
+import pytest
+
+from conftest import run_stack_file, stack_file_config
+from render.manifests import manifests
+
+STACK = "rtx3090-library"
+SECRETS = {"chat_api_key": "library-key-5e1d"}
+
+
+def config() -> dict:
+    return stack_file_config(STACK)
+
+
+def library(c: dict) -> dict:
+    return c["inference-plane:models"]["library"]
+
+
+def rendered(c: dict):
+    run = run_stack_file(STACK, c, SECRETS)
+    files = list(manifests(run).values())
+    (deployment,) = [m for m in files if m["kind"] == "Deployment"]
+    (config_map,) = [m for m in files if m["kind"] == "ConfigMap"]
+    return run, deployment, config_map
+
+
+def test_the_rendered_limit_is_the_largest_count_any_set_of_which_fits_the_card():
+    run, deployment, _ = rendered(config())
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    limit = int(args[args.index("--models-max") + 1])
+    plan = run.outputs["capacity_plan"]["servers"]["library"]["residency"]
+    card = 24 - 1  # the pool's 24 GiB less llama.cpp's 1 GiB free per GPU
+    assert plan["max_loaded"] == limit and plan["vram_budget_gib"] == card
+    models = plan["models"]
+    pinned = [m["vram_gib"] for m in models.values() if m["pinned"]]
+    others = sorted((m["vram_gib"] for m in models.values() if not m["pinned"]), reverse=True)
+    # Any `limit` models fit (the pinned one and the largest others)...
+    assert sum(pinned) + sum(others[: limit - len(pinned)]) <= card
+    # ...and one more could not: the limit is the largest safe one.
+    assert sum(pinned) + sum(others[: limit + 1 - len(pinned)]) > card
+    # The pod's memory limit holds the worst resident set in RAM.
+    ram = sorted((m["ram_gib"] for m in models.values() if not m["pinned"]), reverse=True)
+    worst = sum(m["ram_gib"] for m in models.values() if m["pinned"]) + sum(ram[: limit - 1])
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert float(container["resources"]["limits"]["memory"].removesuffix("Gi")) >= worst
+    # The swap cost and the speed of each model are in the plan.
+    for m in models.values():
+        assert m["load_seconds"] > 0 and m["decode_predicted_tok_s"]["half"] > 0
+
+
+def test_each_preset_section_is_the_single_model_command_line_and_the_router_keeps_the_shared_flags():
+    from config.types import ModelServer
+    from engines import engine_of
+
+    _, deployment, config_map = rendered(config())
+    (preset,) = config_map["data"].values()
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    sections: dict[str, dict[str, str]] = {}
+    current = None
+    for line in preset.splitlines():
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+        elif "=" in line and current is not None:
+            key, value = (part.strip() for part in line.split("=", 1))
+            current[key] = value
+    server = ModelServer.model_validate(library(config()))
+    assert list(sections) == list(server.on_demand.models)
+    for name, keys in sections.items():
+        single = engine_of(server).args(server.as_single(name))
+        assert keys["hf-repo"] == single[single.index("--hf-repo") + 1]
+        assert keys["ctx-size"] == single[single.index("--ctx-size") + 1]
+        # The router's flags win over a section's (server-models.cpp:548-552): none is repeated there.
+        assert not {"host", "port", "api-key-file", "metrics"} & set(keys)
+        assert ("load-on-startup" in keys) == server.on_demand.models[name].pinned
+    assert keys_of(container["args"]) >= {"--models-preset", "--models-max", "--api-key-file", "--metrics", "--host", "--port"}
+    # The preset is mounted where the router reads it, and a change restarts the router.
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/llama-router"]
+    volume = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]][0]
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    assert container["args"][container["args"].index("--models-preset") + 1] == "/etc/llama-router/models.ini"
+    assert "inference-plane/files-digest" in deployment["spec"]["template"]["metadata"]["annotations"]
+
+
+def keys_of(args: list[str]) -> set[str]:
+    return {a for a in args if a.startswith("--")}
+
+
+def test_a_limit_above_the_safe_one_is_refused():
+    c = config()
+    library(c)["on_demand"]["max_loaded"] = 3
+    with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.max_loaded: 3 is not safe: qwen3-8b, "
+                       r"qwen3-30b-a3b, .* loaded together need .* the router has 60.0 GiB of RAM and 23.0 GiB of VRAM; "
+                       r"remove it \(planned: 2\)"):
+        run_stack_file(STACK, c, SECRETS)
+
+
+def test_a_model_that_can_never_load_beside_the_pinned_one_is_refused_by_name():
+    c = config()
+    del library(c)["on_demand"]["models"]["qwen3-30b-a3b"]["cpu_moe_layers"]
+    with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.models.qwen3-30b-a3b: can never be loaded "
+                       r"beside the pinned qwen3-8b: it needs .* and 18.9 GiB of VRAM .* the router has 60.0 GiB of RAM "
+                       r"and 23.0 GiB of VRAM"):
+        run_stack_file(STACK, c, SECRETS)
+
+
+def test_a_router_setting_hf_repo_or_running_embeddings_is_refused():
+    c = config()
+    library(c)["hf_repo"] = "Qwen/Qwen3-8B-GGUF:Q4_K_M"
+    with pytest.raises(pulumi.RunError, match=r"models.library.hf_repo: a server with on_demand models loads them by name"):
+        run_stack_file(STACK, c, SECRETS)
+
+
+def test_more_room_allows_more_resident_models():
+    c = config()
+    pool = c["inference-plane:node_pools"]["rtx3090"]
+    pool["vram"] = "48Gi"
+    run, deployment, _ = rendered(c)
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert int(args[args.index("--models-max") + 1]) > 2
+    assert run.outputs["capacity_plan"]["servers"]["library"]["residency"]["vram_budget_gib"] == 47
