@@ -207,8 +207,14 @@ def test_the_suite_covers_every_llamacpp_server_of_the_stack(stack):
     instead of stopping the whole collection."""
     from render.offline import run_stack
 
-    expected = {(stack, k) for k, m in run_stack(stack).config.models.items() if m.engine == "llamacpp"}
+    models = run_stack(stack).config.models.items()
+    expected = {(stack, k) for k, m in models if m.engine == "llamacpp" and m.on_demand is None}
     assert {(c[0], c[1]) for c in servers() if c[0] == stack} == expected
+    # Routers (models on demand) are run by tests/test_router_contract.py, on their rendered preset.
+    from test_router_contract import CASES
+
+    routers = {f"{stack}/{k}" for k, m in models if m.engine == "llamacpp" and m.on_demand is not None}
+    assert routers <= {case[0] for case in CASES}
 
 
 def test_the_shipped_stacks_have_llamacpp_servers_to_run():
