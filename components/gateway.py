@@ -28,7 +28,7 @@ from common.constants import MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAM
 
 from .gateway_routes import (
     MODEL_HEADER,
-    _ref,
+    object_ref,
     embedding_routes,
     route_rules,
     split_rules,
@@ -191,7 +191,7 @@ class InferenceGateway(pulumi.ComponentResource):
             },
             depends_on=[proxy, certificate],
         )
-        gateway_ref = _ref("gateway.networking.k8s.io", "Gateway", gw.name)
+        gateway_ref = object_ref("gateway.networking.k8s.io", "Gateway", gw.name)
         self._client_traffic(name, gateway_ref)
         self._api_keys(name, gateway_ref)
         self._tiers(name)
@@ -204,7 +204,7 @@ class InferenceGateway(pulumi.ComponentResource):
     # -- helpers ---------------------------------------------------------------------------------
 
     def _parent_refs(self) -> list[dict]:
-        return [_ref("gateway.networking.k8s.io", "Gateway", self._args.gateway.name)]
+        return [object_ref("gateway.networking.k8s.io", "Gateway", self._args.gateway.name)]
 
     def _meta(self, object_name: str) -> dict:
         return {"name": object_name, "namespace": self._args.namespace, "labels": dict(self._labels)}
@@ -304,7 +304,7 @@ class InferenceGateway(pulumi.ComponentResource):
                     "BackendTLSPolicy",
                     self._meta(f"{tier_name}-tls"),
                     {
-                        "targetRefs": [_ref("gateway.envoyproxy.io", "Backend", tier_name)],
+                        "targetRefs": [object_ref("gateway.envoyproxy.io", "Backend", tier_name)],
                         "validation": {"wellKnownCACertificates": "System", "hostname": tier.remote.host},
                     },
                     depends_on=[backend],
@@ -330,7 +330,7 @@ class InferenceGateway(pulumi.ComponentResource):
                     "BackendSecurityPolicy",
                     self._meta(key_secret),
                     {
-                        "targetRefs": [_ref("aigateway.envoyproxy.io", "AIServiceBackend", tier_name)],
+                        "targetRefs": [object_ref("aigateway.envoyproxy.io", "AIServiceBackend", tier_name)],
                         "type": "APIKey",
                         "apiKey": {"secretRef": {"name": key_secret}},
                     },
@@ -489,7 +489,7 @@ class InferenceGateway(pulumi.ComponentResource):
             "BackendTrafficPolicy",
             self._meta(f"{gw.name}-llamacpp-embeddings"),
             {
-                "targetRefs": [_ref("gateway.networking.k8s.io", "HTTPRoute", f"{gw.name}-llamacpp-embeddings")],
+                "targetRefs": [object_ref("gateway.networking.k8s.io", "HTTPRoute", f"{gw.name}-llamacpp-embeddings")],
                 "timeout": {"http": {"streamIdleTimeout": path.timeout}},
             },
             depends_on=[route],

@@ -20,7 +20,7 @@ def rule_name(model: str) -> str:
     return slug or "model"
 
 
-def _ref(group: str, kind: str, name: str) -> dict:
+def object_ref(group: str, kind: str, name: str) -> dict:
     return {"group": group, "kind": kind, "name": name}
 
 
@@ -92,7 +92,7 @@ def traffic_policy_spec(gw: GatewayConfig, stack: StackConfig, route_name: str, 
     retry = gw.retry
     tiers = {ref["name"] for rule in rules for ref in rule["backendRefs"]}
     replicas = gw.local_replicas(tiers, stack.models)
-    spec: dict = {"targetRefs": [_ref("gateway.networking.k8s.io", "HTTPRoute", route_name)]}
+    spec: dict = {"targetRefs": [object_ref("gateway.networking.k8s.io", "HTTPRoute", route_name)]}
     if replicas > 1:
         # A conversation stays on the replica that holds its KV cache. Only where there is a
         # choice of replica: Envoy's hash balancers (Maglev here) ignore the retry's priority

@@ -151,7 +151,7 @@ class ModelServerBase(pulumi.ComponentResource):
             model=model,
             metadata=workload_meta,
             service_metadata=meta,
-            template={"metadata": template_meta, "spec": pod_spec(model, args.node_pool, args.cache, args.plan)},
+            template={"metadata": template_meta, "spec": pod_spec(model, args.node_pool, args.cache, args.plan, files)},
             budget=budget,
             depends_on=[r for r in (self.api_key_secret, self.config_files) if r is not None],
             parent=self,

@@ -75,11 +75,16 @@ def planned(model: ModelServer, plan: ServerPlan) -> ModelServer:
     return model.model_copy(update={"on_demand": model.on_demand.model_copy(update={"max_loaded": plan.residency.max_loaded})})
 
 
+# The engine's config files of a server, by mount folder: (file name, content) (Engine.config_files).
+ConfigFiles = dict[str, tuple[str, str]]
+
+
 def config_map_name(model: ModelServer) -> str:
     return f"{model.name}-files"
 
 
-def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan) -> dict:
+def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan,
+                   files: ConfigFiles) -> dict:
     model = planned(model, plan)
     budget = plan.budget
     requests: dict[str, str] = {"cpu": model.resources.cpu_request, "memory": plan.memory_request}
@@ -94,7 +99,7 @@ def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, 
     if model.api_key is not None and credentials is not None:
         mounts.append({"name": "api-key", "mountPath": credentials.mount_dir, "readOnly": True})
     env += engine.env(model)
-    for index, folder in enumerate(engine.config_files(model)):
+    for index, folder in enumerate(files):
         mounts.append({"name": f"files-{index}", "mountPath": folder, "readOnly": True})
     health = engine.health_path(model)
     return {
@@ -116,7 +121,9 @@ def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, 
     }
 
 
-def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan) -> dict:
+def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan, files: ConfigFiles) -> dict:
+    """The pod; ``files`` (mounted from the server's ConfigMap) are the engine's config_files of the
+    planned server, computed once by the component that also writes the ConfigMap."""
     security: dict = {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS,
@@ -142,11 +149,11 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         # LLAMA_ARG_* variables as flags: keep the environment to what is set here.
         "enableServiceLinks": False,
         "securityContext": security,
-        "containers": [container_spec(model, pool, cache, plan)],
+        "containers": [container_spec(model, pool, cache, plan, files)],
     }
     if model.prefetch is not None:
         spec["initContainers"] = [prefetch_container(model)]
-    for index, (file_name, _) in enumerate(engine_of(model).config_files(planned(model, plan)).values()):
+    for index, (file_name, _) in enumerate(files.values()):
         volumes.append({"name": f"files-{index}", "configMap": {
             "name": config_map_name(model), "items": [{"key": file_name, "path": file_name}]}})
     volumes.append({"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}})

@@ -99,22 +99,22 @@ def _server(verdict: HistoryVerdict, key: str, model: ModelServer, old: dict, st
             f"weights add {path}.workload.name: {old['workload']} (the Service and pods take the new name), or set "
             f"{path}.workload.name: {model.name} to rename and download again",
         ))
-    if old.get("node_pool") != model.node_pool:
-        pinned = _pinned_claims(model, old, stack)
-        if pinned:
-            verdict.problems.append((
-                f"{path}.node_pool",
-                f"moving {model.name} from {old['node_pool']} to {model.node_pool}: {pinned} pinned to "
-                f"{old['node_pool']}'s nodes ({_classes(model, old, stack)} volumes carry required node affinity), so "
-                f"its pods would stay Pending and every pulumi up fail at its timeout; keep node_pool: "
-                f"{old['node_pool']}, or delete those claims first (their weights are fetched again)",
-            ))
+    pinned = _node_local_claims(model, old, stack) if old.get("node_pool") != model.node_pool else None
+    if pinned is not None:
+        claims, storage_class = pinned
+        verdict.problems.append((
+            f"{path}.node_pool",
+            f"moving {model.name} from {old['node_pool']} to {model.node_pool}: {claims} pinned to "
+            f"{old['node_pool']}'s nodes ({storage_class} volumes carry required node affinity), so "
+            f"its pods would stay Pending and every pulumi up fail at its timeout; keep node_pool: "
+            f"{old['node_pool']}, or delete those claims first (their weights are fetched again)",
+        ))
     if per_replica_claims and volume is not None and model.workload_name == old.get("workload"):
-        changed = [
-            f"{name} {old_volume[name]} -> {getattr(volume, name)}"
-            for name in ("storage_class", "size")
-            if (old_volume[name] != volume.storage_class if name == "storage_class" else not _same_size(old_volume[name], volume.size))
-        ]
+        changed = []
+        if old_volume["storage_class"] != volume.storage_class:
+            changed.append(f"storage_class {old_volume['storage_class']} -> {volume.storage_class}")
+        if not _same_size(old_volume["size"], volume.size):
+            changed.append(f"size {old_volume['size']} -> {volume.size}")
         if changed:
             verdict.warnings.append(
                 f"{path}.workload.cache_volume: {', '.join(changed)} is not applied: a StatefulSet's claim template "
@@ -125,20 +125,14 @@ def _server(verdict: HistoryVerdict, key: str, model: ModelServer, old: dict, st
             )
 
 
-def _pinned_claims(model: ModelServer, old: dict, stack: StackConfig) -> str:
+def _node_local_claims(model: ModelServer, old: dict, stack: StackConfig) -> Optional[tuple[str, str]]:
+    """The server's claims that are pinned to its old nodes, as (which claims are, their class)."""
     old_volume = old.get("cache_volume")
     if old.get("kind") == "StatefulSet" and old_volume and old_volume.get("storage_class") in NODE_LOCAL_CLASSES:
-        return f"its per-replica claims of StatefulSet {old['workload']} are"
+        return f"its per-replica claims of StatefulSet {old['workload']} are", old_volume["storage_class"]
     if model.workload.cache_volume is None and stack.model_cache.storage_class in NODE_LOCAL_CLASSES:
-        return f"the shared claim {stack.model_cache.claim_name} is"
-    return ""
-
-
-def _classes(model: ModelServer, old: dict, stack: StackConfig) -> str:
-    old_volume = old.get("cache_volume")
-    if old.get("kind") == "StatefulSet" and old_volume:
-        return old_volume["storage_class"]
-    return stack.model_cache.storage_class
+        return f"the shared claim {stack.model_cache.claim_name} is", stack.model_cache.storage_class
+    return None
 
 
 def _model_cache(verdict: HistoryVerdict, old: dict, stack: StackConfig) -> None:

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 from pydantic import Field
 
 from .facts import KvCacheType, ModelFacts
-from .values import HfRepo, Memory, Strict, doc
+from .values import ContextTokens, HfRepo, LayerCount, Memory, MicroBatch, Slots, Strict, doc
 
 # A public model name: what a client sends as "model" and the router's preset section.
 ModelName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[a-z0-9][a-z0-9._-]*$")]
@@ -21,11 +21,11 @@ class OnDemandModel(Strict):
     hf_repo: HfRepo = doc("llama.cpp's --hf-repo for this model (org/Model-GGUF:QUANT).")
     weights: Optional[Memory] = doc("Size of the weights download; null: parameters x the quant's bits.", default=None)
     facts: Optional[ModelFacts] = doc("Architecture facts; null: from the catalog by hf_repo.", default=None)
-    ctx_size: Optional[Annotated[int, Field(gt=0, le=4_194_304)]] = doc("--ctx-size; null: the server's.", default=None)
-    gpu_layers: Optional[Annotated[int, Field(ge=0, le=999)]] = doc("--n-gpu-layers; null: the server's.", default=None)
-    cpu_moe_layers: Optional[Annotated[int, Field(ge=0, le=999)]] = doc("--n-cpu-moe; null: the server's.", default=None)
-    parallel: Optional[Annotated[int, Field(gt=0, le=256)]] = doc("--parallel; null: the server's.", default=None)
-    ubatch_size: Optional[Annotated[int, Field(gt=0, le=65536)]] = doc("--ubatch-size; null: the server's.", default=None)
+    ctx_size: Optional[ContextTokens] = doc("--ctx-size; null: the server's.", default=None)
+    gpu_layers: Optional[LayerCount] = doc("--n-gpu-layers; null: the server's.", default=None)
+    cpu_moe_layers: Optional[LayerCount] = doc("--n-cpu-moe; null: the server's.", default=None)
+    parallel: Optional[Slots] = doc("--parallel; null: the server's.", default=None)
+    ubatch_size: Optional[MicroBatch] = doc("--ubatch-size; null: the server's.", default=None)
     cache_type_k: Optional[KvCacheType] = doc("--cache-type-k; null: the server's.", default=None)
     cache_type_v: Optional[KvCacheType] = doc("--cache-type-v; null: the server's.", default=None)
     pinned: bool = doc(

@@ -22,6 +22,7 @@ from .values import (
     Args,
     Cidr,
     ConfigKey,
+    ContextTokens,
     Cpu,
     DnsLabel,
     DnsName,
@@ -30,13 +31,16 @@ from .values import (
     HfRepo,
     Hostname,
     HttpPath,
+    LayerCount,
     Labels,
     Memory,
+    MicroBatch,
     Number,
     PinnedImage,
     Reason,
     RepoId,
     ResourceName,
+    Slots,
     Strict,
 )
 
@@ -395,12 +399,12 @@ class ModelServer(Strict):
         "Size of the weights download; null: parameters x the quant's bits per weight.", default=None
     )
     facts: Optional[ModelFacts] = doc("Architecture facts; null: taken from the catalog by hf_repo.", default=None)
-    gpu_layers: Annotated[int, Field(ge=0, le=999)] = doc(
+    gpu_layers: LayerCount = doc(
         "--n-gpu-layers: llama.cpp offloads the output layer and then the last N-1 transformer blocks; 0 runs on the "
         "CPU and requests no GPU; layers + 1 or more: everything.",
         default=99,
     )
-    cpu_moe_layers: Optional[Annotated[int, Field(ge=0, le=999)]] = doc(
+    cpu_moe_layers: Optional[LayerCount] = doc(
         "Mixture-of-experts on a small card: the experts of the first N blocks stay in system RAM (--n-cpu-moe N) "
         "while attention, shared weights and KV stay on the GPU; planned per part, decode from both memories. "
         "Needs the model's expert_params_b. null: none.",
@@ -413,16 +417,16 @@ class ModelServer(Strict):
         default=1,
     )
     threads: Annotated[int, Field(gt=0, le=1024)] = doc("--threads.", default=4)
-    ctx_size: Annotated[int, Field(gt=0, le=4_194_304)] = doc(
+    ctx_size: ContextTokens = doc(
         "--ctx-size: the longest request (prompt and answer) in tokens. All slots share one KV pool of this size "
         "(--kv-unified), so requests running at once share it too.",
         default=4096,
     )
-    ubatch_size: Optional[Annotated[int, Field(gt=0, le=65536)]] = doc(
+    ubatch_size: Optional[MicroBatch] = doc(
         "--ubatch-size; null: llama.cpp's 512. Above 2048, --batch-size is raised with it (llama.cpp clamps the "
         "micro-batch to the batch).", default=None
     )
-    parallel: Optional[Annotated[int, Field(gt=0, le=256)]] = doc(
+    parallel: Optional[Slots] = doc(
         "Slots (--parallel); null: the server's auto, 4 slots sharing one KV pool.", default=None
     )
     cache_ram_mib: Optional[Annotated[int, Field(ge=0, le=1_048_576)]] = doc(

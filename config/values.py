@@ -97,6 +97,11 @@ Labels = Annotated[dict[str, str], AfterValidator(_labels)]
 ConfigKey = Annotated[str, matches(_CONFIG_KEY, "a config key name (lower-case, digits, '_')")]
 ResourceName = Annotated[str, matches(LABEL_KEY, "a resource name such as gpu.intel.com/i915")]
 Positive = Annotated[int, Field(gt=0)]
+# llama.cpp server settings, with the bounds a model server and an on-demand model share.
+LayerCount = Annotated[int, Field(ge=0, le=999)]  # --n-gpu-layers, --n-cpu-moe
+ContextTokens = Annotated[int, Field(gt=0, le=4_194_304)]  # --ctx-size
+MicroBatch = Annotated[int, Field(gt=0, le=65536)]  # --ubatch-size
+Slots = Annotated[int, Field(gt=0, le=256)]  # --parallel
 Reason = Annotated[str, Field(min_length=10, max_length=300)]
 Args = Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)]
 

@@ -13,7 +13,7 @@ from planning.catalog import facts_for, repo_of
 from planning.memory import MemoryEstimate, VramEstimate
 
 from .base import Credentials, Engine, Problem
-from .llamacpp_router import PRESET_DIR, PRESET_FILE, preset_ini, router_args
+from .llamacpp_router import PRESET_DIR, PRESET_FILE, preset_ini, router_args, shared_flags
 from .llamacpp_speed import predict_tok_s
 from .llamacpp_memory import (
     DEFAULT_UBATCH,
@@ -239,9 +239,9 @@ class LlamaCpp(Engine):
 
     def args(self, model: "ModelServer") -> list[str]:
         """llama-server's command line, generated from the typed settings (a router's: its shared
-        flags; each model's own are in its preset section, ``preset``)."""
+        flags; each model's own are in its preset section, ``config_files``)."""
+        key_file = f"{API_KEY_DIR}/{model.api_key.secret_key}" if model.api_key is not None else None
         if model.on_demand is not None:
-            key_file = f"{API_KEY_DIR}/{model.api_key.secret_key}" if model.api_key is not None else None
             return router_args(model, key_file)
         if model.hf_repo is None:  # refused by config_problems before anything is built
             raise ValueError(f"{model.name}: engine llamacpp needs hf_repo")
@@ -278,18 +278,7 @@ class LlamaCpp(Engine):
             args += ["--cache-ram", str(model.cache_ram_mib)]
         if model.ctx_checkpoints is not None:
             args += ["--ctx-checkpoints", str(model.ctx_checkpoints)]
-        if model.cors_origins is not None:
-            args += ["--cors-origins", model.cors_origins]
-        if not model.webui:
-            # --no-ui: the pinned build (b10731) logs --no-webui as a deprecated alias (seen running it).
-            args.append("--no-ui")
-        # Explicit on purpose: the default port is moving from 8080 to 9931 across builds.
-        args += ["--host", "0.0.0.0", "--port", str(model.port)]
-        if model.metrics:
-            args.append("--metrics")
-        if model.api_key is not None:
-            args += ["--api-key-file", f"{API_KEY_DIR}/{model.api_key.secret_key}"]
-        return args + list(model.extra_args)
+        return args + shared_flags(model, key_file) + list(model.extra_args)
 
     def env(self, model: "ModelServer") -> list[dict]:
         return []

@@ -32,8 +32,26 @@ PRESET_FILE = "models.ini"
 PRESET_PATH = f"{PRESET_DIR}/{PRESET_FILE}"
 
 # Flags the router's own command line sets for every child (and host/port, which it replaces per
-# child): not repeated in a section, where the router's value would override them anyway.
+# child): shared_flags() writes them, and a section never repeats them (the router's would win).
 ROUTER_LEVEL_FLAGS = frozenset({"--host", "--port", "--api-key-file", "--metrics", "--cors-origins", "--no-ui"})
+
+
+def shared_flags(model: "ModelServer", key_file: str | None) -> list[str]:
+    """The flags a single-model server ends its command line with, and a router passes to every
+    child: browser origins, the web UI, where it listens, metrics, the key file."""
+    args: list[str] = []
+    if model.cors_origins is not None:
+        args += ["--cors-origins", model.cors_origins]
+    if not model.webui:
+        # --no-ui: the pinned build (b10731) logs --no-webui as a deprecated alias (seen running it).
+        args.append("--no-ui")
+    # Explicit on purpose: the default port is moving from 8080 to 9931 across builds.
+    args += ["--host", "0.0.0.0", "--port", str(model.port)]
+    if model.metrics:
+        args.append("--metrics")
+    if key_file is not None:
+        args += ["--api-key-file", key_file]
+    return args
 
 
 def preset_sections(single_args: list[str]) -> list[tuple[str, str]]:
@@ -77,13 +95,4 @@ def router_args(model: "ModelServer", key_file: str | None) -> list[str]:
     args = ["--models-preset", PRESET_PATH, "--models-max", str(model.on_demand.max_loaded)]
     if model.on_demand.idle_unload_seconds is not None:
         args += ["--sleep-idle-seconds", str(model.on_demand.idle_unload_seconds)]
-    if model.cors_origins is not None:
-        args += ["--cors-origins", model.cors_origins]
-    if not model.webui:
-        args.append("--no-ui")
-    args += ["--host", "0.0.0.0", "--port", str(model.port)]
-    if model.metrics:
-        args.append("--metrics")
-    if key_file is not None:
-        args += ["--api-key-file", key_file]
-    return args + list(model.extra_args)
+    return args + shared_flags(model, key_file) + list(model.extra_args)

@@ -73,28 +73,24 @@ def plan_residency(key: str, model: "ModelServer", models: list[ResidentModel], 
         raise ValueError(f"{model.name}: not a router (no on_demand)")
     path = f"models.{key}.on_demand"
 
+    def within(ram_set: list[ResidentModel], vram_set: list[ResidentModel]) -> bool:
+        # RAM as the pod's limit, rounded up to a whole GiB: what the node must give.
+        vram = sum(m.vram_gib for m in vram_set)
+        return limit_gib(ram_set) <= ram_budget_gib + 1e-9 and (vram_budget_gib is None or vram <= vram_budget_gib + 1e-9)
+
     def fits(count: int) -> bool:
-        # The pod's limit is this, rounded up to a whole GiB: what the node must give.
-        ram = math.ceil(sum(m.ram_gib for m in _largest(models, count, lambda m: m.ram_gib)) + ROUTER_HOST_GIB - 1e-9)
-        vram = sum(m.vram_gib for m in _largest(models, count, lambda m: m.vram_gib))
-        return ram <= ram_budget_gib + 1e-9 and (vram_budget_gib is None or vram <= vram_budget_gib + 1e-9)
+        return within(_largest(models, count, lambda m: m.ram_gib), _largest(models, count, lambda m: m.vram_gib))
 
     pinned = [m for m in models if m.pinned]
     problems: list[Problem] = []
-    base = max(1, len(pinned))
-    if not fits(base):
-        where = "the pinned models together" if len(pinned) > 1 else None
-        if where is not None:
-            problems.append((f"{path}.models", f"{where} need {sum(m.ram_gib for m in pinned):.1f} GiB of RAM and "
-                             f"{sum(m.vram_gib for m in pinned):.1f} GiB of VRAM, more than the router has "
-                             f"({_budget(ram_budget_gib, vram_budget_gib)}{others}); pin fewer"))
-            return None, problems
+    if len(pinned) > 1 and not fits(len(pinned)):
+        return None, [(f"{path}.models", f"the pinned models together need {sum(m.ram_gib for m in pinned):.1f} GiB of "
+                       f"RAM and {sum(m.vram_gib for m in pinned):.1f} GiB of VRAM, more than the router has "
+                       f"({_budget(ram_budget_gib, vram_budget_gib)}{others}); pin fewer")]
     # Each model must fit beside the pinned ones: otherwise a request for it can never be served.
     for m in models:
         beside = [p for p in pinned if p is not m]
-        ram = m.ram_gib + sum(p.ram_gib for p in beside) + ROUTER_HOST_GIB
-        vram = m.vram_gib + sum(p.vram_gib for p in beside)
-        if ram > ram_budget_gib + 1e-9 or (vram_budget_gib is not None and vram > vram_budget_gib + 1e-9):
+        if not within([m, *beside], [m, *beside]):
             pins = f" beside the pinned {', '.join(p.name for p in beside)}" if beside else ""
             problems.append((f"{path}.models.{m.name}", f"can never be loaded{pins}: it needs {m.ram_gib:.1f} GiB of RAM "
                              f"and {m.vram_gib:.1f} GiB of VRAM ({_needs(m)}), the router has "
@@ -102,7 +98,7 @@ def plan_residency(key: str, model: "ModelServer", models: list[ResidentModel], 
                              "gpu_layers, or remove it"))
     if problems:
         return None, problems
-    safe = base
+    safe = max(1, len(pinned))
     while safe < len(models) and fits(safe + 1):
         safe += 1
     wanted = model.on_demand.max_loaded

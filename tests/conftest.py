@@ -119,3 +119,18 @@ def run_stack_file(stack: str, mapping: dict[str, Any], secrets: dict[str, str] 
     for key, value in (secrets or {}).items():
         config[f"inference-plane:{key}"] = value
     return run_program(config, secret_keys, stack=stack)
+
+
+@pytest.fixture(scope="session")
+def binary() -> Path:
+    """llama.cpp's llama-server for the contract tests. `make test` builds first with progress on the
+    terminal; run alone, pytest builds here (tools/build_llama_server.py, cached outside the clone)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from build_llama_server import BuildError, build
+
+    try:
+        return build()
+    except BuildError as e:
+        failure = str(e)
+    pytest.fail(failure, pytrace=False)  # outside the except: one line, no chained traceback
+

@@ -23,7 +23,7 @@ from conftest import ROOT, STACKS
 sys.path.insert(0, str(ROOT / "tests" / "contract"))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from build_llama_server import DEFAULT_BUILD, BuildError, build, source_dir  # noqa: E402
+from build_llama_server import source_dir  # noqa: E402
 from server import ContractFailure, StoppedEarly, complaints, free_port, request, serve  # noqa: E402
 from tiny_model import write_tiny_model  # noqa: E402
 
@@ -62,16 +62,6 @@ def servers() -> list[tuple[str, str, dict, dict | None, str, str | None]]:
             facts = facts_for(model)
             found.append((stack, key, container, endpoint, model.role, facts.pooling if facts else None))
     return found
-
-
-@pytest.fixture(scope="session")
-def binary() -> Path:
-    # `make test` builds first with progress on the terminal; run alone, pytest builds here.
-    try:
-        return build()
-    except BuildError as e:
-        failure = str(e)
-    pytest.fail(failure, pytrace=False)  # outside the except: one line, no chained traceback
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,8 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "tests" / "contract"))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from build_llama_server import BuildError, build, source_dir  # noqa: E402
-from router import RUNNING, models_max, start_router, wait_gone  # noqa: E402
+from build_llama_server import source_dir  # noqa: E402
+from router import models_max, start_router, wait_gone  # noqa: E402
 from tiny_model import write_tiny_model  # noqa: E402
 
 TEST_KEY = "router-contract-key-1"
@@ -76,15 +76,6 @@ def router_cases() -> list[tuple[str, str, list[str], list[str], str | None]]:
 
 
 CASES = router_cases()
-
-
-@pytest.fixture(scope="session")
-def binary() -> Path:
-    try:
-        return build()
-    except BuildError as e:
-        failure = str(e)
-    pytest.fail(failure, pytrace=False)
 
 
 @pytest.fixture(scope="session")
