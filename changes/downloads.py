@@ -107,6 +107,34 @@ def _keep_claims(start: _Start, hint: ServerHint) -> str:
     return f"; to keep the old claims and their weights, set {where}: {old.name}"
 
 
+def _library_edits(ctx: _Context, starts: Sequence[_Start]) -> None:
+    """A router's models added or removed: applied by its keeper with no restart (llama.cpp's reload
+    keeps every child whose settings did not change), unless this update restarts the pod anyway."""
+    restarting = {s.workload.name for s in starts}
+    for name, hint in ctx.hints.items():
+        old = ctx.old_hints.get(name)
+        if hint.library is None or old is None or old.library is None:
+            continue
+        added = {m: gib for m, gib in hint.library.items() if m not in old.library}
+        removed = sorted(m for m in old.library if m not in hint.library)
+        if not added and not removed:
+            continue
+        label = f"{name} (models.{hint.key}.on_demand)"
+        parts = []
+        if added:
+            rate = (hint.download_seconds / hint.weights_gib) if hint.download_seconds and hint.weights_gib else None
+            took = f", about {_duration(round(rate * sum(added.values())))} at the stack's download rate" if rate else ""
+            parts.append(f"fetches {', '.join(f'{m} ({gib:g} GiB)' for m, gib in sorted(added.items()))}{took}, "
+                         "then offers it")
+        if removed:
+            parts.append(f"drops {', '.join(removed)} (unloaded if loaded; its files stay in the cache)")
+        how = ("the pod restarts in this update (above): every loaded model unloads and the init container fetches first"
+               if name in restarting else
+               "its keeper applies it within about a minute of the update (no restart: the router re-reads its "
+               "preset and the models it runs keep running)")
+        ctx.add("library", "info", label, f"{'; '.join(parts)}; {how}")
+
+
 def _downtime(ctx: _Context, start: _Start, downloads: int, hint: ServerHint) -> None:
     """``downloads``: how many claims are filled at once; replicas starting together share the
     node's uplink, so their downloads take as long as one after the other (the planner's rate is

@@ -57,7 +57,7 @@ from .consequences import (
     _secrets,
     _starts,
 )
-from .downloads import _restarts_and_downloads
+from .downloads import _library_edits, _restarts_and_downloads
 from .pairing import _applied, pair
 from .provider import DEFAULT_OPTIONS, ProviderOptions, decide, object_id
 from .report import SEVERITY_ORDER, ChangeReport, Entry
@@ -94,6 +94,7 @@ def preview(before: Any, after: Any, options: ProviderOptions = DEFAULT_OPTIONS)
     _template_changes(ctx)
     starts = _starts(ctx)
     _restarts_and_downloads(ctx, starts, fates)
+    _library_edits(ctx, starts)
     pending = _gpu_waits(ctx, starts)
     _redirected_traffic(ctx, starts, pending)
     _pvc_size(ctx)

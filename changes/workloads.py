@@ -177,6 +177,15 @@ class ServerHint:
     download_seconds: Optional[int]
     load_seconds: Optional[int]
     key: Optional[str] = None  # models.<key> in the stack's config
+    # A router's models on demand: public name -> weights GiB (capacity_plan.servers.<key>.residency).
+    library: Optional[dict[str, float]] = None
+
+
+def _library(residency: Any) -> Optional[dict[str, float]]:
+    models = residency.get("models") if isinstance(residency, dict) else None
+    if not isinstance(models, dict):
+        return None
+    return {str(name): float(m.get("weights_gib") or 0) for name, m in models.items() if isinstance(m, dict)}
 
 
 def server_hints(run: Any) -> dict[str, ServerHint]:
@@ -195,6 +204,7 @@ def server_hints(run: Any) -> dict[str, ServerHint]:
             download_seconds=_int(budget.get("download_seconds"), 0) if "download_seconds" in budget else None,
             load_seconds=_int(budget.get("load_seconds"), 0) if "load_seconds" in budget else None,
             key=str(key),
+            library=_library(server.get("residency")),
         )
     return hints
 

@@ -74,3 +74,8 @@ COMMIT_ID = re.compile(r"[0-9a-f]{40}")
 # Storage classes of node-local folders (rancher's local-path-provisioner under its usual names):
 # each volume is pinned to its node by required node affinity, and none can be expanded.
 NODE_LOCAL_CLASSES = frozenset({"local-path", "local-storage"})
+
+
+# Every model server's pod mounts a small emptyDir here (components/security.SCRATCH_VOLUME): the one
+# writable path besides the weights, under a read-only root.
+SCRATCH = "/tmp"

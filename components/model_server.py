@@ -10,8 +10,6 @@ connection while downloading) until its weights are resident, which is what the 
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
@@ -29,9 +27,6 @@ from .meta import VALUE_NOTES_ANNOTATION, labels, metadata, selector, token, val
 from .pod import KEY_FINGERPRINT_ANNOTATION, checkov_waivers, config_map_name, key_fingerprint, planned, pod_spec
 from .workloads import WorkloadParts, build
 
-
-# The pod template's digest of the server's config files: a changed file restarts the server.
-FILES_DIGEST_ANNOTATION = "inference-plane/files-digest"
 
 
 @dataclass(frozen=True)
@@ -90,7 +85,9 @@ class ModelServerBase(pulumi.ComponentResource):
         self.budget = budget = args.plan.budget
         component = COMPONENT_LABEL[model.role]
         meta = metadata(model.name, ns, model.name, component)
-        cold_start = budget.load_seconds if model.prefetch is not None else budget.download_seconds + budget.load_seconds
+        # Downloaded by an init container (a prefetch, a router's models) or by the engine as it starts.
+        prefilled = model.prefetch is not None or model.on_demand is not None
+        cold_start = budget.load_seconds if prefilled else budget.download_seconds + budget.load_seconds
         workload_meta = metadata(
             model.workload_name,
             ns,
@@ -128,14 +125,12 @@ class ModelServerBase(pulumi.ComponentResource):
         files = engine.config_files(planned(model, args.plan))
         template_meta: dict = {"labels": labels(model.name, component)}
         if files:
-            # Files the server reads at start (a router's preset): a change restarts it, since the
-            # router does not watch its preset (a reload keeps unchanged children, but needs a call).
-            data = {name: content for name, content in files.values()}
+            # A router's preset and library: applied in place by its keeper (fetch, then the router's
+            # reload keeps every unchanged model running), so a change restarts no pod.
+            data = {file_name: content for folder in files.values() for file_name, content in folder.items()}
             self.config_files = k8s.core.v1.ConfigMap(
                 f"{name}-files", metadata=metadata(config_map_name(model), ns, model.name, component), data=data,
                 opts=pulumi.ResourceOptions(parent=self))
-            digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-            template_meta["annotations"] = {FILES_DIGEST_ANNOTATION: digest}
         pod_waivers = checkov_waivers(args.cluster.cni, pod=True)
         if pod_waivers:
             template_meta.setdefault("annotations", {}).update(pod_waivers)

@@ -12,7 +12,7 @@ from engines import engine_of
 from planning.capacity import ServerPlan
 
 from .meta import selector
-from .prefetch import prefetch_container
+from .prefetch import library_container, library_keeper, prefetch_container
 from .security import CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH_ENV, SCRATCH_VOLUME
 
 RUN_AS = 1000  # any non-root UID; the cache volume is made group-writable for it through fsGroup
@@ -75,12 +75,16 @@ def planned(model: ModelServer, plan: ServerPlan) -> ModelServer:
     return model.model_copy(update={"on_demand": model.on_demand.model_copy(update={"max_loaded": plan.residency.max_loaded})})
 
 
-# The engine's config files of a server, by mount folder: (file name, content) (Engine.config_files).
-ConfigFiles = dict[str, tuple[str, str]]
+# The engine's config files of a server, by mount folder: {file name: content} (Engine.config_files).
+ConfigFiles = dict[str, dict[str, str]]
 
 
 def config_map_name(model: ModelServer) -> str:
     return f"{model.name}-files"
+
+
+def files_mounts(files: ConfigFiles) -> list[dict]:
+    return [{"name": f"files-{index}", "mountPath": folder, "readOnly": True} for index, folder in enumerate(files)]
 
 
 def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan,
@@ -99,8 +103,7 @@ def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, 
     if model.api_key is not None and credentials is not None:
         mounts.append({"name": "api-key", "mountPath": credentials.mount_dir, "readOnly": True})
     env += engine.env(model)
-    for index, folder in enumerate(files):
-        mounts.append({"name": f"files-{index}", "mountPath": folder, "readOnly": True})
+    mounts += files_mounts(files)
     health = engine.health_path(model)
     return {
         "name": model.name,
@@ -153,9 +156,13 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
     }
     if model.prefetch is not None:
         spec["initContainers"] = [prefetch_container(model)]
-    for index, (file_name, _) in enumerate(files.values()):
+    elif model.on_demand is not None:
+        spec["initContainers"] = [library_container(model, cache, files_mounts(files))]
+        spec["containers"].append(library_keeper(model, cache, files_mounts(files)))
+    for index, folder in enumerate(files.values()):
+        # Whole files, never subPath: the kubelet then updates them in place when the ConfigMap changes.
         volumes.append({"name": f"files-{index}", "configMap": {
-            "name": config_map_name(model), "items": [{"key": file_name, "path": file_name}]}})
+            "name": config_map_name(model), "items": [{"key": name, "path": name} for name in folder]}})
     volumes.append({"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}})
     spec["volumes"] = volumes
     if pool.runtime_class and model.uses_gpu(pool):

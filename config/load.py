@@ -51,12 +51,22 @@ def read_pulumi_config() -> tuple[dict[str, Any], set[str]]:
 SECRET_MUTABLE = "kubernetes:enableSecretMutable"
 
 
-def secrets_mutable() -> bool:
+# Likewise for ConfigMaps: a router's preset and library change whenever a model is added or removed;
+# replaced delete-first, the ConfigMap is briefly gone; updated in place, the kubelet refreshes the
+# mounted files and the router's keeper applies them with no restart.
+CONFIGMAP_MUTABLE = "kubernetes:enableConfigMapMutable"
+
+
+def provider_flag(setting: str) -> bool:
     """A known key: the SDK's public reader is enough here."""
     import pulumi
 
-    namespace, key = SECRET_MUTABLE.split(":")
+    namespace, key = setting.split(":")
     return (pulumi.Config(namespace).get(key) or "").lower() == "true"
+
+
+def secrets_mutable() -> bool:
+    return provider_flag(SECRET_MUTABLE)
 
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -111,6 +121,12 @@ def load_stack(engine_checks: EngineChecks) -> StackConfig:
     import pulumi
 
     problems += tailnet_name_problems(stack.gateway, pulumi.get_stack(), PROJECT_DIR)
+    routers = [key for key, model in stack.models.items() if model.on_demand is not None]
+    if routers and not provider_flag(CONFIGMAP_MUTABLE):
+        pulumi.log.warn(
+            f"{CONFIGMAP_MUTABLE} is not true: adding or removing a model of models.{routers[0]}.on_demand "
+            f"replaces its ConfigMap, deleted first; run: pulumi config set {CONFIGMAP_MUTABLE} true"
+        )
     for key in sorted(set(structured) & secret_keys):
         problems.append((key, "structured config must not be secret; keep credentials in their own keys"))
     if problems:

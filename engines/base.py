@@ -27,6 +27,17 @@ class Credentials:
         return f"{self.mount_dir}/{secret_key}"
 
 
+@dataclass(frozen=True)
+class Library:
+    """Models a server loads by name, fetched by an init container before it starts and kept current
+    by a sidecar (components/prefetch; hub_download.py, library and keeper modes)."""
+
+    list_file: str  # JSON {name: org/repo:TAG}, one of the engine's config files
+    preset_file: str  # the other config file whose change the server applies on reload
+    folder: str  # one subfolder per name, holding that model's files
+    reload_path: str  # what a GET on the server's port applies a change with
+
+
 class Engine(ABC):
     """One inference engine. Instances are stateless; ``engines.engine_of(model)`` picks one."""
 
@@ -59,8 +70,12 @@ class Engine(ABC):
     @abstractmethod
     def env(self, model: "ModelServer") -> list[dict]: ...
 
-    def config_files(self, model: "ModelServer") -> dict[str, tuple[str, str]]:
-        """Files the server reads, by mount folder: (file name, content), mounted from a ConfigMap."""
+    def library(self, model: "ModelServer", mount_path: str) -> Optional[Library]:
+        """The models this server loads by name from the cache volume at ``mount_path``, if any."""
+        return None
+
+    def config_files(self, model: "ModelServer") -> dict[str, dict[str, str]]:
+        """Files the server reads, by mount folder: {file name: content}, mounted from a ConfigMap."""
         return {}
 
     @abstractmethod

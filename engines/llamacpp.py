@@ -12,8 +12,10 @@ from common.quantity import parse_quantity
 from planning.catalog import facts_for, repo_of
 from planning.memory import MemoryEstimate, VramEstimate
 
-from .base import Credentials, Engine, Problem
-from .llamacpp_router import PRESET_DIR, PRESET_FILE, preset_ini, router_args, shared_flags
+from .base import Credentials, Engine, Library, Problem
+from .llamacpp_router import cache_env as router_cache_env
+from .llamacpp_router import (LIBRARY_FILE, LIBRARY_PATH, PRESET_DIR, PRESET_FILE, PRESET_PATH, library_dir, library_json,
+                              preset_ini, router_args, shared_flags)
 from .llamacpp_speed import predict_tok_s
 from .llamacpp_memory import (
     DEFAULT_UBATCH,
@@ -283,15 +285,26 @@ class LlamaCpp(Engine):
     def env(self, model: "ModelServer") -> list[dict]:
         return []
 
-    def config_files(self, model: "ModelServer") -> dict[str, tuple[str, str]]:
-        """Files the server reads, mounted from a ConfigMap: a router's preset."""
+    def config_files(self, model: "ModelServer") -> dict[str, dict[str, str]]:
+        """Files the server reads, mounted from a ConfigMap: a router's preset and the list its
+        init container and keeper fetch."""
         if model.on_demand is None:
             return {}
-        return {PRESET_DIR: (PRESET_FILE, preset_ini(model, self.args))}
+        return {PRESET_DIR: {PRESET_FILE: preset_ini(model, self.args), LIBRARY_FILE: library_json(model)}}
+
+    def library(self, model: "ModelServer", mount_path: str) -> Optional[Library]:
+        if model.on_demand is None:
+            return None
+        # GET /models?reload=1 re-reads the preset and keeps unchanged children (server-models.cpp:1963-1967).
+        return Library(list_file=LIBRARY_PATH, preset_file=PRESET_PATH, folder=library_dir(model, mount_path),
+                       reload_path="/models?reload=1")
 
     def cache_env(self, model: "ModelServer", mount_path: str) -> list[dict]:
         """--hf-repo downloads into LLAMA_CACHE: on the shared volume the download is a one-time cost,
-        and the server stays off a home directory it cannot write as a non-root UID."""
+        and the server stays off a home directory it cannot write as a non-root UID. A router reads
+        its own folder of the volume, filled before it starts (llamacpp_router.cache_env)."""
+        if model.on_demand is not None:
+            return router_cache_env(model, mount_path)
         return [{"name": "LLAMA_CACHE", "value": mount_path}]
 
     def credentials(self, model: "ModelServer") -> Optional[Credentials]:

@@ -13,7 +13,12 @@ b10729 source and runs are in tests/contract/ROUTER_FACTS.md; the ones relied on
 - --sleep-idle-seconds reaches every child, which frees its model and context when idle but
   keeps its process and its place in --models-max;
 - /health answers 200 once the router listens, whatever its models do; /metrics is per model
-  (`?model=X`), and `&autoload=false` keeps a scrape from loading one.
+  (`?model=X`), and `&autoload=false` keeps a scrape from loading one;
+- every model in the router's LLAMA_CACHE is listed and loadable under its cache name with
+  llama.cpp's defaults, even with dedup-cache-models (server-models.cpp:504-589): so the router's
+  LLAMA_CACHE is an empty folder, and its models come from --models-dir (LLAMA_ARG_MODELS_DIR), a
+  folder the pod's init container fills with exactly the listed models, one subfolder per name
+  (common/preset.cpp:387-460; the section of the same name merges into it).
 
 Each model's section is exactly the command line a single-model server of it would get
 (``LlamaCpp.args`` of ``ModelServer.as_single``), which the single-model contract tests run.
@@ -21,7 +26,10 @@ Each model's section is exactly the command line a single-model server of it wou
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
+
+from common.constants import SCRATCH
 
 if TYPE_CHECKING:
     from config.types import ModelServer
@@ -30,6 +38,40 @@ if TYPE_CHECKING:
 PRESET_DIR = "/etc/llama-router"
 PRESET_FILE = "models.ini"
 PRESET_PATH = f"{PRESET_DIR}/{PRESET_FILE}"
+# Beside it, the models to fetch (name -> org/repo:TAG), read by the init container and the keeper.
+LIBRARY_FILE = "library.json"
+LIBRARY_PATH = f"{PRESET_DIR}/{LIBRARY_FILE}"
+
+# The router's models, one subfolder per public name, inside the cache volume (beside the hub
+# layout the blobs live in): filled before the router starts (components/prefetch, library mode).
+LIBRARY_FOLDER = "on-demand"
+# LLAMA_CACHE for the router and its children: an empty folder on the scratch volume, so the router
+# lists no cache entries (each would be a model loadable outside the plan) and nothing downloads.
+EMPTY_CACHE = f"{SCRATCH}/llama-cache-unused"
+# Preset keys the library replaces: the subfolder of the model's name gives `model` (and `mmproj`).
+LIBRARY_KEYS = frozenset({"hf-repo"})
+
+
+def library_dir(model: "ModelServer", mount_path: str) -> str:
+    """The router's --models-dir: its own folder, so only its listed models are in it."""
+    return f"{mount_path}/{LIBRARY_FOLDER}/{model.name}"
+
+
+def library(model: "ModelServer") -> dict[str, str]:
+    """What the init container fetches: each public name and its org/repo:TAG."""
+    if model.on_demand is None:
+        raise ValueError(f"{model.name}: not a router (no on_demand)")
+    return {name: entry.hf_repo for name, entry in model.on_demand.models.items()}
+
+
+def library_json(model: "ModelServer") -> str:
+    return json.dumps(library(model), indent=2) + "\n"
+
+
+def cache_env(model: "ModelServer", mount_path: str) -> list[dict]:
+    return [{"name": "LLAMA_ARG_MODELS_DIR", "value": library_dir(model, mount_path)},
+            {"name": "LLAMA_CACHE", "value": EMPTY_CACHE}]
+
 
 # Flags the router's own command line sets for every child (and host/port, which it replaces per
 # child): shared_flags() writes them, and a section never repeats them (the router's would win).
@@ -55,7 +97,8 @@ def shared_flags(model: "ModelServer", key_file: str | None) -> list[str]:
 
 
 def preset_sections(single_args: list[str]) -> list[tuple[str, str]]:
-    """One model's single-model command line as (key, value) preset lines, minus the router's flags."""
+    """One model's single-model command line as (key, value) preset lines, minus the router's flags
+    and the download (the model's library folder holds its files)."""
     lines: list[tuple[str, str]] = []
     index = 0
     while index < len(single_args):
@@ -63,7 +106,7 @@ def preset_sections(single_args: list[str]) -> list[tuple[str, str]]:
         has_value = index + 1 < len(single_args) and not single_args[index + 1].startswith("--")
         value = single_args[index + 1] if has_value else "true"
         index += 2 if has_value else 1
-        if flag in ROUTER_LEVEL_FLAGS:
+        if flag in ROUTER_LEVEL_FLAGS or flag.lstrip("-") in LIBRARY_KEYS:
             continue
         lines.append((flag.lstrip("-"), value))
     return lines

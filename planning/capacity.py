@@ -12,7 +12,7 @@ from common.errors import CapacityError
 from common.quantity import GIB, gib, parse_quantity
 
 from .memory import MemoryEstimate, VramEstimate
-from .residency import Residency, ResidentModel, limit_gib, plan_residency, summed_estimate, summed_vram
+from .residency import KEEPER_MEMORY_REQUEST, Residency, ResidentModel, limit_gib, plan_residency, summed_estimate, summed_vram
 from .startup import StartupBudget, startup_budget
 
 if TYPE_CHECKING:
@@ -243,7 +243,8 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", engine: "
     if problems:
         return None, problems
     beside = [s for s in planned.values() if s.node_pool == model.node_pool]
-    ram_budget = node_offers_gib(pool) - sum(s.need_gib * s.replicas for s in beside)
+    ram_budget = (node_offers_gib(pool) - sum(s.need_gib * s.replicas for s in beside)
+                  - float(parse_quantity(KEEPER_MEMORY_REQUEST)) / GIB)
     vram_budget = None
     if any(m.vram is not None for m in resident) and pool.vram is not None:
         # Time-sliced cards are shared with the pool's other GPU servers, which the plan may put on the same card.
@@ -261,8 +262,9 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", engine: "
         key=key, name=model.name, workload=model.workload_name, node_pool=model.node_pool,
         replicas=model.workload.replicas, one_per_node=model.workload.one_per_node, estimate=estimate,
         memory_request=model.resources.memory_request or limit, memory_limit=limit,
-        # The router answers once it listens; each model loads when first asked (its swap cost, listed per model).
-        budget=startup_budget("0.1Gi", stack.startup, prefetched=True), weights=weights,
+        # The init container fetches every model first; the router then answers once it listens, and
+        # each model loads when first asked (its swap cost, listed per model).
+        budget=startup_budget("0.1Gi", stack.startup, prefetched=True, downloaded=weights), weights=weights,
         decode_bound_tok_s=None, decode_predicted_tok_s=None, vram=summed_vram(residency.worst_vram()),
         residency=residency,
     ), []

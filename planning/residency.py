@@ -19,6 +19,9 @@ Problem = tuple[str, str]
 # The router process itself, beside its children (each child's own runtime is in its estimate):
 # a margin, not a measurement.
 ROUTER_HOST_GIB = 0.25
+# The router pod's keeper sidecar (components/prefetch): its memory request, taken from the node's
+# RAM before the models' residency is planned.
+KEEPER_MEMORY_REQUEST = "64Mi"
 
 
 @dataclass(frozen=True)

@@ -55,13 +55,18 @@ def _cold_start(size_mib: float, download_mib_per_s: float, load_mib_per_s: floa
     return download, load, max(min_seconds, load if prefetched else download + load)
 
 
-def startup_budget(weights: str, startup: "Startup", prefetched: bool = False) -> StartupBudget:
+def startup_budget(weights: str, startup: "Startup", prefetched: bool = False,
+                   downloaded: str | None = None) -> StartupBudget:
     """The budget for a cold start. ``prefetched``: an init container downloads before the
-    engine starts, so the startup probe (which starts with the engine) only covers the load."""
+    engine starts, so the startup probe (which starts with the engine) only covers the load.
+    ``downloaded``: what the init container fetches when it is not what the engine loads at start
+    (a router fetches every model and loads none before it answers)."""
     size_mib = float(parse_quantity(weights)) / MIB
     download, load, estimate = _cold_start(
         size_mib, startup.download_mib_per_s, startup.load_mib_per_s, startup.min_seconds, prefetched
     )
+    if downloaded is not None:
+        download = math.ceil(float(parse_quantity(downloaded)) / MIB / startup.download_mib_per_s)
     # The floor: the same start at the default rates (type(startup)() is the config's defaults,
     # written once, in config.types.Startup).
     defaults = type(startup)()

@@ -325,3 +325,42 @@ def test_growing_a_local_path_cache_says_the_resize_is_refused():
     report = edit("strix-halo", lambda c: c["inference-plane:model_cache"].update(size="32Gi"))
     (refused,) = report.of_kind("update-rejected")
     assert refused.severity == "error" and "local-path volumes cannot grow" in refused.message
+
+
+def library_models(config: dict) -> dict:
+    return models(config)["library"]["on_demand"]["models"]
+
+
+def test_adding_and_removing_a_model_on_demand_restarts_nothing_and_says_what_is_fetched():
+    """llama.cpp's router re-reads its preset on GET /models?reload=1 and keeps every child whose
+    settings did not change (tests/test_router_library.py runs it): the preset ConfigMap is updated in
+    place (the stack sets enableConfigMapMutable) and the keeper sidecar fetches and reloads. The
+    router's pod is not touched while the planned limit and memory stay the same."""
+    def change(c):
+        library = library_models(c)
+        del library["qwen3-14b"]
+        library["phi-4"] = {"hf_repo": "bartowski/phi-4-GGUF:Q4_K_M", "weights": "8.4Gi",
+                            "facts": {"layers": 40, "kv_heads": 10, "head_dim": 128, "params_b": 14.7}}
+
+    report = edit("rtx3090-library", change)
+    no_collision_or_wait(report)
+    assert report.entry("ConfigMap", "llama-library-files").op == "update"
+    assert report.entry("Deployment", "llama-library").op == "same"
+    assert report.of_kind("restart") == [] and report.of_kind("downtime") == []
+    (library,) = report.of_kind("library")
+    assert library.subject == "llama-library (models.library.on_demand)"
+    # 8.4 GiB at the stack's 40 MiB/s: 215 s.
+    assert library.message.startswith("fetches phi-4 (8.4 GiB), about 4 min at the stack's download rate, then offers it; "
+                                      "drops qwen3-14b (unloaded if loaded; its files stay in the cache); its keeper applies")
+    assert "no restart" in library.message
+
+
+def test_a_library_edit_that_changes_the_planned_limit_says_the_router_restarts():
+    """Removing the 30B frees the card for a third model: --models-max changes, which is the router's
+    own flag, so its pod restarts (every loaded model unloads) and the preview says so."""
+    report = edit("rtx3090-library", lambda c: library_models(c).pop("qwen3-30b-a3b"))
+    no_collision_or_wait(report)
+    assert report.entry("Deployment", "llama-library").op == "update"
+    (library,) = report.of_kind("library")
+    assert library.message.startswith("drops qwen3-30b-a3b") and "the pod restarts in this update" in library.message
+    assert report.of_kind("restart") or report.of_kind("downtime")

@@ -259,6 +259,21 @@ def test_the_render_shows_what_the_program_warns_about(tmp_path):
     ] != []
 
 
+def test_a_router_stack_without_mutable_configmaps_says_what_a_library_edit_would_do(tmp_path):
+    """The router's preset changes with every model added: replaced (delete-first) unless the provider
+    updates ConfigMaps in place. The shipped on-demand stack sets it and does not warn."""
+    line = '  kubernetes:enableConfigMapMutable: "true"\n'
+    text = (ROOT / "Pulumi.rtx3090-library.yaml").read_text()
+    assert line in text
+    (tmp_path / "Pulumi.rtx3090-library.yaml").write_text(text.replace(line, ""))
+    result = render_stack("rtx3090-library", tmp_path / "out", project_dir=tmp_path)
+    assert ("  warning: kubernetes:enableConfigMapMutable is not true: adding or removing a model of "
+            "models.library.on_demand replaces its ConfigMap, deleted first; run: pulumi config set "
+            "kubernetes:enableConfigMapMutable true") in result.summary()
+    shipped = render_stack("rtx3090-library", tmp_path / "shipped")
+    assert "enableConfigMapMutable" not in shipped.summary()
+
+
 def _stack_text_render(tmp_path, text: str) -> subprocess.CompletedProcess:
     (tmp_path / "Pulumi.mine.yaml").write_text(text)
     return subprocess.run(

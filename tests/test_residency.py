@@ -3,6 +3,8 @@ and rendered as --models-max; the preset ConfigMap holds each model's single-mod
 
 from __future__ import annotations
 
+import json
+
 import copy
 
 import pulumi
@@ -60,7 +62,8 @@ def test_each_preset_section_is_the_single_model_command_line_and_the_router_kee
     from engines import engine_of
 
     _, deployment, config_map = rendered(config())
-    (preset,) = config_map["data"].values()
+    preset = config_map["data"]["models.ini"]
+    fetched = json.loads(config_map["data"]["library.json"])
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     sections: dict[str, dict[str, str]] = {}
     current = None
@@ -74,18 +77,21 @@ def test_each_preset_section_is_the_single_model_command_line_and_the_router_kee
     assert list(sections) == list(server.on_demand.models)
     for name, keys in sections.items():
         single = engine_of(server).args(server.as_single(name))
-        assert keys["hf-repo"] == single[single.index("--hf-repo") + 1]
+        # The download is the init container's (library.json); the section keeps every other flag.
+        assert "hf-repo" not in keys and fetched[name] == single[single.index("--hf-repo") + 1]
         assert keys["ctx-size"] == single[single.index("--ctx-size") + 1]
         # The router's flags win over a section's (server-models.cpp:548-552): none is repeated there.
         assert not {"host", "port", "api-key-file", "metrics"} & set(keys)
         assert ("load-on-startup" in keys) == server.on_demand.models[name].pinned
     assert keys_of(container["args"]) >= {"--models-preset", "--models-max", "--api-key-file", "--metrics", "--host", "--port"}
-    # The preset is mounted where the router reads it, and a change restarts the router.
+    assert list(fetched) == list(sections)
+    # The preset is mounted where the router reads it; a change restarts nothing (the keeper applies it).
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/llama-router"]
     volume = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]][0]
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]
     assert container["args"][container["args"].index("--models-preset") + 1] == "/etc/llama-router/models.ini"
-    assert "inference-plane/files-digest" in deployment["spec"]["template"]["metadata"]["annotations"]
+    assert "subPath" not in mount  # the kubelet updates whole-file mounts in place
+    assert not any("digest" in a for a in deployment["spec"]["template"]["metadata"].get("annotations", {}))
 
 
 def keys_of(args: list[str]) -> set[str]:
@@ -96,7 +102,7 @@ def test_a_limit_above_the_safe_one_is_refused():
     c = config()
     library(c)["on_demand"]["max_loaded"] = 3
     with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.max_loaded: 3 is not safe: qwen3-8b, "
-                       r"qwen3-30b-a3b, .* loaded together need .* the router has 60.0 GiB of RAM and 23.0 GiB of VRAM; "
+                       r"qwen3-30b-a3b, .* loaded together need .* the router has 59.9 GiB of RAM and 23.0 GiB of VRAM; "
                        r"remove it \(planned: 2\)"):
         run_stack_file(STACK, c, SECRETS)
 
@@ -105,7 +111,7 @@ def test_a_model_that_can_never_load_beside_the_pinned_one_is_refused_by_name():
     c = config()
     del library(c)["on_demand"]["models"]["qwen3-30b-a3b"]["cpu_moe_layers"]
     with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.models.qwen3-30b-a3b: can never be loaded "
-                       r"beside the pinned qwen3-8b: it needs .* and 18.9 GiB of VRAM .* the router has 60.0 GiB of RAM "
+                       r"beside the pinned qwen3-8b: it needs .* and 18.9 GiB of VRAM .* the router has 59.9 GiB of RAM "
                        r"and 23.0 GiB of VRAM"):
         run_stack_file(STACK, c, SECRETS)
 

@@ -55,9 +55,9 @@ def router_cases() -> list[tuple[str, str, list[str], list[str], str | None]]:
             if model.on_demand is None:
                 continue
             (workload,) = [m for m in files if m["kind"] == "Deployment" and m["metadata"]["name"] == model.workload_name]
-            (container,) = workload["spec"]["template"]["spec"]["containers"]
+            (container,) = [c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == model.name]
             (config_map,) = [m for m in files if m["kind"] == "ConfigMap" and m["metadata"]["name"] == f"{model.name}-files"]
-            (preset,) = config_map["data"].values()
+            preset = config_map["data"]["models.ini"]
             names = list(model.on_demand.models)[:MODELS_RUN]
             lines, section = [], None
             for line in preset.splitlines():

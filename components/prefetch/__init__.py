@@ -7,13 +7,23 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from config.types import ModelServer
+from config.defaults import PREFETCH_IMAGE
+from config.types import ModelCacheConfig, ModelServer
+from engines import engine_of
+from engines.base import Library
+from planning.residency import KEEPER_MEMORY_REQUEST
 
-from ..security import CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH_VOLUME
+from ..security import CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH, SCRATCH_VOLUME
 
 # Init and sidecar containers get requests and limits too: an unbounded init container can
 # still OOM the node while 100 GiB of weights stream through the page cache.
 PREFETCH_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
+# A router's keeper idles between checks (~20 MiB of Python); the limit is the prefetch's, for the
+# weights a new model streams through the page cache.
+KEEPER_RESOURCES = {"requests": {"cpu": "10m", "memory": KEEPER_MEMORY_REQUEST}, "limits": PREFETCH_RESOURCES["limits"]}
+# How often the keeper looks at its mounted ConfigMap (the kubelet itself refreshes it every ~60 s).
+KEEP_SECONDS = 30
+HEARTBEAT = f"{SCRATCH}/keeper-heartbeat"
 
 
 @functools.cache
@@ -40,4 +50,71 @@ def prefetch_container(model: ModelServer) -> dict:
         "securityContext": dict(CONTAINER_SECURITY),
         "resources": PREFETCH_RESOURCES,
         "volumeMounts": [{"name": "weights", "mountPath": HF_CACHE}, SCRATCH_VOLUME],
+    }
+
+
+def library_of(model: ModelServer, cache: ModelCacheConfig) -> Library:
+    found = engine_of(model).library(model, cache.mount_path)
+    if found is None:
+        raise ValueError(f"{model.name}: its engine loads no models by name")
+    return found
+
+
+def _library_env(library: Library, cache: ModelCacheConfig) -> list[dict]:
+    return [
+        {"name": "HF_LIBRARY", "value": library.list_file},
+        # The engines' LLAMA_CACHE on this volume: the blobs are shared with single-model servers.
+        {"name": "HUB_CACHE", "value": cache.mount_path},
+        {"name": "LIBRARY_DIR", "value": library.folder},
+        {"name": "HOME", "value": SCRATCH},
+    ]
+
+
+def library_container(model: ModelServer, cache: ModelCacheConfig, file_mounts: list[dict]) -> dict:
+    """A router's init container: every model it may load fetched before it starts, into the shared
+    cache's hub layout and linked into the router's own folder (hub_download.py, library mode). A
+    model fetched at its first request would hold that request for the whole download (tens of
+    minutes for a 20 GiB model); a wrong hf_repo would show up only then."""
+    return {
+        "name": "prefetch",
+        "image": PREFETCH_IMAGE,
+        "command": ["python3", "-c", hub_download_source()],
+        "env": _library_env(library_of(model, cache), cache),
+        "securityContext": dict(CONTAINER_SECURITY),
+        "resources": PREFETCH_RESOURCES,
+        "volumeMounts": [{"name": "models", "mountPath": cache.mount_path}, *file_mounts, SCRATCH_VOLUME],
+    }
+
+
+def library_keeper(model: ModelServer, cache: ModelCacheConfig, file_mounts: list[dict]) -> dict:
+    """A router's sidecar (hub_download.py, keeper mode): applies a changed library or preset without a
+    restart: fetches new models, removes dropped ones, then has the router re-read its preset."""
+    library = library_of(model, cache)
+    credentials = engine_of(model).credentials(model)
+    env = _library_env(library, cache) + [
+        {"name": "PRESET", "value": library.preset_file},
+        {"name": "KEEP_SECONDS", "value": str(KEEP_SECONDS)},
+        {"name": "HEARTBEAT", "value": HEARTBEAT},
+        # Over the pod's loopback: the server's own port, with its own key.
+        {"name": "RELOAD_URL", "value": f"http://127.0.0.1:{model.port}{library.reload_path}"},
+    ]
+    mounts = [{"name": "models", "mountPath": cache.mount_path}, *file_mounts, SCRATCH_VOLUME]
+    if model.api_key is not None and credentials is not None:
+        env.append({"name": "ROUTER_AUTH_FILE", "value": credentials.key_file(model.api_key.secret_key)})
+        mounts.append({"name": "api-key", "mountPath": credentials.mount_dir, "readOnly": True})
+    # The heartbeat is written by a thread while the keeper's main thread lives (a download may take
+    # an hour; the probe asks whether the process runs, not whether it is idle).
+    beat = {"exec": {"command": ["python3", "-c", f"import os, sys, time; sys.exit(time.time() - os.path.getmtime("
+                                 f"{HEARTBEAT!r}) > {4 * KEEP_SECONDS})"]},
+            "periodSeconds": 2 * KEEP_SECONDS, "timeoutSeconds": 10}
+    return {
+        "name": "library",
+        "image": PREFETCH_IMAGE,
+        "command": ["python3", "-c", hub_download_source()],
+        "env": env,
+        "securityContext": dict(CONTAINER_SECURITY),
+        "resources": KEEPER_RESOURCES,
+        "readinessProbe": beat,
+        "livenessProbe": {**beat, "failureThreshold": 3},
+        "volumeMounts": mounts,
     }

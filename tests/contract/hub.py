@@ -46,8 +46,18 @@ def hub_files(repo: str, files: dict[str, bytes], seconds: float = 0.0, lfs_suff
     to a CDN path, as the Hub does. ``hold``: a whole-file download stops after its first chunk
     until the event is set (a test can then stop the client mid-download, whatever its speed).
     ``page``: list a tree in pages of this many files."""
-    lfs = {path: hashlib.sha256(data).hexdigest() for path, data in files.items() if path.endswith(lfs_suffixes)}
-    cdn = {sha: files[path] for path, sha in lfs.items()}
+    with hub_repos({repo: files}, seconds, lfs_suffixes, log, served, hold, page) as endpoint:
+        yield endpoint
+
+
+@contextmanager
+def hub_repos(repos: dict[str, dict[str, bytes]], seconds: float = 0.0, lfs_suffixes=(".gguf", ".safetensors", ".bin"),
+              log: list | None = None, served: list | None = None,
+              hold: threading.Event | None = None, page: int = 0) -> Iterator[str]:
+    """Several repos at once, each as hub_files serves one."""
+    lfs_of = {repo: {path: hashlib.sha256(data).hexdigest() for path, data in files.items() if path.endswith(lfs_suffixes)}
+              for repo, files in repos.items()}
+    cdn = {sha: repos[repo][path] for repo, lfs in lfs_of.items() for path, sha in lfs.items()}
     requests = log if log is not None else []
 
     class Handler(BaseHTTPRequestHandler):
@@ -98,6 +108,19 @@ def hub_files(repo: str, files: dict[str, bytes], seconds: float = 0.0, lfs_suff
             ranged = self.headers.get("Range")
             requests.append(f"{self.command} {self.path}" + (f" Range: {ranged}" if ranged else ""))
             path = self.path.split("?", 1)[0]
+            for repo, files in repos.items():
+                if path.startswith((f"/api/models/{repo}/", f"/{repo}/resolve/")):
+                    return self._repo(path, repo, files, lfs_of[repo], send_body)
+            if path.startswith("/cdn/") and path[5:] in cdn:
+                return self._bytes(cdn[path[5:]], path[5:], send_body)
+            self._missing()
+
+        def _missing(self) -> None:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def _repo(self, path: str, repo: str, files: dict[str, bytes], lfs: dict[str, str], send_body: bool) -> None:
             resolve = f"/{repo}/resolve/{COMMIT}/"
             if path == f"/api/models/{repo}/refs":
                 return self._json({"branches": [{"name": "main", "ref": "refs/heads/main", "targetCommit": COMMIT}],
@@ -124,11 +147,7 @@ def hub_files(repo: str, files: dict[str, bytes], seconds: float = 0.0, lfs_suff
                     self.end_headers()
                     return
                 return self._bytes(files[name], git_blob_sha1(files[name]), send_body)
-            if path.startswith("/cdn/") and path[5:] in cdn:
-                return self._bytes(cdn[path[5:]], path[5:], send_body)
-            self.send_response(404)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+            self._missing()
 
         def do_GET(self) -> None:  # noqa: N802
             self._route(True)

@@ -1,0 +1,244 @@
+"""A router's models, fetched before it starts and offered by name only (models.<key>.on_demand).
+
+Run for real: the rendered init container's command (hub_download.py, library mode) against a stand-in
+Hub, checked file for file against what llama-server b10729 itself fetches for the same --hf-repo; then
+the real router, with the rendered preset, arguments and environment, on the folder it wrote. Why the
+folder and not llama.cpp's cache: a router lists every cache entry as a model of its own and loads it
+with llama.cpp's defaults when asked by its cache name (ROUTER_FACTS.md, a), outside the plan.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tests" / "contract"))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from build_llama_server import source_dir  # noqa: E402
+from hub import hub_repos  # noqa: E402
+from router import start_router  # noqa: E402
+from tiny_model import write_tiny_model  # noqa: E402
+
+STACK, KEY = "rtx3090-library", "library"
+TEST_KEY = "library-contract-key-1"
+
+# A repo laid out the way GGUF repos are, with the decoys llama.cpp's choice must step over: other
+# quants, an imatrix file, a split copy of the quant in a subfolder, mmproj files of several widths.
+DECOYS = {
+    "README.md": b"readme",
+    "imatrix-Q4_K_M.gguf": b"i" * 64,
+    "Multi-Q8_0.gguf": b"a" * 128,
+    "sub/Multi-Q4_K_M-00001-of-00002.gguf": b"b" * 128,
+    "sub/Multi-Q4_K_M-00002-of-00002.gguf": b"c" * 128,
+    "Multi-Q4_K_M.gguf": b"d" * 128,
+    "mmproj-Multi-F16.gguf": b"e" * 32,
+    "mmproj-Multi-Q8_0.gguf": b"f" * 32,
+    "sub/mmproj-BF16.gguf": b"g" * 32,
+}
+# The same files listed in another order (the Hub's order decides between equal matches).
+REORDERED = {name: DECOYS[name] for name in sorted(DECOYS, key=lambda n: ("sub/" in n, n))}
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict:
+    """The library server's rendered pod (init container, router, keeper) and ConfigMap files."""
+    from render.manifests import manifests
+    from render.offline import run_stack
+
+    run = run_stack(STACK)
+    model = run.config.models[KEY]
+    files = list(manifests(run).values())
+    (workload,) = [m for m in files if m["kind"] == "Deployment" and m["metadata"]["name"] == model.workload_name]
+    (config_map,) = [m for m in files if m["kind"] == "ConfigMap" and m["metadata"]["name"] == f"{model.name}-files"]
+    pod = workload["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    container, keeper = pod["containers"]
+    return {"init": init, "container": container, "keeper": keeper, "pod": pod, "files": config_map["data"],
+            "preset": config_map["data"]["models.ini"], "library": json.loads(config_map["data"]["library.json"]),
+            "names": list(model.on_demand.models)}
+
+
+def env_under(items: list[dict], root: Path) -> dict[str, str]:
+    """A container's environment with its absolute paths moved under ``root`` (the pod's volumes)."""
+    return {item["name"]: str(root / item["value"].lstrip("/")) if item["value"].startswith("/") else item["value"]
+            for item in items}
+
+
+def write_files(rendered: dict, root: Path, library: dict[str, str] | None = None) -> None:
+    """The ConfigMap's files where the pod mounts them (under root), the library replaced if given."""
+    (mount,) = [m["mountPath"] for m in rendered["init"]["volumeMounts"] if m["name"].startswith("files-")]
+    folder = root / mount.lstrip("/")
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in rendered["files"].items():
+        (folder / name).write_text(text)
+    if library is not None:
+        (folder / "library.json").write_text(json.dumps(library))
+
+
+def run_library(init: dict, root: Path, endpoint: str) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], "HF_ENDPOINT": endpoint, **env_under(init["env"], root)}
+    command = [sys.executable if c == "python3" else c for c in init["command"]]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+
+def library_folder(rendered: dict, root: Path) -> Path:
+    return Path(env_under(rendered["init"]["env"], root)["LIBRARY_DIR"])
+
+
+def fetched(log: list[str]) -> set[str]:
+    """The repo paths a client downloaded (GET of a resolve URL; the CDN hop follows from it)."""
+    return {line.split("/resolve/", 1)[1].split("/", 1)[1] for line in log if line.startswith("GET ") and "/resolve/" in line}
+
+
+def llama_server_fetches(binary: Path, repo: str, tag: str, endpoint: str, tmp: Path) -> None:
+    """llama-server -hf repo:tag against the stand-in Hub: it downloads, then fails to load the decoy
+    bytes and exits (what it downloaded is in the Hub's log)."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp), "LLAMA_CACHE": str(tmp / "cache"), "MODEL_ENDPOINT": endpoint}
+    subprocess.run([str(binary), "--hf-repo", f"{repo}:{tag}", "--port", "0"], env=env, capture_output=True,
+                   timeout=120)
+
+
+@pytest.mark.parametrize("files", [DECOYS, REORDERED], ids=["split-listed-first", "single-listed-first"])
+@pytest.mark.parametrize("tag", ["q4_k_m", "Q8_0"])
+def test_the_files_fetched_are_the_files_llama_server_fetches(binary, rendered, tmp_path, files, tag):
+    repo = "org/Multi-GGUF"
+    server_log: list[str] = []
+    with hub_repos({repo: files}, log=server_log) as endpoint:
+        llama_server_fetches(binary, repo, tag, endpoint, tmp_path / "server")
+    ours: list[str] = []
+    write_files(rendered, tmp_path / "pod", {"multi": f"{repo}:{tag}"})
+    with hub_repos({repo: files}, log=ours) as endpoint:
+        done = run_library(rendered["init"], tmp_path / "pod", endpoint)
+    assert done.returncode == 0, done.stderr
+    assert fetched(ours) == fetched(server_log) != set()
+    # The router's folder holds those files under their own names (shards and mmproj recognised by name).
+    folder = library_folder(rendered, tmp_path / "pod") / "multi"
+    assert sorted(p.name for p in folder.glob("*.gguf")) == sorted(p.rsplit("/", 1)[-1] for p in fetched(ours))
+    assert all(p.resolve().is_file() for p in folder.glob("*.gguf"))
+
+
+def test_a_tag_no_file_matches_stops_the_start_naming_the_files_there_are(rendered, tmp_path):
+    write_files(rendered, tmp_path, {"multi": "org/Multi-GGUF:IQ2_XXS"})
+    with hub_repos({"org/Multi-GGUF": DECOYS}) as endpoint:
+        done = run_library(rendered["init"], tmp_path, endpoint)
+    assert done.returncode != 0
+    assert "no GGUF file for tag IQ2_XXS" in done.stderr and "Multi-Q8_0.gguf" in done.stderr
+
+
+def test_the_init_container_fills_the_folder_the_router_reads_on_the_same_volume(rendered):
+    init, container, pod = rendered["init"], rendered["container"], rendered["pod"]
+    init_env = {e["name"]: e["value"] for e in init["env"]}
+    router_env = {e["name"]: e["value"] for e in container["env"]}
+    assert init_env["LIBRARY_DIR"] == router_env["LLAMA_ARG_MODELS_DIR"]
+    assert init_env["HF_LIBRARY"].startswith("/etc/") and list(rendered["library"]) == rendered["names"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert {m["name"]: m["mountPath"] for m in init["volumeMounts"]}["models"] == mounts["models"]
+    assert init_env["LIBRARY_DIR"].startswith(mounts["models"] + "/") and init_env["HUB_CACHE"] == mounts["models"]
+    # The router's own cache is an empty folder on the scratch volume, never on the weights' volume.
+    assert router_env["LLAMA_CACHE"].startswith(mounts["scratch"] + "/")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "persistentVolumeClaim" in volumes["models"] and "emptyDir" in volumes["scratch"]
+    # No section downloads: each model's files come from its folder.
+    assert "hf-repo" not in rendered["preset"]
+
+
+def tiny_repos(rendered: dict, tmp_path: Path, names: list[str]) -> dict[str, dict[str, bytes]]:
+    """A stand-in Hub repo per model: a tiny GGUF under a name its tag matches, and a README."""
+    vocab = source_dir() / "models" / "ggml-vocab-llama-spm.gguf"
+    repos: dict[str, dict[str, bytes]] = {}
+    for seed, name in enumerate(names):
+        repo, tag = rendered["library"][name].rsplit(":", 1)
+        path = write_tiny_model(vocab, tmp_path / f"{name}.gguf", seed=seed)
+        repos[repo] = {f"{repo.split('/')[1].removesuffix('-GGUF')}-{tag}.gguf": path.read_bytes(), "README.md": b"x"}
+    return repos
+
+
+def keeper_env_url(rendered: dict, base: str) -> str:
+    """The rendered reload URL on this run's router (loopback, another port)."""
+    url = {e["name"]: e["value"] for e in rendered["keeper"]["env"]}["RELOAD_URL"]
+    return base + "/" + url.split("/", 3)[3]
+
+
+def one_thread(preset: str) -> str:
+    """Threads 1: a 2-core machine runs several children (everything else is the rendered preset)."""
+    return "\n".join("threads = 1" if line.startswith("threads =") else line for line in preset.splitlines()) + "\n"
+
+
+def test_the_router_offers_exactly_the_listed_models_by_their_names(binary, rendered, tmp_path):
+    names, library = rendered["names"], rendered["library"]
+    root = tmp_path / "pod"
+    write_files(rendered, root)
+    with hub_repos(tiny_repos(rendered, tmp_path, names)) as endpoint:
+        done = run_library(rendered["init"], root, endpoint)
+    assert done.returncode == 0, done.stderr
+    env = env_under(rendered["container"]["env"], root)
+    with start_router(binary, one_thread(rendered["preset"]), rendered["container"]["args"], {}, TEST_KEY, env=env) as router:
+        models = router.models()
+        # Every blob is in the volume's hub layout too, and none of it is offered under a cache name.
+        assert sorted(m["id"] for m in models) == sorted(names)
+        assert {m["source"] for m in models} == {"preset"}
+        assert router.chat(names[1]).status == 200
+        asked = router.chat(library[names[0]])
+        assert asked.status == 400 and b"not found" in asked.body
+
+
+def test_the_keeper_adds_and_removes_models_while_the_others_keep_running(binary, rendered, tmp_path):
+    """Day 2 without a restart: the ConfigMap's files change (one model removed, one added); the keeper
+    fetches the new one, removes the old one's folder and has the router re-read its preset. The model
+    that was answering keeps its process; the new one answers; the removed one is gone."""
+    names = rendered["names"]
+    kept, removed = names[1], names[-1]
+    start = {n: rendered["library"][n] for n in names[:-1] + [removed]}
+    added = "tiny-extra"
+    repos = tiny_repos(rendered, tmp_path, names)
+    repos["org/Tiny-Extra-GGUF"] = {"Tiny-Extra-Q4_K_M.gguf": next(iter(repos.values()))[next(iter(next(iter(repos.values()))))]}
+    root = tmp_path / "pod"
+    write_files(rendered, root, start)
+    with hub_repos(repos) as endpoint:
+        assert run_library(rendered["init"], root, endpoint).returncode == 0
+        env = env_under(rendered["container"]["env"], root)
+        preset = one_thread(rendered["preset"])
+        with start_router(binary, preset, rendered["container"]["args"], {}, TEST_KEY, env=env) as router:
+            keeper_env = {"PATH": os.environ["PATH"], "HF_ENDPOINT": endpoint, **env_under(rendered["keeper"]["env"], root),
+                          "PRESET": str(router.preset), "KEEP_SECONDS": "1",
+                          "RELOAD_URL": keeper_env_url(rendered, router.base)}
+            key_file = root / "api-key"
+            key_file.write_text(TEST_KEY + "\n")
+            keeper_env["ROUTER_AUTH_FILE"] = str(key_file)
+            command = [sys.executable if c == "python3" else c for c in rendered["keeper"]["command"]]
+            (root / "tmp").mkdir(exist_ok=True)  # the scratch volume
+            keeper = subprocess.Popen(command, env=keeper_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            try:
+                assert router.chat(kept).status == 200
+                before = router.children()
+                # What a changed ConfigMap puts in the pod: the new library and preset.
+                smaller = {n: r for n, r in start.items() if n != removed}
+                write_files(rendered, root, {**smaller, added: "org/Tiny-Extra-GGUF:Q4_K_M"})
+                router.write_preset(preset.split(f"[{removed}]")[0] + f"[{added}]\nthreads = 1\nctx-size = 512\n")
+                deadline = time.monotonic() + 60
+                while sorted(router.statuses()) != sorted([*smaller, added]) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                assert sorted(router.statuses()) == sorted([*smaller, added])
+                assert router.children() == before  # the model that answered kept its process
+                assert router.chat(added).status == 200 and router.chat(kept).status == 200
+                assert not (library_folder(rendered, root) / removed).exists()
+                # The rendered probe (its heartbeat path moved under root) passes while the keeper runs.
+                probe = [sys.executable if c == "python3" else c.replace("/tmp/", f"{root}/tmp/")
+                         for c in rendered["keeper"]["livenessProbe"]["exec"]["command"]]
+                assert subprocess.run(probe, timeout=30).returncode == 0
+            finally:
+                keeper.kill()
+                log = keeper.communicate()[0]
+            assert "the router re-read its preset" in log, log
+            # A keeper that stopped beating fails the probe (the kubelet then restarts it).
+            beat = root / "tmp" / "keeper-heartbeat"
+            os.utime(beat, (time.time() - 1000, time.time() - 1000))
+            assert subprocess.run(probe, timeout=30).returncode == 1
