@@ -32,6 +32,20 @@ def hub_download_source() -> str:
     return (Path(__file__).parent / "hub_download.py").read_text()
 
 
+MAIN_GUARD = '\nif __name__ == "__main__":'
+
+
+@functools.cache
+def library_source() -> str:
+    """The router's downloader: hub_download.py without its entry point, then library_download.py
+    (one source for `python3 -c`; hub_download.py itself, which single-model pods run, is unchanged)."""
+    here = Path(__file__).parent
+    helpers = hub_download_source()
+    if helpers.count(MAIN_GUARD) != 1:
+        raise ValueError("hub_download.py must end with one entry point")
+    return helpers.split(MAIN_GUARD)[0] + "\n\n" + (here / "library_download.py").read_text()
+
+
 def prefetch_container(model: ModelServer) -> dict:
     prefetch = model.prefetch
     if prefetch is None:
@@ -78,7 +92,7 @@ def library_container(model: ModelServer, cache: ModelCacheConfig, file_mounts: 
     return {
         "name": "prefetch",
         "image": PREFETCH_IMAGE,
-        "command": ["python3", "-c", hub_download_source()],
+        "command": ["python3", "-c", library_source()],
         "env": _library_env(library_of(model, cache), cache),
         "securityContext": dict(CONTAINER_SECURITY),
         "resources": PREFETCH_RESOURCES,
@@ -110,7 +124,7 @@ def library_keeper(model: ModelServer, cache: ModelCacheConfig, file_mounts: lis
     return {
         "name": "library",
         "image": PREFETCH_IMAGE,
-        "command": ["python3", "-c", hub_download_source()],
+        "command": ["python3", "-c", library_source()],
         "env": env,
         "securityContext": dict(CONTAINER_SECURITY),
         "resources": KEEPER_RESOURCES,

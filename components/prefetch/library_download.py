@@ -1,0 +1,220 @@
+"""A router's downloader (models on demand): run as ``python3 -c`` with hub_download.py's source in
+front of it (components/prefetch.library_source), whose helpers it uses (_get, _tree, _commit, _fetch,
+_durable, _point_main_at); the single-model prefetch's source, and so its pods, stay untouched by it.
+
+Library mode (a router's models on demand, ``HF_LIBRARY`` set): for each public model name, the files
+llama.cpp's ``--hf-repo org/repo:TAG`` would fetch (common/download.cpp at b10729: the first model GGUF
+whose path matches ``TAG[.-]``, its split siblings, and the mmproj sibling llama-server loads by
+default), fetched into the hub layout of ``HUB_CACHE`` (the volume's LLAMA_CACHE, so single-model
+servers share the blobs) and linked as ``$LIBRARY_DIR/<name>/<file>``: the folder the router reads
+with --models-dir, each subfolder one model named as clients name it. Folders of models no longer
+listed are removed, so the router can load nothing the plan did not count. A model whose folder is
+complete (``.complete`` lists its files and sizes) starts without the Hub when the Hub is down.
+Environment: HF_LIBRARY (a file of JSON: name -> org/repo:TAG), HUB_CACHE, LIBRARY_DIR; optional
+HF_ENDPOINT, HF_TOKEN.
+
+Keeper mode (``KEEP_SECONDS`` set; the router's sidecar): after the first fill, every KEEP_SECONDS it
+reads HF_LIBRARY and PRESET again (the mounted ConfigMap, which the kubelet updates in place) and, when
+either changed, fetches what is new, removes what is gone, then asks the router to re-read its preset
+(``GET RELOAD_URL``, ``/models?reload=1``, with the first key of ROUTER_AUTH_FILE): llama.cpp keeps the children
+whose settings did not change (server-models.cpp:695-861), so adding a model restarts no other. A
+failure is printed and tried again next round; the keeper never exits (a crashed container would take
+the pod out of its Service). It touches HEARTBEAT every KEEP_SECONDS from a thread of its own, which the
+probes read.
+"""
+
+import hashlib
+import http.client
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+if "_fetch" not in globals():  # read alone (a linter, an editor): the helpers come from the file in front
+    from hub_download import _commit, _durable, _fetch, _point_main_at, _tree
+
+# --- library mode -------------------------------------------------------------------------------
+SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.I)
+QUANT_TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.I)
+NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+
+
+def _split(path):
+    """(prefix, quant tag, shard index, shard count) of a GGUF path (get_gguf_split_info)."""
+    prefix = path[:-len(".gguf")]
+    index = count = 1
+    match = SPLIT.match(prefix)
+    if match:
+        prefix, index, count = match.group(1), int(match.group(2)), int(match.group(3))
+    tag = QUANT_TAG.search(prefix)
+    return prefix, tag.group(1).upper() if tag else "", index, count
+
+
+def _bits(path):
+    """Q4_K_M -> 4, F16 -> 16 (extract_quant_bits): the first number of the quant tag."""
+    digits = re.search(r"[0-9]+", _split(path)[1]) if path.endswith(".gguf") else None
+    return int(digits.group(0)) if digits else 0
+
+
+def select(files, tag):
+    """The paths llama.cpp's downloader takes for repo:tag: the first model file matching the tag
+    (a shard only as its first), its shards, and the closest mmproj sibling (find_best_model,
+    get_split_files, find_best_sibling)."""
+    pattern = re.compile(re.escape(tag) + "[.-]", re.I)
+    paths = [f["path"] for f in files]
+    primary = next((p for p in paths if p.endswith(".gguf") and not any(w in p.rsplit("/", 1)[-1] for w in NOT_MODELS)
+                    and pattern.search(p) and _split(p)[2] == 1), None)
+    if primary is None:
+        gguf = ", ".join(p for p in paths if p.endswith(".gguf")) or "none"
+        sys.exit(f"prefetch: no GGUF file for tag {tag} (GGUF files: {gguf})")
+    prefix, _, _, count = _split(primary)
+    chosen = [p for p in paths if p.endswith(".gguf") and _split(p)[0] == prefix and _split(p)[3] == count] if count > 1 else [primary]
+    model_dir, bits, best = primary.split("/")[:-1], _bits(primary), None
+    for p in paths:
+        if not p.endswith(".gguf") or "mmproj" not in p:
+            continue
+        sibling_dir = p.split("/")[:-1]
+        if sibling_dir != model_dir[:len(sibling_dir)]:
+            continue
+        rank = (len(sibling_dir), -abs(_bits(p) - bits))
+        if best is None or rank > best[0]:
+            best = (rank, p)
+    return chosen + ([best[1]] if best else [])
+
+
+def _complete(folder):
+    """The folder's files and sizes, if its last fetch finished and every link still resolves."""
+    try:
+        with open(os.path.join(folder, ".complete")) as handle:
+            sizes = json.load(handle)
+        if all(os.path.isfile(os.path.join(folder, name)) and os.path.getsize(os.path.join(folder, name)) == size
+               for name, size in sizes.items()):
+            return sizes
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    return None
+
+
+def fetch_model(name, repo_tag, endpoint, token, hub_cache, library):
+    repo, _, tag = repo_tag.rpartition(":")
+    folder = os.path.join(library, name)
+    root = os.path.join(hub_cache, "models--" + repo.replace("/", "--"))
+    try:
+        commit = _commit(endpoint, repo, "main", token)
+        files = _tree(endpoint, repo, commit, token)
+    except (OSError, http.client.HTTPException, ValueError) as error:
+        if isinstance(error, urllib.error.HTTPError) and error.code not in (408, 429) and error.code < 500:
+            sys.exit(f"prefetch: {name}: {repo} answered {error.code} ({error.reason}): check its hf_repo")
+        if _complete(folder) is None:
+            sys.exit(f"prefetch: the Hub is unreachable ({error}) and {name} ({repo_tag}) was never fetched completely")
+        print(f"prefetch: the Hub is unreachable ({error}); {name} starts from its last complete fetch", flush=True)
+        return
+    wanted = {item["path"]: item for item in files}
+    os.makedirs(os.path.join(root, "blobs"), exist_ok=True)
+    os.makedirs(folder, exist_ok=True)
+    sizes = {}
+    for path in select(files, tag):
+        item = wanted[path]
+        lfs = item.get("lfs") or {}
+        size = lfs.get("size", item.get("size"))
+        blob = os.path.join(root, "blobs", lfs.get("oid") or item["oid"])
+        if not (os.path.exists(blob) and (size is None or os.path.getsize(blob) == size)):
+            print(f"prefetch: {name}: {repo}/{path} ({size or '?'} bytes)", flush=True)
+            _fetch(f"{endpoint}{repo}/resolve/{commit}/{path}", token, blob, size)
+        # The hub layout too (llama.cpp's own downloader on this volume then finds the file)...
+        _link(blob, os.path.join(root, "snapshots", commit, path))
+        # ...and the router's: <name>/<file name> (a shard keeps its -0000N-of- name, an mmproj its word).
+        base = path.rsplit("/", 1)[-1]
+        _link(blob, os.path.join(folder, base))
+        sizes[base] = os.path.getsize(blob)
+    for entry in os.listdir(folder):
+        if entry not in sizes and entry != ".complete":
+            os.remove(os.path.join(folder, entry))  # a file of an older commit or tag
+    os.makedirs(os.path.join(root, "refs"), exist_ok=True)
+    _point_main_at(root, commit)
+    with open(os.path.join(folder, ".complete"), "w") as marker:
+        json.dump(sizes, marker)
+    _durable(os.path.join(folder, ".complete"))
+    print(f"prefetch: {name} = {repo_tag}@{commit} complete ({', '.join(sorted(sizes))})", flush=True)
+
+
+def _link(blob, link):
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    target = os.path.relpath(blob, os.path.dirname(link))
+    if os.path.islink(link) and os.readlink(link) != target:
+        os.remove(link)
+    if not os.path.lexists(link):
+        os.symlink(target, link)
+
+
+def _read(path):
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def library():
+    models = json.loads(_read(os.environ["HF_LIBRARY"]))
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/") + "/"
+    token = os.environ.get("HF_TOKEN")
+    folder = os.environ["LIBRARY_DIR"]
+    os.makedirs(folder, exist_ok=True)
+    for entry in sorted(os.listdir(folder)):
+        if entry not in models:
+            # Only what the plan counted may be loaded: a model taken off the list leaves the router's
+            # folder (its blobs stay in the hub cache for whoever else uses them).
+            print(f"prefetch: {entry} is no longer listed: removed from the router's folder", flush=True)
+            path = os.path.join(folder, entry)
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+    for name, repo_tag in models.items():
+        fetch_model(name, repo_tag, endpoint, token, os.environ["HUB_CACHE"], folder)
+
+
+
+def _state():
+    """What the router was last given: the library and its preset, as the kubelet last wrote them."""
+    return hashlib.sha256(_read(os.environ["HF_LIBRARY"]) + b"\0" + _read(os.environ["PRESET"])).hexdigest()
+
+
+def _reload():
+    headers = {}
+    if os.environ.get("ROUTER_AUTH_FILE"):
+        headers["Authorization"] = "Bearer " + _read(os.environ["ROUTER_AUTH_FILE"]).decode().splitlines()[0].strip()
+    request = urllib.request.Request(os.environ["RELOAD_URL"], headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        listed = sorted(m["id"] for m in json.load(answer)["data"])
+    print(f"keeper: the router re-read its preset: {', '.join(listed)}", flush=True)
+
+
+def _heartbeat(path, seconds):
+    main_thread = threading.main_thread()
+    while main_thread.is_alive():
+        with open(path, "w") as beat:
+            beat.write(str(time.time()))
+        time.sleep(seconds)
+
+
+def keep():
+    seconds = int(os.environ["KEEP_SECONDS"])
+    threading.Thread(target=_heartbeat, args=(os.environ["HEARTBEAT"], seconds), daemon=True).start()
+    applied = _state()  # what the init container fetched and the router started with
+    while True:
+        time.sleep(seconds)
+        try:
+            now = _state()
+            if now == applied:
+                continue
+            print("keeper: the library or its preset changed", flush=True)
+            library()
+            _reload()
+            applied = now
+        except (SystemExit, Exception) as error:  # noqa: BLE001 - printed, and tried again next round
+            print(f"keeper: not applied yet ({error}); trying again in {seconds} s", flush=True)
+
+
+if __name__ == "__main__":
+    keep() if os.environ.get("KEEP_SECONDS") else library()
