@@ -46,7 +46,8 @@ def alert_rules(args: MonitoringArgs) -> list[dict]:
         where = f'namespace="{ns}", service="{model.name}"'
         server = args.plan.servers[key]
         engine = engine_of(model)
-        if engine.metrics_path(model) is not None:
+        # A router's per-model scrapes fail while their model is unloaded: its NotReady alert says down.
+        if engine.metrics_path(model) is not None and not all(s.optional for s in engine.metrics_scrapes(model)):
             rules.append(
                 {
                     "alert": alert_name(model.name, "Down"),
@@ -151,12 +152,22 @@ class Monitoring(pulumi.ComponentResource):
                 # alone for the scrape (the key file may hold two during a rotation).
                 key = credentials.metrics_token_key if model.api_key.from_config else model.api_key.secret_key
                 endpoint["bearerTokenSecret"] = {"name": model.api_key.secret_name, "key": key}
+            endpoints = []
+            for scrape in engine.metrics_scrapes(model):
+                target = dict(endpoint)
+                if scrape.params:
+                    target["params"] = {k: list(v) for k, v in scrape.params.items()}
+                if scrape.labels:
+                    # Target labels: every series of this target carries them (the engine's own have none).
+                    target["relabelConfigs"] = [{"action": "replace", "targetLabel": label, "replacement": value}
+                                                for label, value in scrape.labels.items()]
+                endpoints.append(target)
             k8s.apiextensions.CustomResource(
                 f"{name}-scrape-{model.name}",
                 api_version=VM,
                 kind="VMServiceScrape",
                 metadata={"name": model.name, "namespace": ns, "labels": labels},
-                spec={"selector": {"matchLabels": selector(model.name)}, "endpoints": [endpoint]},
+                spec={"selector": {"matchLabels": selector(model.name)}, "endpoints": endpoints},
                 opts=child,
             )
         if stack.gateway is not None:

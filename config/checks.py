@@ -138,6 +138,13 @@ def _backend_problems(model: ModelServer, path: str, pool: NodePool) -> list[Pro
     return problems
 
 
+def _on_demand_names(gateway: GatewayConfig, models: dict[str, ModelServer], tier_name: str) -> Optional[list[str]]:
+    """The names a tier's router serves; None when the tier is not a local router."""
+    tier = gateway.tiers.get(tier_name)
+    local = models.get(tier.local) if tier is not None and tier.local is not None else None
+    return list(local.on_demand.models) if local is not None and local.on_demand is not None else None
+
+
 def gateway_problems(gateway: GatewayConfig, models: dict[str, ModelServer]) -> list[Problem]:
     problems: list[Problem] = []
     for name, tier in gateway.tiers.items():
@@ -180,6 +187,15 @@ def gateway_problems(gateway: GatewayConfig, models: dict[str, ModelServer]) -> 
                 ))
             if role == "chat" and route.kind == "embedding":
                 problems.append((where, f"{backend.tier} serves a chat model, not embeddings"))
+            listed = _on_demand_names(gateway, models, backend.tier)
+            sent = backend.model or route.model
+            if listed is not None and sent not in listed:
+                # A router answers 400 "model not found" for any other name, which is not retried.
+                problems.append((
+                    f"{path}.backends[{b_index}].model",
+                    f"{backend.tier} serves on demand only {', '.join(listed)}, not {sent!r}; route one of them "
+                    f"(or set this backend's model to one)",
+                ))
     explicit = gateway.retry.attempts_per_priority
     if explicit is not None:
         for index, route in enumerate(gateway.routes):
@@ -197,6 +213,13 @@ def gateway_problems(gateway: GatewayConfig, models: dict[str, ModelServer]) -> 
             problems.append((f"gateway.catch_all[{index}]", f"no tier {tier_name!r}; defined: {', '.join(gateway.tiers)}"))
         elif role_of(tier_name) == "embedding":
             problems.append((f"gateway.catch_all[{index}]", f"{tier_name} serves an embedding model; it cannot take any model"))
+        elif _on_demand_names(gateway, models, tier_name) is not None and index < len(gateway.catch_all) - 1:
+            problems.append((
+                f"gateway.catch_all[{index}]",
+                f"{tier_name} serves models on demand and answers 400 for any other name, which ends the request "
+                f"before {gateway.catch_all[index + 1]} is tried; route its models by name and keep it out of catch_all "
+                "(or last)",
+            ))
     if not gateway.routes and not gateway.catch_all:
         problems.append(("gateway.routes", "the gateway routes nothing: add routes or catch_all"))
     owners: dict[str, str] = {}

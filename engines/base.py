@@ -5,7 +5,7 @@ own module; generic code asks the engine object and never which engine it is."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Optional
 
 if TYPE_CHECKING:
@@ -36,6 +36,16 @@ class Library:
     preset_file: str  # the other config file whose change the server applies on reload
     folder: str  # one subfolder per name, holding that model's files
     reload_path: str  # what a GET on the server's port applies a change with
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One metrics target of a server: labels the scraper adds to its series and the query it sends.
+    ``optional``: a failed scrape is expected (a router's model that is not loaded), not a server down."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    optional: bool = False
 
 
 class Engine(ABC):
@@ -83,6 +93,10 @@ class Engine(ABC):
 
     @abstractmethod
     def metrics_path(self, model: "ModelServer") -> Optional[str]: ...
+
+    def metrics_scrapes(self, model: "ModelServer") -> list[Scrape]:
+        """The targets at metrics_path: one plain scrape unless the engine needs several."""
+        return [Scrape()]
 
     @abstractmethod
     def served_model(self, model: "ModelServer", public_name: Optional[str]) -> Optional[str]:

@@ -12,7 +12,7 @@ from common.quantity import parse_quantity
 from planning.catalog import facts_for, repo_of
 from planning.memory import MemoryEstimate, VramEstimate
 
-from .base import Credentials, Engine, Library, Problem
+from .base import Credentials, Engine, Library, Problem, Scrape
 from .llamacpp_router import cache_env as router_cache_env
 from .llamacpp_router import (LIBRARY_FILE, LIBRARY_PATH, PRESET_DIR, PRESET_FILE, PRESET_PATH, library_dir, library_json,
                               preset_ini, router_args, shared_flags)
@@ -339,8 +339,19 @@ class LlamaCpp(Engine):
     def metrics_path(self, model: "ModelServer") -> Optional[str]:
         return LLAMACPP_METRICS_PATH if model.metrics else None
 
+    def metrics_scrapes(self, model: "ModelServer") -> list[Scrape]:
+        """A router has no metrics of its own: each model's child answers /metrics?model=<name>, with
+        no label naming the model (server-task.cpp:1596-1598), so each is a target of its own that adds
+        it. autoload=false: a scrape must not load a model (it would evict a used one); an unloaded
+        model answers 400, an expected failure (ROUTER_FACTS.md f)."""
+        if model.on_demand is None:
+            return [Scrape()]
+        return [Scrape(labels={"model": name}, params={"model": (name,), "autoload": ("false",)}, optional=True)
+                for name in model.on_demand.models]
+
     def served_model(self, model: "ModelServer", public_name: Optional[str]) -> Optional[str]:
-        """In single-model mode llama-server answers any model name: it is sent the public one."""
+        """In single-model mode llama-server answers any model name: it is sent the public one. A
+        router answers only the names it lists, under those names (config refuses any other)."""
         return public_name
 
     def memory(self, model: "ModelServer", facts: Optional["ModelFacts"], backend: "GpuBackend") -> MemoryEstimate:

@@ -341,12 +341,17 @@ def test_adding_and_removing_a_model_on_demand_restarts_nothing_and_says_what_is
         del library["qwen3-14b"]
         library["phi-4"] = {"hf_repo": "bartowski/phi-4-GGUF:Q4_K_M", "weights": "8.4Gi",
                             "facts": {"layers": 40, "kv_heads": 10, "head_dim": 128, "params_b": 14.7}}
+        # Its gateway route goes with it (a route to a name the router does not list is refused).
+        routes = c["inference-plane:gateway"]["routes"]
+        routes[:] = [r for r in routes if r["model"] != "qwen3-14b"] + [
+            {"model": "phi-4", "backends": [{"tier": "library"}, {"tier": "openrouter", "model": "microsoft/phi-4"}]}]
 
     report = edit("rtx3090-library", change)
     no_collision_or_wait(report)
     assert report.entry("ConfigMap", "llama-library-files").op == "update"
     assert report.entry("Deployment", "llama-library").op == "same"
     assert report.of_kind("restart") == [] and report.of_kind("downtime") == []
+    assert report.entry("AIGatewayRoute", "inference-routes-1").op == "update"
     (library,) = report.of_kind("library")
     assert library.subject == "llama-library (models.library.on_demand)"
     # 8.4 GiB at the stack's 40 MiB/s: 215 s.
@@ -358,7 +363,12 @@ def test_adding_and_removing_a_model_on_demand_restarts_nothing_and_says_what_is
 def test_a_library_edit_that_changes_the_planned_limit_says_the_router_restarts():
     """Removing the 30B frees the card for a third model: --models-max changes, which is the router's
     own flag, so its pod restarts (every loaded model unloads) and the preview says so."""
-    report = edit("rtx3090-library", lambda c: library_models(c).pop("qwen3-30b-a3b"))
+    def change(c):
+        library_models(c).pop("qwen3-30b-a3b")
+        routes = c["inference-plane:gateway"]["routes"]
+        routes[:] = [r for r in routes if r["model"] != "qwen3-30b-a3b"]
+
+    report = edit("rtx3090-library", change)
     no_collision_or_wait(report)
     assert report.entry("Deployment", "llama-library").op == "update"
     (library,) = report.of_kind("library")

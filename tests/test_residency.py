@@ -14,7 +14,7 @@ from conftest import run_stack_file, stack_file_config
 from render.manifests import manifests
 
 STACK = "rtx3090-library"
-SECRETS = {"chat_api_key": "library-key-5e1d"}
+SECRETS = {"chat_api_key": "library-key-5e1d", "gateway_master_key": "master-0d9e", "openrouter_api_key": "or-key-2a44"}
 
 
 def config() -> dict:

@@ -150,6 +150,15 @@ def test_the_init_container_fills_the_folder_the_router_reads_on_the_same_volume
     assert "hf-repo" not in rendered["preset"]
 
 
+def rendered_scrapes() -> list[dict]:
+    """The stack's VMServiceScrape endpoints, with monitoring turned on (the shipped file has none)."""
+    from conftest import run_stack_file
+    from test_router_gateway import SECRETS, monitored
+
+    (scrape,) = run_stack_file(STACK, monitored(), SECRETS).find("VMServiceScrape")
+    return scrape.inputs["spec"]["endpoints"]
+
+
 def tiny_repos(rendered: dict, tmp_path: Path, names: list[str]) -> dict[str, dict[str, bytes]]:
     """A stand-in Hub repo per model: a tiny GGUF under a name its tag matches, and a README."""
     vocab = source_dir() / "models" / "ggml-vocab-llama-spm.gguf"
@@ -188,6 +197,18 @@ def test_the_router_offers_exactly_the_listed_models_by_their_names(binary, rend
         assert router.chat(names[1]).status == 200
         asked = router.chat(library[names[0]])
         assert asked.status == 400 and b"not found" in asked.body
+        # The rendered scrapes, as the scraper sends them: the loaded model answers its metrics; the
+        # others answer 400 and stay unloaded (a scrape must never evict a model in use).
+        before = router.statuses()
+        for endpoint in rendered_scrapes():
+            name = endpoint["params"]["model"][0]
+            query = "&".join(f"{k}={v}" for k, values in endpoint["params"].items() for v in values)
+            answer = router.get(f"{endpoint['path']}?{query}")
+            if before[name] == "loaded":
+                assert answer.status == 200 and b"llamacpp:prompt_tokens_total" in answer.body
+            else:
+                assert answer.status == 400 and b"not loaded" in answer.body
+        assert router.statuses() == before and before[names[1]] == "loaded"
 
 
 def test_the_keeper_adds_and_removes_models_while_the_others_keep_running(binary, rendered, tmp_path):
