@@ -10,7 +10,7 @@ from typing import Optional
 
 from common.quantity import parse_quantity
 
-from .images import BACKEND_VENDORS, OLDEST_TESTED_BUILD, build_of_image
+from .images import BACKEND_VENDORS, OLDEST_TESTED_BUILD, backend_of_image, build_of_image, cpu_image
 from .ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, program_annotations
 from .gateway import GatewayConfig
 from .types import (
@@ -393,3 +393,21 @@ def _gpu_demand(stack: StackConfig) -> list[Problem]:
                 f"offers {pool.gpu_shares * gpus}; raise the device plugin's -shared-dev-num and gpu_shares",
             ))
     return problems
+
+
+def image_suggestions(stack: StackConfig) -> list[str]:
+    """Warnings, not refusals: a GPU image on a server that offloads nothing runs on the CPU anyway."""
+    found = []
+    for key, model in stack.models.items():
+        backend = backend_of_image(model.image)
+        if backend in (None, "cpu"):
+            continue
+        offloads = [model.gpu_layers] + ([m.gpu_layers for m in model.on_demand.models.values() if m.gpu_layers is not None]
+                                         if model.on_demand is not None else [])
+        if any(layers > 0 for layers in offloads):
+            continue
+        found.append(
+            f"models.{key}.image: {model.image} is built for {backend}, but gpu_layers is 0, so the server runs on the "
+            f"CPU and the {backend} image only adds its size to every pull; use {cpu_image(model.image)}"
+        )
+    return found

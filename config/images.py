@@ -37,3 +37,10 @@ def build_of_image(image: str) -> Optional[int]:
         return None
     match = _BUILD.search(image.split("@", 1)[0])  # the tag, without a digest
     return int(match["build"]) if match else None
+
+
+def cpu_image(image: str) -> str:
+    """The CPU build of a llama.cpp server image of the same build (server-cuda-b10731 -> server-b10731)."""
+    repository = image.split("@", 1)[0].rsplit(":", 1)[0]
+    build = build_of_image(image)
+    return f"{repository}:server" + (f"-b{build}" if build is not None else "")

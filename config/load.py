@@ -10,6 +10,7 @@ from typing import Any, Optional
 from common.constants import COMMIT_ID, OFFLINE_SECRET_PLACEHOLDER, PROJECT, TAILSCALE_CLASS, tailnet_device
 from common.errors import ConfigError
 
+from .checks import image_suggestions
 from .gateway import GatewayConfig
 from .types import TOP_LEVEL_KEYS, Problem, StackConfig
 from .validation import EngineChecks, parse_stack, path_part
@@ -132,6 +133,8 @@ def load_stack(engine_checks: EngineChecks) -> StackConfig:
     if problems:
         raise ConfigError(problems)
     _warn_moving_revisions(stack)
+    for suggestion in image_suggestions(stack):
+        pulumi.log.warn(suggestion)
     return stack
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .defaults import DEVICE_PLUGIN_SHARING, MODEL_HUB_HOSTS, PREFETCH_IMAGE, PRIVATE_SOURCE_RANGES
 from .images import backend_of_image
@@ -373,8 +373,27 @@ class ApiKey(Strict):
 # llama.cpp's KV cache types (--cache-type-k/-v; common/arg.cpp kv_cache_types).
 
 
+# Defaults that follow from a server's role, used where its stack file leaves the field out.
+ROLE_DEFAULTS: dict[str, dict[str, object]] = {
+    "embedding": {
+        # Nobody chats with an embedding model (asked to, it answers fluent nonsense).
+        "webui": False,
+        # The host-RAM prompt cache keeps chat prefixes for the next turn; embeddings have none, and
+        # llama.cpp's 8 GiB default would be counted (and requested) for nothing.
+        "cache_ram_mib": 0,
+    },
+}
+
+
 class ModelServer(Strict):
     """One model server: llama.cpp in single-model mode, or another OpenAI-compatible engine."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _role_defaults(cls, data: object) -> object:
+        if isinstance(data, dict) and isinstance(data.get("role"), str):
+            return {**ROLE_DEFAULTS.get(data["role"], {}), **data}
+        return data
 
     role: Literal["chat", "embedding"] = doc("chat, or embedding (never behind an Ingress or a chat route).")
     name: DnsLabel = doc("Name of its Service, its pods' app.kubernetes.io/name and (unless workload.name) its workload.")
@@ -430,7 +449,8 @@ class ModelServer(Strict):
         "Slots (--parallel); null: the server's auto, 4 slots sharing one KV pool.", default=None
     )
     cache_ram_mib: Optional[Annotated[int, Field(ge=0, le=1_048_576)]] = doc(
-        "Host-RAM prompt cache (--cache-ram, MiB); null: llama.cpp's default of 8192, counted in full.", default=None
+        "Host-RAM prompt cache (--cache-ram, MiB); null: llama.cpp's default of 8192, counted in full (an embedding "
+        "server's default is 0: it has no prompts to reuse).", default=None
     )
     cache_type_k: Optional[KvCacheType] = doc(
         "--cache-type-k: q8_0 halves the K cache (about 1.06 bytes per element instead of 2); null: f16.", default=None
@@ -451,7 +471,7 @@ class ModelServer(Strict):
         "server echoes any Origin with credentials allowed (seen running it).",
         default="localhost",
     )
-    webui: bool = doc("Serve llama.cpp's WebUI (chat servers only).", default=True)
+    webui: bool = doc("Serve llama.cpp's WebUI (chat servers only; an embedding server's default is false).", default=True)
     metrics: bool = doc("--metrics, scraped by the monitoring stack.", default=True)
     port: Annotated[int, Field(ge=1024, le=65535)] = doc(
         "The container port, always passed explicitly: llama.cpp's default moves across builds.", default=8080
