@@ -47,7 +47,7 @@ clean:
 bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 	@$(BIN)/python -m compileall -q $(PROJECT_MODULES) > /dev/null
 	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python bench/run.py
-	@echo "==> decode prediction against every recorded measurement (README: Decode speed)"
+	@echo "==> decode prediction against every recorded measurement (docs/capacity-planning.md: Decode speed)"
 	@$(BIN)/python bench/decode_error.py
 
 # The real llama.cpp contract tests for one stack's servers (builds llama-server once, cached in
@@ -56,7 +56,7 @@ contract: $(VENV)/.installed llama
 	@test -f Pulumi.$(STACK).yaml || { echo "make contract: no stack '$(STACK)': Pulumi.$(STACK).yaml does not exist" >&2; exit 2; }
 	$(BIN)/python -m pytest -q tests/test_llama_contract.py -k "$(STACK)/"
 
-# The README's configuration reference, regenerated from config/types.py (a test checks it).
+# The configuration reference in docs/configuration.md, regenerated from config/types.py (a test checks it).
 docs: $(VENV)/.installed
 	$(BIN)/python tools/config_docs.py
 

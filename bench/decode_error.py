@@ -1,5 +1,5 @@
 """The decode prediction (engines/llamacpp_speed.py) against every recorded measurement: prints one
-row per measurement with the predicted rate and the error, and the README's table is this output.
+row per measurement with the predicted rate and the error, and docs/capacity-planning.md's table is this output.
 
     python bench/decode_error.py   (reads bench/results-decode-*.json beside the cited rows)
 

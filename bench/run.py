@@ -25,7 +25,7 @@ PYTHON = sys.executable
 # pulumi_kubernetes loads a resource class's module, and the kind group's shared _inputs/outputs
 # (networking.v1's alone ~70 ms), on first use of the class: any program that creates those kinds
 # pays it. The floor touches the classes this program creates, so that "over the floor" is the
-# program's own cost. (Before 2026-12-03 the floor imported the packages only; the README gives both.)
+# program's own cost. (Before 2026-12-03 the floor imported the packages only; docs/performance.md gives both.)
 FLOOR = """
 import pulumi, pulumi_kubernetes
 import pulumi_kubernetes.core.v1, pulumi_kubernetes.apps.v1, pulumi_kubernetes.networking.v1

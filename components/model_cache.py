@@ -51,7 +51,7 @@ class ModelCache(pulumi.ComponentResource):
             # place (the namespace around it is retained too, see AINamespace). A claim's class and
             # access mode cannot change in place: the provider would replace it delete-first, the
             # retained delete would do nothing and the create would collide with the old claim,
-            # wedging every later update. They are fixed at creation; see the README to move a cache.
+            # wedging every later update. They are fixed at creation; see docs/day-2.md to move a cache.
             opts=pulumi.ResourceOptions(
                 parent=self,
                 retain_on_delete=True,

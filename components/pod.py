@@ -17,7 +17,7 @@ from .security import CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH_ENV, SC
 
 RUN_AS = 1000  # any non-root UID; the cache volume is made group-writable for it through fsGroup
 # Checks of the external scanner (checkov) that do not fit these workloads, each with its reason;
-# written on the workload and its pods as checkov.io/skipN annotations, and listed in the README.
+# written on the workload and its pods as checkov.io/skipN annotations, and listed in docs/guardrails.md.
 CHECKOV_WAIVERS = {
     "CKV_K8S_43": "pinned to a build tag that the config validates; a digest is accepted where wanted",
     "CKV_K8S_15": "pinned tags never move, so Always would only make every restart depend on the registry",
@@ -35,7 +35,7 @@ KEY_FINGERPRINT_ANNOTATION = "inference-plane/api-key-fingerprint"
 def key_fingerprint(key: str) -> str:
     """scrypt (~50 ms, on purpose: the annotation is readable, the key may be weak); computed once per
     distinct key in a run. The offline render's placeholder has no key to fingerprint: a rendered
-    folder says so, and a GitOps user restarts the server when rotating (README)."""
+    folder says so, and a GitOps user restarts the server when rotating (docs/day-2.md)."""
     if key == OFFLINE_SECRET_PLACEHOLDER:
         return "offline-render"
     return hashlib.scrypt(key.encode(), salt=b"inference-plane/api-key", n=2**14, r=8, p=1, dklen=8).hex()

@@ -126,7 +126,7 @@ def statefulset(parts: WorkloadParts) -> tuple[k8s.apps.v1.StatefulSet, k8s.core
         # Any change to a claim template forces the StatefulSet's replacement (the field is
         # immutable): both replicas down at once, and the new size still not applied to the
         # existing claims. The template is fixed at creation; resize the claims themselves
-        # (README: "Changing a running stack"). The element, not the list: when the template is
+        # (docs/day-2.md: "Changing a running stack"). The element, not the list: when the template is
         # added or removed (a path only one side has), Pulumi keeps the program's value and the
         # StatefulSet is replaced with it; ignoring the whole list would drop an added template
         # from the update and leave pods mounting a volume that does not exist.

@@ -1,6 +1,6 @@
 """What each ingress controller needs to carry a long streamed completion. Facts from the
 controllers' sources (ingress-nginx dbb11b92 internal/ingress/controller/config/config.go,
-traefik fd5a576d pkg/provider/kubernetes/ingress), summarised in the README's exposure section."""
+traefik fd5a576d pkg/provider/kubernetes/ingress), summarised in docs/exposure.md."""
 
 from __future__ import annotations
 

@@ -113,5 +113,5 @@ class Strict(BaseModel):
 
 
 def doc(text: str, **constraints) -> object:
-    """A field with its description (what the README's generated reference prints) and constraints."""
+    """A field with its description (what docs/configuration.md's generated reference prints) and constraints."""
     return Field(description=text, **constraints)

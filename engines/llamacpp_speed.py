@@ -8,7 +8,7 @@ per byte), and the KV cache, read once per token for every token already in the 
 lower share still. So a prediction per context depth: empty, half and full.
 
 Each profile's numbers come from measurements, cited beside them; the error of the predictions
-against every recorded measurement is in the README ("Decode speed: predicted and measured") and is
+against every recorded measurement is in docs/capacity-planning.md ("Decode speed: predicted and measured") and is
 recomputed by `make bench` (bench/decode_error.py).
 """
 

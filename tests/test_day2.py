@@ -54,7 +54,7 @@ def test_renaming_the_homelab_chat_server_restarts_it_on_its_cached_weights():
 def test_renaming_the_strix_engine_keeps_its_old_weights_and_says_what_it_costs():
     """Kubernetes names a StatefulSet's claims after it: a renamed engine gets new claims. The
     preview says so before `pulumi up` (size and time), nothing collides or waits, and the old
-    claims are retained, not lost (README: keep `name` to keep the weights)."""
+    claims are retained, not lost (docs/day-2.md: keep `name` to keep the weights)."""
     report = edit("strix-halo", lambda c: models(c)["flash"].update(name="flash-engine"))
     no_collision_or_wait(report)
     assert report.entry("StatefulSet", "flash-engine").action.create_first is False

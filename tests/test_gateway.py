@@ -69,7 +69,7 @@ def test_every_policy_targets_an_object_that_exists(strix_run):
 def test_every_secret_referenced_is_emitted_or_user_supplied(strix_run):
     config = strix_values()["gateway"]
     emitted = names(strix_run, "Secret")
-    # Made by cert-manager from the emitted Certificate; the client CA is the user's (README).
+    # Made by cert-manager from the emitted Certificate; the client CA is the user's (docs/gateway.md).
     certificate = only(strix_run, "Certificate")
     user_supplied = {config["client_ca_secret"]}
     referenced = set()

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT
 
-# Each layer may import only the layers before it (README, "Layout"). policy/ runs alone in the
+# Each layer may import only the layers before it (docs/layout.md). policy/ runs alone in the
 # policy pack's own virtualenv: it may import only common/ (standard library only).
 LAYERS = ["common", "policy", "config", "planning", "engines", "components", "plane", "render", "changes", "tools",
           "__main__"]

@@ -251,7 +251,7 @@ def test_explicit_slots_without_a_unified_pool_give_each_request_a_share_of_the_
 
 
 def test_a_key_file_with_two_keys_accepts_both_while_a_key_rotates(binary, models):
-    """The rotation the README describes: the Secret holds the old key and, on a second line, the new
+    """The rotation docs/day-2.md describes: the Secret holds the old key and, on a second line, the new
     one; the server accepts either, so the gateway (which sends the first line) and the scrape keep
     working across both `pulumi up` runs."""
     from engines.llamacpp import first_key

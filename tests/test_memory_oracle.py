@@ -6,7 +6,7 @@ is compared with the plan's figures for the same flags: each within 10%. A pod w
 holds everything (CPU, iGPU, APU) must have a memory limit above what llama.cpp allocates.
 
 GPU buffers (CUDA, Vulkan, ROCm) cannot be measured here: the plan's VRAM context and compute reserve
-stay stated margins (README, "Capacity planning").
+stay stated margins (docs/capacity-planning.md).
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ def test_a_card_planned_within_1_gib_of_its_size_is_warned_about():
 
 def test_the_homelab_prediction_meets_the_seeds_measurement():
     """Seed 000: Qwen3.6-35B-A3B at 11.59 t/s (llama-bench tg128, empty context) on the Iris Xe. In
-    sample: the intel-igpu profile's MoE block cost was solved from it (README)."""
+    sample: the intel-igpu profile's MoE block cost was solved from it (docs/capacity-planning.md)."""
     chat = plan_capacity(parse_stack(values("homelab"))).servers["chat"]
     predicted = chat.decode_predicted_tok_s
     assert predicted["empty"] == pytest.approx(11.59, rel=0.15)

@@ -18,7 +18,7 @@ from render.offline import Registered, run_program, stack_config
 
 FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "registrations-0dec461.json").read_text())
 
-# What this release changes in place on purpose (README; issue notes): the embedding server's CORS
+# What this release changes in place on purpose (docs/day-2.md; issue notes): the embedding server's CORS
 # flag, the metrics token beside the API key, the AI routes' idle limits, PyPI out of the egress
 # and of the prefetch, the NotReady alert's wait for parallel downloads, what each Secret key holds
 # (an annotation), the exposed endpoint's source ranges (homelab's Ingress names a new Middleware),
