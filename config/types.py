@@ -2,7 +2,7 @@
 key in the project's namespace (``inference-plane:models``, ``inference-plane:cluster`` ...), so
 ``pulumi config set --path 'models.chat.ctx_size' 16384`` reaches any field.
 
-Every field says what it is for in its ``description`` (the README's reference is generated from
+Every field says what it is for in its ``description`` (docs/configuration.md's reference is generated from
 these). Checks between fields live in ``checks.py``; ``validation.parse_stack`` runs them once.
 """
 
@@ -71,19 +71,24 @@ class IngressController(Strict):
         default="traefik",
     )
     class_name: DnsName = doc("The IngressClass the chat endpoint's Ingress names.", default="traefik")
-    namespace: DnsLabel = doc("Namespace of the controller's pods, admitted by the network policy.", default="ingress")
+    namespace: DnsLabel = doc("Namespace of the controller's pods, admitted by the network policy (k3s' Traefik: kube-system).",
+                              default="kube-system")
     pod_labels: Labels = doc("Labels of the controller's pods.", default={"app.kubernetes.io/name": "traefik"})
 
 
 class ClusterConfig(Strict):
-    """What the program needs to know about the cluster it deploys to."""
+    """What the program needs to know about the cluster it deploys to. The defaults are k3s', the most common
+    homelab distribution, as it installs: Flannel with kube-router's NetworkPolicy controller, Traefik in
+    kube-system, the local-path storage class, ServiceLB for LoadBalancer Services, no monitoring; a
+    cluster with other parts says so here (the shipped stacks show Cilium, ingress-nginx, Ceph, Longhorn)."""
 
     kubernetes_version: Annotated[str, Field(pattern=r"^1\.[0-9]{2}$")] = doc(
         "Every rendered manifest is checked against this Kubernetes version's schemas.", default="1.33"
     )
     cni: Literal["cilium", "networkpolicy"] = doc(
-        "cilium: CiliumNetworkPolicy (ICMP, host entities and host names expressible); networkpolicy: plain NetworkPolicy.",
-        default="cilium",
+        "cilium: CiliumNetworkPolicy (ICMP, host entities and host names expressible); networkpolicy: plain "
+        "NetworkPolicy (k3s' kube-router, Calico, Antrea).",
+        default="networkpolicy",
     )
     ingress: Optional[IngressController] = doc(
         "The ingress controller that serves an exposed chat endpoint; null: the cluster has none (nothing can be "
@@ -99,11 +104,13 @@ class ClusterConfig(Strict):
         default="dns01",
     )
     monitoring: Optional[PodPeer] = doc(
-        "The pods that scrape /metrics; null when the cluster runs no monitoring.", default=PodPeer(namespace="monitoring")
+        "The pods that scrape /metrics (e.g. namespace: monitoring); null when the cluster runs no monitoring.",
+        default=None,
     )
     storage: Optional[PodPeer] = doc(
-        "Where the model cache's storage daemons live (CephFS: rook-ceph); null for node-local storage.",
-        default=PodPeer(namespace="rook-ceph"),
+        "Where the model cache's storage daemons live (CephFS: namespace rook-ceph); null for node-local storage "
+        "(local-path).",
+        default=None,
     )
     dns: PodPeer = doc(
         "The cluster DNS pods (egress on port 53).",
@@ -119,10 +126,11 @@ class ClusterConfig(Strict):
 class ModelHubEgress(Strict):
     """Where model servers may connect to download weights."""
 
-    mode: Literal["fqdn", "world"] = doc(
+    mode: Optional[Literal["fqdn", "world"]] = doc(
         "fqdn: only the named hosts (Cilium toFQDNs). world: any address on 443, which needs a reason. Image "
-        "pulls are the kubelet's, not the pod's, so pods need nothing else from the internet.",
-        default="fqdn",
+        "pulls are the kubelet's, not the pod's, so pods need nothing else from the internet. null: fqdn with "
+        "cni cilium; world with plain NetworkPolicy, which cannot name hosts (the render summary says so).",
+        default=None,
     )
     hosts: list[FqdnPattern] = doc(
         "The model hub's hosts: Hugging Face serves metadata from huggingface.co and files from its CDN and Xet hosts.",
@@ -224,10 +232,11 @@ class ModelCacheConfig(Strict):
     """The shared volume that holds downloaded weights (the ModelCache component)."""
 
     claim_name: DnsName = doc("The PersistentVolumeClaim's name.", default="llama-server-models")
-    storage_class: DnsName = doc("The claim's storage class.")
+    storage_class: DnsName = doc("The claim's storage class (k3s: local-path, on one node's disk).", default="local-path")
     access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] = doc(
-        "ReadWriteMany so both servers, a second replica or a benchmark Job mount the same weights.",
-        default="ReadWriteMany",
+        "ReadWriteMany (CephFS, Longhorn RWX, NFS) lets servers on several nodes, a second replica or a benchmark "
+        "Job mount the same weights; ReadWriteOnce (local-path) keeps every server that mounts it on one node.",
+        default="ReadWriteOnce",
     )
     size: Memory = doc("The claim's size.", default="40Gi")
     mount_path: Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]*$")] = doc(
@@ -517,8 +526,30 @@ class Observability(Strict):
 # --- the stack -----------------------------------------------------------------------------------
 
 
+# What model_hub_egress.mode null becomes on a cluster whose policies cannot name hosts.
+PLAIN_POLICY_EGRESS_REASON = "plain NetworkPolicy (cluster.cni: networkpolicy) cannot match the model hub's hosts by name"
+
+
 class StackConfig(Strict):
     """One cluster's inference plane. Each field is one Pulumi config key."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _egress_for_the_cni(cls, data: object) -> object:
+        """model_hub_egress.mode null: the narrowest egress the cluster's policies can express."""
+        if not isinstance(data, dict):
+            return data
+        namespace = data.get("namespace", {})
+        cluster = data.get("cluster", {})
+        if not isinstance(namespace, dict) or not isinstance(cluster, dict):
+            return data
+        egress = namespace.get("model_hub_egress", {})
+        if not isinstance(egress, dict) or egress.get("mode") is not None:
+            return data
+        cni = cluster.get("cni", ClusterConfig.model_fields["cni"].default)
+        resolved = {"mode": "fqdn"} if cni == "cilium" else {"mode": "world", "reason": PLAIN_POLICY_EGRESS_REASON}
+        return {**data, "namespace": {**namespace, "model_hub_egress": {**egress, **resolved, **(
+            {"reason": egress["reason"]} if egress.get("reason") else {})}}}
 
     cluster: ClusterConfig = doc("The cluster.", default=ClusterConfig())
     namespace: NamespaceConfig = doc("The namespace everything lives in.", default=NamespaceConfig())

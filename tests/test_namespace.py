@@ -108,8 +108,23 @@ def test_world_egress_when_asked(homelab_values):
 def test_plain_networkpolicy_refuses_named_hosts_it_cannot_enforce(homelab_values):
     """Under plain NetworkPolicy the hub's host names would silently become 'any address on 443'."""
     homelab_values["cluster"]["cni"] = "networkpolicy"
+    homelab_values["namespace"]["model_hub_egress"] = {"mode": "fqdn"}
     with pytest.raises(ConfigError, match=r"namespace\.model_hub_egress\.mode: plain NetworkPolicy cannot match host names"):
         parse_stack(homelab_values)
+
+
+@pytest.mark.parametrize("cni, mode", [("cilium", "fqdn"), ("networkpolicy", "world")])
+def test_egress_left_out_is_the_narrowest_the_cni_can_enforce(homelab_values, cni, mode):
+    """k3s' kube-router (the default cni) cannot name hosts: a stack that says nothing gets the internet
+    on 443 with the reason recorded, Cilium the named hosts; an explicit reason is kept."""
+    homelab_values["cluster"]["cni"] = cni
+    homelab_values["namespace"].pop("model_hub_egress", None)
+    hub = parse_stack(homelab_values).namespace.model_hub_egress
+    assert hub.mode == mode
+    assert (hub.reason is not None) == (mode == "world")
+    homelab_values["namespace"]["model_hub_egress"] = {"reason": "Calico OSS cannot name hosts"}
+    if mode == "world":
+        assert parse_stack(homelab_values).namespace.model_hub_egress.reason == "Calico OSS cannot name hosts"
 
 
 def test_plain_networkpolicy_when_the_cni_is_not_cilium(homelab_values):
