@@ -15,6 +15,7 @@ from components.meta import VALUE_NOTES_ANNOTATION
 from .offline import PROJECT_DIR, ProgramRun, StackFileError, run_stack
 from .manifests import dump, manifests
 from .picture import node_label, plan_svg
+from .reach import reach_lines
 from .validate import ManifestError, validate_all
 from common.errors import one_line
 from components.namespace import egress_summary
@@ -97,6 +98,7 @@ class RenderResult:
                 f"{limits.get('memory', '-')} (request/limit)  gpu {', '.join(gpus) or 'none'}  startup {budget_min:.0f} min{waited}"
                 f"  {endpoint}"
             )
+        lines.extend(reach_lines(list(self.files.values()), self.run.config.cluster))
         lines.append("  egress: " + egress_summary(self.run.config.namespace, self.run.config.cluster))
         # What the program warned about (as `pulumi preview` would show it), one line each.
         lines.extend(f"  warning: {one_line(message)}" for message in self.run.logs)

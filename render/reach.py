@@ -1,0 +1,161 @@
+"""Who may reach each model server, read back from the rendered objects (not from the config): the
+namespace's policy (which pods it admits), the Ingresses and their source allowlists, the gateway's
+routes that end at the server, the scrapes that select it, and whether its pod takes an API key.
+A route whose entry pods the policy does not admit is said to be blocked: that is the mistake this
+summary exists to show before a cold start does (a controller in another namespace than configured)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+from common.constants import COMPONENT_LABEL, ENVOY_OWNING_GATEWAY_LABEL, NAME_LABEL, service_fqdn
+from config.ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES
+from config.types import ClusterConfig
+
+Peer = tuple[str, dict[str, str]]  # (namespace, pod labels); no labels: every pod there
+NODES = "(nodes)"  # Cilium's host and remote-node entities: the kubelet's probes
+
+
+def _of(objects: Iterable[dict], kind: str, namespace: Optional[str] = None) -> list[dict]:
+    return [o for o in objects if o.get("kind") == kind
+            and (namespace is None or o["metadata"].get("namespace") == namespace)]
+
+
+def admitted(objects: list[dict], namespace: str) -> list[Peer]:
+    """The peers the namespace's default-deny policy lets in (plain or Cilium)."""
+    peers: list[Peer] = []
+    for policy in _of(objects, "NetworkPolicy", namespace):
+        for rule in policy["spec"].get("ingress") or []:
+            for source in rule.get("from") or []:
+                if "namespaceSelector" in source:
+                    ns = source["namespaceSelector"].get("matchLabels", {}).get("kubernetes.io/metadata.name", "*")
+                    peers.append((ns, dict((source.get("podSelector") or {}).get("matchLabels") or {})))
+                elif "podSelector" in source:
+                    peers.append((namespace, dict(source["podSelector"].get("matchLabels") or {})))
+    for policy in _of(objects, "CiliumNetworkPolicy", namespace):
+        for rule in policy["spec"].get("ingress") or []:
+            for endpoint in rule.get("fromEndpoints") or []:
+                labels = dict(endpoint.get("matchLabels") or {})
+                ns = labels.pop("k8s:io.kubernetes.pod.namespace", None)
+                if ns is not None:
+                    peers.append((ns, labels))
+            if {"host", "remote-node"} & set(rule.get("fromEntities") or []):
+                peers.append((NODES, {}))
+    return peers
+
+
+def _admits(peers: list[Peer], namespace: str, labels: dict[str, str]) -> bool:
+    """Whether some admitted peer selects pods of ``namespace`` carrying ``labels``."""
+    return any(ns == namespace and peer.items() <= labels.items() for ns, peer in peers)
+
+
+def _peer_text(peer: Peer, own: str) -> str:
+    ns, labels = peer
+    if ns == NODES:
+        return "the nodes (kubelet probes)"
+    if ns == own and not labels:
+        return f"pods of {ns}"
+    pods = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    return f"{pods} pods in {ns}" if pods else f"pods in {ns}"
+
+
+def _sources(ingress: dict, objects: list[dict]) -> Optional[list[str]]:
+    annotations = ingress["metadata"].get("annotations") or {}
+    for name in SOURCE_RANGE_ANNOTATIONS:
+        if annotations.get(name):
+            return [r.strip() for r in annotations[name].split(",")]
+    for ref in (annotations.get(TRAEFIK_MIDDLEWARES) or "").split(","):
+        namespace_name = ref.strip().removesuffix("@kubernetescrd")
+        for middleware in _of(objects, "Middleware"):
+            meta = middleware["metadata"]
+            if f"{meta['namespace']}-{meta['name']}" == namespace_name and "ipAllowList" in middleware["spec"]:
+                return list(middleware["spec"]["ipAllowList"]["sourceRange"])
+    return None
+
+
+def _gateway_routes(service: dict, objects: list[dict]) -> list[tuple[dict, list[str]]]:
+    """(Gateway, public model names) for every AI route rule that ends at this Service."""
+    meta = service["metadata"]
+    fqdn = service_fqdn(meta["name"], meta["namespace"])
+    backends = {b["metadata"]["name"] for b in _of(objects, "Backend")
+                if any(e.get("fqdn", {}).get("hostname") == fqdn for e in b["spec"].get("endpoints") or [])}
+    ai_backends = {a["metadata"]["name"] for a in _of(objects, "AIServiceBackend")
+                   if a["spec"]["backendRef"]["name"] in backends}
+    found: list[tuple[dict, list[str]]] = []
+    for gateway in _of(objects, "Gateway"):
+        names = []
+        for route in _of(objects, "AIGatewayRoute"):
+            if not any(ref.get("name") == gateway["metadata"]["name"] for ref in route["spec"].get("parentRefs") or []):
+                continue
+            for rule in route["spec"].get("rules") or []:
+                if any(ref["name"] in ai_backends for ref in rule.get("backendRefs") or []):
+                    names += [h["value"] for m in rule.get("matches") or [] for h in m.get("headers") or []
+                              if h.get("type") == "Exact"] or ["any model"]
+        for route in _of(objects, "HTTPRoute"):
+            if any(ref.get("name") == gateway["metadata"]["name"] for ref in route["spec"].get("parentRefs") or []) and any(
+                    ref.get("name") in backends for rule in route["spec"].get("rules") or []
+                    for ref in rule.get("backendRefs") or []):
+                names += [m["path"]["value"] for rule in route["spec"]["rules"] for m in rule.get("matches") or []
+                          if "path" in m]
+        if names:
+            found.append((gateway, names))
+    return found
+
+
+def _takes_key(service: dict, objects: list[dict]) -> bool:
+    selector = service["spec"].get("selector") or {}
+    for workload in _of(objects, "Deployment") + _of(objects, "StatefulSet"):
+        template = workload["spec"]["template"]
+        if selector and selector.items() <= (template["metadata"].get("labels") or {}).items():
+            return any(v.get("name") == "api-key" for v in template["spec"].get("volumes") or [])
+    return False
+
+
+def reach_lines(objects: list[dict], cluster: ClusterConfig) -> list[str]:
+    servers = [s for s in _of(objects, "Service")
+               if (s["metadata"].get("labels") or {}).get("app.kubernetes.io/component") in COMPONENT_LABEL.values()]
+    if not servers:
+        return []
+    lines: list[str] = []
+    for namespace in sorted({s["metadata"]["namespace"] for s in servers}):
+        peers = admitted(objects, namespace)
+        lines.append(f"  who may reach each server (the policy of namespace {namespace} admits only "
+                     f"{'; '.join(_peer_text(p, namespace) for p in peers) or 'nothing'}; everything else is denied):")
+        for service in (s for s in servers if s["metadata"]["namespace"] == namespace):
+            lines.append(f"    {service['metadata']['name']:<16} " + "; ".join(_reach(service, objects, peers, cluster)))
+    return lines
+
+
+def _reach(service: dict, objects: list[dict], peers: list[Peer], cluster: ClusterConfig) -> list[str]:
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    ways: list[str] = []
+    for ingress in _of(objects, "Ingress", namespace):
+        if not any(p["backend"].get("service", {}).get("name") == name for rule in ingress["spec"].get("rules") or []
+                   for p in rule.get("http", {}).get("paths") or []):
+            continue
+        host = ingress["spec"]["rules"][0]["host"]
+        sources = _sources(ingress, objects)
+        who = f"LAN clients in {', '.join(sources)}" if sources else "any client the controller serves"
+        controller = cluster.ingress
+        through = "an ingress controller the config does not describe"
+        if controller is not None:
+            through = f"{controller.kind} pods in {controller.namespace}"
+            if not _admits(peers, controller.namespace, dict(controller.pod_labels)):
+                through += " - BLOCKED: the policy does not admit them; fix cluster.ingress"
+        ways.append(f"{who} at https://{host} through {through}")
+    for gateway, names in _gateway_routes(service, objects):
+        envoy = {ENVOY_OWNING_GATEWAY_LABEL: gateway["metadata"]["name"], NAME_LABEL: "envoy"}
+        hosts = sorted({listener.get("hostname", "*") for listener in gateway["spec"].get("listeners") or []})
+        text = f"gateway clients at https://{', '.join(hosts)} for {', '.join(names)}"
+        if not any(_admits(peers, ns, envoy) for ns, _ in peers):
+            text += " - BLOCKED: the policy does not admit the gateway's Envoy pods"
+        ways.append(text)
+    if not ways:
+        ways.append("in-cluster only (no Ingress, no gateway route)")
+    labels = service["metadata"].get("labels") or {}
+    scrapes = [s for s in _of(objects, "VMServiceScrape", namespace)
+               if (s["spec"].get("selector", {}).get("matchLabels") or {}).items() <= labels.items()]
+    if scrapes and cluster.monitoring is not None:
+        ways.append(f"scraped from {cluster.monitoring.namespace}")
+    ways.append("API key required" if _takes_key(service, objects) else "no API key")
+    return ways

@@ -1,0 +1,121 @@
+"""A stack that says nothing about its cluster gets k3s as it installs (kube-router's NetworkPolicy,
+Traefik in kube-system, local-path, ServiceLB, no monitoring), and the render says who may reach each
+server and from where, read back from the rendered objects (render/reach.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import yaml
+
+from conftest import ROOT
+from config.types import ClusterConfig
+from render.manifests import manifests
+from render.output import render_stack
+from render.reach import reach_lines
+
+# What a newcomer writes for one k3s box with a 12 GiB card: no cluster section at all.
+MINIMAL = {
+    "kubernetes:enableSecretMutable": "true",
+    "inference-plane:node_pools": {"rtx3060": {
+        "gpu_resource": "nvidia.com/gpu", "vram": "12Gi", "runtime_class": "nvidia", "memory": "64Gi",
+        "allocatable": "62Gi", "reserved": "2Gi", "backend": "cuda"}},
+    "inference-plane:model_cache": {"size": "30Gi"},
+    "inference-plane:models": {
+        "chat": {"role": "chat", "name": "llama-chat", "hf_repo": "Qwen/Qwen3-8B-GGUF:Q4_K_M",
+                 "image": "ghcr.io/ggml-org/llama.cpp:server-cuda-b10731", "node_pool": "rtx3060", "gpu_layers": 99,
+                 "ctx_size": 16384, "resources": {"cpu_request": "2", "cpu_limit": "8"},
+                 "exposure": {"host": "llm.lan.example.org", "tls_secret": "llama-chat-tls"},
+                 "api_key": {"secret_name": "llama-chat-api-key", "from_config": "chat_api_key"}},
+        "embed": {"role": "embedding", "name": "llama-embed", "hf_repo": "Qwen/Qwen3-Embedding-0.6B-GGUF:Q8_0",
+                  "image": "ghcr.io/ggml-org/llama.cpp:server-b10731", "backend": "cpu", "node_pool": "rtx3060",
+                  "gpu_layers": 0, "threads": 2,
+                  "ctx_size": 4096, "resources": {"cpu_request": "250m", "cpu_limit": "2"}},
+    },
+    "inference-plane:chat_api_key": {"secure": "v1:cGxhY2Vob2xkZXI6IHNldCB3aXRoIHB1bHVtaSBjb25maWc="},
+}
+
+
+def render(tmp_path, config: dict, stack: str = "mybox"):
+    (tmp_path / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": config}, sort_keys=False))
+    return render_stack(stack, tmp_path / "out", project_dir=tmp_path)
+
+
+def only(result, kind: str) -> dict:
+    (found,) = [m for m in result.files.values() if m["kind"] == kind]
+    return found
+
+
+def test_a_stack_with_no_cluster_section_renders_for_k3s(tmp_path):
+    result = render(tmp_path, MINIMAL)
+    kinds = {m["kind"] for m in result.files.values()}
+    assert "CiliumNetworkPolicy" not in kinds and "VMServiceScrape" not in kinds
+    policy = only(result, "NetworkPolicy")["spec"]
+    # k3s' Traefik (kube-system, app.kubernetes.io/name=traefik) is let in; no storage daemons are reached.
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "traefik"}}} in policy["ingress"][0]["from"]
+    assert not any(peer.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
+                   in ("rook-ceph", "monitoring") for rule in policy["egress"] for peer in rule.get("to", []))
+    claim = only(result, "PersistentVolumeClaim")["spec"]
+    assert claim["storageClassName"] == "local-path" and claim["accessModes"] == ["ReadWriteOnce"]
+    ingress = only(result, "Ingress")
+    assert ingress["spec"]["ingressClassName"] == "traefik"
+    # Plain NetworkPolicy cannot name the hub: the internet on 443, the reason on the policy, said in the summary.
+    (world,) = [rule for rule in policy["egress"] if any("ipBlock" in peer for peer in rule["to"])]
+    assert world["ports"] == [{"port": 443, "protocol": "TCP"}]
+    summary = result.summary()
+    assert "egress: namespace ai: internet egress to any public address on 443" in summary
+    assert "warning" not in summary
+
+
+def reach_section(summary: str) -> list[str]:
+    lines = summary.splitlines()
+    start = next(i for i, line in enumerate(lines) if "who may reach each server" in line)
+    end = next(i for i, line in enumerate(lines) if line.startswith("  egress:"))
+    return lines[start:end]
+
+
+def test_the_summary_says_who_may_reach_each_server_and_from_where(tmp_path):
+    summary = reach_section(render(tmp_path, MINIMAL).summary())
+    (header,) = [line for line in summary if "who may reach each server" in line]
+    assert header == ("  who may reach each server (the policy of namespace ai admits only pods of ai; "
+                      "app.kubernetes.io/name=traefik pods in kube-system; everything else is denied):")
+    (chat,) = [line for line in summary if line.startswith("    llama-chat ")]
+    assert chat.split(None, 1)[1] == (
+        "LAN clients in 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10, fc00::/7 at "
+        "https://llm.lan.example.org through traefik pods in kube-system; API key required")
+    (embed,) = [line for line in summary if line.startswith("    llama-embed ")]
+    assert embed.split(None, 1)[1] == "in-cluster only (no Ingress, no gateway route); no API key"
+
+
+def test_a_policy_that_keeps_the_controller_out_is_shown_blocked(tmp_path):
+    """The mistake the summary is for: the controller runs where the policy does not admit it (the old
+    default namespace `ingress` on k3s). Read from the objects, so a policy edited by hand shows it too."""
+    result = render(tmp_path, MINIMAL)
+    objects = copy.deepcopy(list(result.files.values()))
+    (policy,) = [m for m in objects if m["kind"] == "NetworkPolicy"]
+    for source in policy["spec"]["ingress"][0]["from"]:
+        if "namespaceSelector" in source:
+            source["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] = "ingress"
+    lines = reach_lines(objects, result.run.config.cluster)
+    (chat,) = [line for line in lines if line.startswith("    llama-chat ")]
+    assert "through traefik pods in kube-system - BLOCKED: the policy does not admit them; fix cluster.ingress" in chat
+    assert "BLOCKED" not in "\n".join(reach_lines(list(result.files.values()), result.run.config.cluster))
+
+
+def test_the_gateway_routes_are_read_back_to_the_server_they_reach():
+    from conftest import run_stack_file, stack_file_config
+    from test_router_gateway import SECRETS
+
+    run = run_stack_file("rtx3090-library", stack_file_config("rtx3090-library"), SECRETS)
+    lines = reach_lines(list(manifests(run).values()), run.config.cluster)
+    (library,) = [line for line in lines if line.startswith("    llama-library ")]
+    routed = [r["model"] for r in stack_file_config("rtx3090-library")["inference-plane:gateway"]["routes"]]
+    assert f"gateway clients at https://ai.lan.example.org for {', '.join(routed)}" in library
+
+
+def test_the_k3s_defaults_are_written_once_on_the_config_types():
+    cluster = ClusterConfig()
+    assert (cluster.cni, cluster.ingress.namespace, cluster.monitoring, cluster.storage) == (
+        "networkpolicy", "kube-system", None, None)
+    assert "k3s" in ClusterConfig.__doc__ and (ROOT / "docs" / "configuration.md").read_text().count("k3s") >= 1
