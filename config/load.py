@@ -173,7 +173,9 @@ def _secret_key_problems(stack: StackConfig, values: dict[str, Any], secret_keys
             problems.append((path_part(key), f"unknown config key; known keys: {', '.join(TOP_LEVEL_KEYS)}"))
     for key in sorted(allowed_secrets - misnamed):
         if key not in values:
-            problems.append((key, f"not set; run: pulumi config set --secret {key} <value>"))
+            problems.append((key, f"not set; run: pulumi config set --secret {key} <value> (to render without Pulumi: "
+                                  f"add `{PROJECT}:{key}: {{secure: v1:placeholder}}` under config:, and create its Secret "
+                                  "in the cluster as the render's SECRETS.md says)"))
         elif key not in secret_keys:
             problems.append((key, f"holds a credential in plain text; run: pulumi config set --secret {key} <value>"))
     if stack.gateway is not None:

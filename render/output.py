@@ -15,6 +15,7 @@ from components.meta import VALUE_NOTES_ANNOTATION
 from .offline import PROJECT_DIR, ProgramRun, StackFileError, run_stack
 from .manifests import dump, manifests
 from .picture import node_label, plan_svg
+from .prerequisites import prerequisites, prerequisites_text
 from .reach import reach_lines
 from .validate import ManifestError, validate_all
 from common.errors import one_line
@@ -106,9 +107,12 @@ class RenderResult:
         if (self.out / "plan.svg").exists():
             lines.append(f"  plan picture: {self.out / 'plan.svg'}")
         secrets = sum(1 for m in self.files.values() if m["kind"] == "Secret")
+        needs = [what for what, _, _ in prerequisites(list(self.files.values()))]
+        if needs:
+            lines.append(f"  the cluster must already have ({self.out / PREREQUISITES_FILE}): {'; '.join(needs)}")
         if secrets:
-            lines.append(f"  {secrets} Secret(s) are not in the folder (values live in Pulumi only): "
-                         f"create them before kubectl apply -k, as {self.out / SECRETS_FILE} says")
+            lines.append(f"  {secrets} Secret(s) are not in the folder (values live in Pulumi only): with kubectl, apply the "
+                         f"namespace, create them, then apply the folder, as {self.out / SECRETS_FILE} says")
         return "\n".join(lines)
 
 
@@ -154,6 +158,7 @@ def plan_tables(plan: dict | None) -> list[str]:
     return lines
 
 
+PREREQUISITES_FILE = "PREREQUISITES.md"
 SECRETS_FILE = "SECRETS.md"
 
 
@@ -166,20 +171,31 @@ def supplied_secrets(run: ProgramRun) -> list[str]:
             "the clients' certificates (gateway.client_ca_secret; the gateway requires and verifies them)"]
 
 
-def secrets_to_create(stack: str, secrets: list[dict[str, Any]], supplied: Optional[list[str]] = None) -> str:
-    """What to create before `kubectl apply -k`: one command per Secret, values left to the user,
-    with what each key must hold; ``supplied``: Secrets the stack refers to but never creates."""
+def secrets_to_create(stack: str, secrets: list[dict[str, Any]], supplied: Optional[list[str]] = None,
+                      namespace_files: Optional[list[str]] = None) -> str:
+    """The kubectl path, in the order it works: the cluster's prerequisites, the namespace, one
+    command per Secret (values left to the user, with what each key must hold), then the folder;
+    ``supplied``: Secrets the stack refers to but never creates."""
+    ordered = sorted(secrets, key=lambda m: (m["metadata"].get("namespace", ""), m["metadata"]["name"]))
+    first = ordered[0]["metadata"]["name"]
+    first_key = sorted({*(ordered[0].get("stringData") or {}), *(ordered[0].get("data") or {})})[0]
+    namespaces = " ".join(f"-f {name}" for name in namespace_files or [])
     lines = [
-        f"# Secrets to create before applying this folder (stack {stack})",
+        f"# Applying this folder with kubectl (stack {stack})",
         "",
-        "`pulumi up` creates these itself. This folder holds no Secret objects: their values are Pulumi",
-        "secrets, never written here. Before `kubectl apply -k .`, create each one with its real value",
-        "(or the equivalent SealedSecret / SOPS-encrypted Secret in your GitOps repository, kept outside",
-        "this folder: a new render replaces the folder whole). Write each value to its file without a",
-        "trailing newline (`printf %s '<value>' > ./nous-provider-key.apiKey`): a header value cannot hold one.",
+        "`pulumi up` does all of this itself. This folder holds no Secret objects: their values are Pulumi",
+        "secrets, never written here. In this folder, in this order:",
+        "",
+        f"1. What the cluster must already run: {PREREQUISITES_FILE}.",
+        *([f"2. The namespace, which the Secrets go into: `kubectl apply {namespaces}`"] if namespaces else []),
+        "3. Each Secret below, with its real value (or the equivalent SealedSecret / SOPS-encrypted Secret in",
+        "   your GitOps repository, kept outside this folder: a new render replaces the folder whole). Write",
+        f"   each value to its file without a trailing newline (`printf %s '<value>' > ./{first}.{first_key}`):",
+        "   a header value cannot hold one.",
+        "4. Everything else: `kubectl apply -k .`",
         "",
     ]
-    for secret in sorted(secrets, key=lambda m: (m["metadata"].get("namespace", ""), m["metadata"]["name"])):
+    for secret in ordered:
         meta = secret["metadata"]
         keys = sorted({*(secret.get("stringData") or {}), *(secret.get("data") or {})})
         # From files: a key file may hold two lines while a key rotates, which a literal cannot.
@@ -260,9 +276,11 @@ def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> Rend
         for name, manifest in applied.items():
             (staging / name).write_text(dump(manifest))
         (staging / "kustomization.yaml").write_text(_kustomization(applied))
+        (staging / PREREQUISITES_FILE).write_text(prerequisites_text(stack, list(files.values())))
         secrets = [m for m in files.values() if m["kind"] == "Secret"]
+        namespaces = sorted(name for name, m in applied.items() if m["kind"] == "Namespace")
         if secrets:
-            (staging / SECRETS_FILE).write_text(secrets_to_create(stack, secrets, supplied_secrets(run)))
+            (staging / SECRETS_FILE).write_text(secrets_to_create(stack, secrets, supplied_secrets(run), namespaces))
         if run.outputs.get("capacity_plan"):
             (staging / "plan.json").write_text(json.dumps(run.outputs["capacity_plan"], indent=2, sort_keys=True) + "\n")
             (staging / "plan.svg").write_text(plan_svg(run.outputs["capacity_plan"]))

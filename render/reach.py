@@ -6,7 +6,7 @@ summary exists to show before a cold start does (a controller in another namespa
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 from common.constants import COMPONENT_LABEL, ENVOY_OWNING_GATEWAY_LABEL, NAME_LABEL, service_fqdn
 from config.ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES

@@ -1,0 +1,116 @@
+"""What the cluster must already have for a rendered folder to apply and run, read from the objects
+themselves: the custom resources' groups (with the release their vendored schemas come from,
+schemas/README.md), the classes and issuers they name, the RuntimeClasses and device-plugin
+resources the pods ask for, and the GatewayClass when the folder does not create it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+SCHEMAS_README = Path(__file__).resolve().parent.parent / "schemas" / "README.md"
+# Groups Kubernetes serves itself (no CRD to install).
+CORE_GROUPS = {"", "apps", "batch", "policy", "networking.k8s.io", "rbac.authorization.k8s.io", "storage.k8s.io",
+               "node.k8s.io", "autoscaling", "scheduling.k8s.io", "coordination.k8s.io"}
+# Who serves a group's objects (the CRDs alone do nothing).
+CONTROLLERS = {
+    "aigateway.envoyproxy.io": "Envoy AI Gateway: its controller, and the extension server Envoy Gateway calls",
+    "gateway.envoyproxy.io": "Envoy Gateway, configured with AI Gateway's extension manager",
+    "gateway.networking.k8s.io": "Envoy Gateway, which serves the Gateway API's standard-channel CRDs",
+    "cert-manager.io": "cert-manager",
+    "operator.victoriametrics.com": "the VictoriaMetrics operator",
+    "cilium.io": "Cilium as the cluster's CNI",
+    "autoscaling.k8s.io": "the Vertical Pod Autoscaler",
+    "monitoring.coreos.com": "the Prometheus operator",
+    "traefik.io": "Traefik v3 with its Kubernetes CRD provider, which k3s' bundled Traefik has",
+}
+# Which device plugin advertises a GPU resource.
+DEVICE_PLUGINS = {
+    "nvidia.com/": "the NVIDIA device plugin or GPU Operator",
+    "gpu.intel.com/": "Intel's GPU device plugin",
+    "amd.com/": "AMD's GPU device plugin",
+}
+
+
+def schema_releases(readme: Path = SCHEMAS_README) -> dict[str, str]:
+    """api group -> the upstream release its vendored schemas come from (the README's table)."""
+    releases = {}
+    for line in readme.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and re.fullmatch(r"[a-z0-9.-]+\.[a-z]+", cells[0]):
+            releases[cells[0]] = cells[1].split(" (")[0]
+    return releases
+
+
+def _group(manifest: dict) -> str:
+    api = manifest.get("apiVersion", "")
+    return api.rsplit("/", 1)[0] if "/" in api else ""
+
+
+def _label(manifest: dict) -> str:
+    return f"{manifest['kind']} {manifest['metadata']['name']}"
+
+
+def _pods(manifest: dict) -> Iterable[dict]:
+    spec = manifest.get("spec") or {}
+    template = spec.get("template") or {}
+    if template.get("spec"):
+        yield template["spec"]
+
+
+def prerequisites(objects: list[dict[str, Any]]) -> list[tuple[str, str, list[str]]]:
+    """(what the cluster needs, what provides it, the objects that need it), CRDs first."""
+    releases = schema_releases()
+    needs: dict[str, tuple[str, list[str]]] = {}
+
+    def need(what: str, who: str, how: str = "") -> None:
+        needs.setdefault(what, (how, []))
+        if who not in needs[what][1]:
+            needs[what][1].append(who)
+
+    for m in objects:
+        group = _group(m)
+        if group not in CORE_GROUPS:
+            version = releases.get(group, "no vendored schema")
+            need(f"CRDs of {group}", _label(m), f"{CONTROLLERS.get(group, 'its controller')}; checked against {version}")
+    created = {(m["kind"], m["metadata"]["name"]) for m in objects}
+    for m in objects:
+        spec = m.get("spec") or {}
+        if m["kind"] == "Ingress" and spec.get("ingressClassName"):
+            need(f"IngressClass {spec['ingressClassName']}", _label(m), "its controller running")
+        if m["kind"] == "Gateway" and ("GatewayClass", spec.get("gatewayClassName")) not in created:
+            need(f"GatewayClass {spec.get('gatewayClassName')}", _label(m))
+        if m["kind"] == "PersistentVolumeClaim" and spec.get("storageClassName"):
+            need(f"StorageClass {spec['storageClassName']}", _label(m))
+        for template in spec.get("volumeClaimTemplates") or []:
+            if template.get("spec", {}).get("storageClassName"):
+                need(f"StorageClass {template['spec']['storageClassName']}", _label(m))
+        if m["kind"] == "Certificate":
+            ref = spec.get("issuerRef") or {}
+            need(f"{ref.get('kind', 'Issuer')} {ref.get('name')}", _label(m), "cert-manager")
+        issuer = (m["metadata"].get("annotations") or {}).get("cert-manager.io/cluster-issuer")
+        if issuer:
+            need(f"ClusterIssuer {issuer}", _label(m), "cert-manager")
+        for pod in _pods(m):
+            if pod.get("runtimeClassName"):
+                need(f"RuntimeClass {pod['runtimeClassName']}", _label(m))
+            for container in pod.get("containers") or []:
+                for resource in (container.get("resources") or {}).get("limits") or {}:
+                    plugin = next((p for prefix, p in DEVICE_PLUGINS.items() if resource.startswith(prefix)), None)
+                    if plugin is not None:
+                        need(f"{resource} on the nodes", _label(m), plugin)
+    return sorted(((what, how, who) for what, (how, who) in needs.items()),
+                  key=lambda item: (not item[0].startswith("CRDs"), item[0]))
+
+
+def prerequisites_text(stack: str, objects: list[dict[str, Any]]) -> str:
+    lines = [f"# What the cluster needs before this folder applies (stack {stack})", "",
+             "Read from the manifests in this folder; `pulumi up` needs the same. Install these first, then",
+             "follow SECRETS.md (namespace, Secrets, then `kubectl apply -k .`).", ""]
+    found = prerequisites(objects)
+    for what, how, who in found:
+        lines.append(f"- {what}{f' ({how})' if how else ''}: for {', '.join(who)}")
+    if not found:
+        lines.append("- nothing beyond Kubernetes itself")
+    return "\n".join(lines) + "\n"
