@@ -79,3 +79,7 @@ NODE_LOCAL_CLASSES = frozenset({"local-path", "local-storage"})
 # Every model server's pod mounts a small emptyDir here (components/security.SCRATCH_VOLUME): the one
 # writable path besides the weights, under a read-only root.
 SCRATCH = "/tmp"
+
+# The one path an exposed embedding server's Ingress routes (the OpenAI API's): asked to chat, an
+# embedding model answers fluent nonsense (the seed's lesson), so no generative path reaches it.
+EMBEDDINGS_PATH = "/v1/embeddings"

@@ -16,7 +16,7 @@ from typing import ClassVar, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from common.constants import COLD_START_ANNOTATION, COMPONENT_LABEL, HEALTH_ANNOTATION, service_fqdn
+from common.constants import COLD_START_ANNOTATION, COMPONENT_LABEL, EMBEDDINGS_PATH, HEALTH_ANNOTATION, service_fqdn
 from config.ingress import TRAEFIK_MIDDLEWARES, ingress_annotations, program_annotations, source_middleware
 from config.types import ClusterConfig, ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
@@ -216,10 +216,14 @@ class ModelServerBase(pulumi.ComponentResource):
                 f"{name}-sources",
                 api_version="traefik.io/v1alpha1",
                 kind="Middleware",
-                metadata=metadata(source_middleware(model.name), args.namespace, model.name, "chat"),
+                metadata=metadata(source_middleware(model.name), args.namespace, model.name, COMPONENT_LABEL[model.role]),
                 spec={"ipAllowList": {"sourceRange": list(exposure.source_ranges)}},
                 opts=pulumi.ResourceOptions(parent=self),
             ))
+        backend = {"service": {"name": model.name, "port": {"number": model.port}}}
+        # A chat server: everything (API and WebUI). An embedding server: the embeddings path alone.
+        paths = ([{"path": "/", "pathType": "Prefix", "backend": backend}] if model.role == "chat" else
+                 [{"path": EMBEDDINGS_PATH, "pathType": "Exact", "backend": backend}])
         # No public-DNS label, so only the LAN's DNS publishes the record; the source ranges above.
         return k8s.networking.v1.Ingress(
             f"{name}-ingress",
@@ -227,26 +231,13 @@ class ModelServerBase(pulumi.ComponentResource):
                 model.name,
                 args.namespace,
                 model.name,
-                "chat",
+                COMPONENT_LABEL[model.role],
                 annotations=ingress_annotations(ours, exposure),
             ),
             spec={
                 "ingressClassName": controller.class_name,
                 "tls": [{"hosts": [exposure.host], "secretName": exposure.tls_secret}],
-                "rules": [
-                    {
-                        "host": exposure.host,
-                        "http": {
-                            "paths": [
-                                {
-                                    "path": "/",
-                                    "pathType": "Prefix",
-                                    "backend": {"service": {"name": model.name, "port": {"number": model.port}}},
-                                }
-                            ]
-                        },
-                    }
-                ],
+                "rules": [{"host": exposure.host, "http": {"paths": paths}}],
             },
             opts=pulumi.ResourceOptions(parent=self, depends_on=depends),
         )

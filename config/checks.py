@@ -84,11 +84,12 @@ def model_problems(model: ModelServer, path: str, pools: dict[str, NodePool]) ->
             "(e.g. gpu.intel.com/i915), or set gpu_layers: 0",
         ))
     if model.role == "embedding":
-        if model.exposure is not None:
+        if model.exposure is not None and model.api_key is None:
+            # Exposed, only POST /v1/embeddings is routed (asked to chat it would answer fluent nonsense).
             problems.append((
                 f"{path}.exposure",
-                "an embedding model must not be exposed: asked to chat it answers fluent nonsense "
-                "('capital capital ...') instead of an error; remove exposure and call it in-cluster",
+                "an exposed embedding server needs api_key: anyone on the LAN could otherwise spend the node's "
+                "compute on it; add api_key (or remove exposure and call it in-cluster)",
             ))
         if model.webui:
             problems.append((f"{path}.webui", "an embedding server has no use for the WebUI; set webui: false"))

@@ -486,7 +486,10 @@ class ModelServer(Strict):
         "The container port, always passed explicitly: llama.cpp's default moves across builds.", default=8080
     )
     resources: Resources = doc("CPU and memory.")
-    exposure: Optional[Exposure] = doc("An Ingress on the LAN (chat servers only).", default=None)
+    exposure: Optional[Exposure] = doc(
+        "An Ingress on the LAN. An embedding server's routes only /v1/embeddings (never a chat path) and needs api_key.",
+        default=None,
+    )
     api_key: Optional[ApiKey] = doc("llama.cpp's API key; required once anything outside the namespace reaches it.", default=None)
     extra_args: Args = doc("More llama.cpp flags; flags generated from the fields above are refused here.", default=[])
 

@@ -262,16 +262,37 @@ def _service_fqdns(resources: list[Props], component: str) -> dict[str, Props]:
     return out
 
 
+def _keyed_services(resources: list[Props]) -> set[str]:
+    """Services whose pods mount an API key (the volume the program names api-key)."""
+    kinds = _by_kind(resources)
+    keyed = set()
+    for service in kinds.get("Service", []):
+        selector = (service.get("spec") or {}).get("selector") or {}
+        for workload in kinds.get("Deployment", []) + kinds.get("StatefulSet", []):
+            template = (workload.get("spec") or {}).get("template") or {}
+            labels = (template.get("metadata") or {}).get("labels") or {}
+            if selector and selector.items() <= labels.items() and any(
+                    v.get("name") == "api-key" for v in (template.get("spec") or {}).get("volumes") or []):
+                keyed.add(_meta(service).get("name"))
+    return keyed
+
+
 def embeddings_not_exposed(resources: list[Props], report: Report, config: Mapping) -> None:
     kinds = _by_kind(resources)
     embedding_services = _service_fqdns(resources, "embeddings")
     names = {_meta(s).get("name") for s in embedding_services.values()}
+    keyed = _keyed_services(resources)
     for ingress in kinds.get("Ingress", []):
         for rule in (ingress.get("spec") or {}).get("rules") or []:
             for path in (rule.get("http") or {}).get("paths") or []:
                 service = ((path.get("backend") or {}).get("service") or {}).get("name")
-                if service in names:
-                    report(f"Ingress {_meta(ingress).get('name')} exposes the embedding server {service}")
+                if service not in names:
+                    continue
+                # Exposed on request, only the exact embeddings path, and only behind the server's key.
+                if path.get("pathType") != "Exact" or not str(path.get("path", "")).endswith("/embeddings"):
+                    report(f"Ingress {_meta(ingress).get('name')} sends {path.get('path')} to the embedding server {service}")
+                elif service not in keyed:
+                    report(f"Ingress {_meta(ingress).get('name')} exposes the embedding server {service}, which takes no API key")
     for route in kinds.get("HTTPRoute", []):
         for rule in (route.get("spec") or {}).get("rules") or []:
             targets = {b.get("name") for b in rule.get("backendRefs") or []} & names
@@ -469,7 +490,8 @@ RESOURCE_RULES = [
 ]
 STACK_RULES = [
     Rule("default-deny", "Every namespace has a default-deny network policy.", default_deny, stack=True),
-    Rule("embeddings-not-exposed", "An embedding model is never reachable by Ingress or a chat request.", embeddings_not_exposed, stack=True),
+    Rule("embeddings-not-exposed", "An embedding model is never reachable by a chat request: an Ingress may route only its exact "
+         "embeddings path, behind its API key.", embeddings_not_exposed, stack=True),
     Rule("gateway-requires-auth", "The gateway demands an API key, and a client certificate when mTLS is on.", gateway_requires_auth, stack=True),
     Rule("idle-outlasts-request", "No route idles out before its own request timeout.", idle_outlasts_request, stack=True),
     Rule("tailnet-name-resolves", "A tailnet Gateway's device is named after its listener hostname.", tailnet_name_resolves, stack=True),

@@ -69,11 +69,11 @@ def test_llamacpp_needs_its_repo(homelab_values):
     ]
 
 
-def test_embedding_model_cannot_be_exposed(homelab_values):
+def test_an_embedding_server_is_exposed_only_behind_an_api_key(homelab_values):
     homelab_values["models"]["embed"]["exposure"] = {"host": "embed.renner.uno", "tls_secret": "embed-tls"}
     (path, message), *_ = rejection(homelab_values).problems
     assert path == "models.embed.exposure"
-    assert "capital capital" in message and "remove exposure" in message
+    assert "needs api_key" in message and "remove exposure" in message
 
 
 def test_embedding_server_must_not_serve_the_webui(homelab_values):

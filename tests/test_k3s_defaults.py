@@ -119,3 +119,26 @@ def test_the_k3s_defaults_are_written_once_on_the_config_types():
     assert (cluster.cni, cluster.ingress.namespace, cluster.monitoring, cluster.storage) == (
         "networkpolicy", "kube-system", None, None)
     assert "k3s" in ClusterConfig.__doc__ and (ROOT / "docs" / "configuration.md").read_text().count("k3s") >= 1
+
+
+def test_an_embedding_server_exposed_on_request_gets_its_embeddings_path_only_behind_its_key(tmp_path):
+    """A notes app on the LAN may reach the embedding server: opt-in, with an API key, and through an
+    Ingress that routes the exact embeddings path alone (a chat request never reaches the model)."""
+    config = copy.deepcopy(MINIMAL)
+    embed = config["inference-plane:models"]["embed"]
+    embed["exposure"] = {"host": "embed.lan.example.org", "tls_secret": "llama-embed-tls"}
+    embed["api_key"] = {"secret_name": "llama-embed-api-key", "from_config": "embed_api_key"}
+    config["inference-plane:embed_api_key"] = dict(config["inference-plane:chat_api_key"])
+    result = render(tmp_path, config)
+    (ingress,) = [m for m in result.files.values() if m["kind"] == "Ingress" and m["metadata"]["name"] == "llama-embed"]
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "embed.lan.example.org"
+    assert rule["http"]["paths"] == [{"path": "/v1/embeddings", "pathType": "Exact",
+                                      "backend": {"service": {"name": "llama-embed", "port": {"number": 8080}}}}]
+    assert ingress["metadata"]["labels"]["app.kubernetes.io/component"] == "embeddings"
+    # The same source allowlist as a chat server's.
+    (middleware,) = [m for m in result.files.values() if m["kind"] == "Middleware" and m["metadata"]["name"] == "llama-embed-sources"]
+    assert ingress["metadata"]["annotations"]["traefik.ingress.kubernetes.io/router.middlewares"] == "ai-llama-embed-sources@kubernetescrd"
+    assert "10.0.0.0/8" in middleware["spec"]["ipAllowList"]["sourceRange"]
+    (line,) = [line for line in reach_section(result.summary()) if line.startswith("    llama-embed ")]
+    assert "at https://embed.lan.example.org through traefik pods in kube-system" in line and line.endswith("API key required")

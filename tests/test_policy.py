@@ -208,11 +208,26 @@ def test_every_namespace_needs_default_deny(homelab):
 
 
 def test_embedding_server_behind_an_ingress(homelab):
+    """Only the exact embeddings path may reach it, and only behind its API key: a chat path would get
+    fluent nonsense (the seed's lesson), a keyless server anyone's traffic."""
     objects = list(copy.deepcopy(homelab).values())
     ingress = next(m for m in objects if m["kind"] == "Ingress")
-    ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"] = "llama-embed"
+    path = ingress["spec"]["rules"][0]["http"]["paths"][0]
+    path["backend"]["service"]["name"] = "llama-embed"
     assert stack_violations("embeddings-not-exposed", objects) == [
-        "Ingress llama-server exposes the embedding server llama-embed"
+        "Ingress llama-server sends / to the embedding server llama-embed"
+    ]
+    path.update(path="/v1/embeddings", pathType="Exact")
+    # homelab's embedding server takes no key.
+    assert stack_violations("embeddings-not-exposed", objects) == [
+        "Ingress llama-server exposes the embedding server llama-embed, which takes no API key"
+    ]
+    embed = next(m for m in objects if m["kind"] == "Deployment" and m["metadata"]["name"] == "llama-embed")
+    embed["spec"]["template"]["spec"]["volumes"].append({"name": "api-key", "secret": {"secretName": "k"}})
+    assert stack_violations("embeddings-not-exposed", objects) == []
+    path["pathType"] = "Prefix"  # /v1/embeddings/anything would reach it too
+    assert stack_violations("embeddings-not-exposed", objects) == [
+        "Ingress llama-server sends /v1/embeddings to the embedding server llama-embed"
     ]
 
 

@@ -95,7 +95,7 @@ def test_invalid_config_writes_nothing_and_keeps_the_previous_render(tmp_path):
     bad = copy.deepcopy(good)
     bad["models"]["embed"]["exposure"] = {"host": "embed.renner.uno", "tls_secret": "t"}
     write_stack(tmp_path, "good", bad)
-    with pytest.raises(RenderError, match=r"models.embed.exposure: an embedding model must not be exposed") as caught:
+    with pytest.raises(RenderError, match=r"models.embed.exposure: an exposed embedding server needs api_key") as caught:
         render_stack("good", out, project_dir=tmp_path)
     assert caught.value.exit_code == 2
     assert files_of(out) == before
