@@ -68,12 +68,18 @@ def read_file(path: Path) -> dict[str, Any]:
     return _document(text, str(path))
 
 
+class NewStack(Exception):
+    """The stack file is not in the base revision: the stack has nothing before this edit."""
+
+
 def read_at_ref(ref: str, stack: str, project_dir: Path) -> dict[str, Any]:
     spec = f"{ref}:./Pulumi.{stack}.yaml"
     try:
         shown = subprocess.run(["git", "-C", str(project_dir), "show", spec], capture_output=True, text=True, check=False)
     except OSError as error:
         raise InputError(f"cannot run git: {error.strerror}") from None
+    if shown.returncode != 0 and "exists on disk, but not in" in shown.stderr:
+        raise NewStack(f"Pulumi.{stack}.yaml is not in {ref} (a new stack, not committed yet): everything is created")
     if shown.returncode != 0:
         reason = (shown.stderr.strip().splitlines() or ["git show failed"])[-1]
         raise InputError(f"cannot read Pulumi.{stack}.yaml at {ref!r}: {reason}")
@@ -154,11 +160,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         after_config = _after(args)
-        before_config = _before(args)
+        new = None
+        try:
+            before_config = _before(args)
+        except NewStack as error:
+            before_config, new = {}, str(error)
         before_secrets, after_secrets = _ciphertexts(before_config), _ciphertexts(after_config)
         rotated = {k for k, v in after_secrets.items() if k in before_secrets and before_secrets[k] != v}
-        before = run(args.stack, before_config, set(), "before")
         after = run(args.stack, after_config, rotated, "after")
+        # A new stack: nothing before it, so every object is created (the program is not run on nothing).
+        before = offline.ProgramRun(stack=args.stack, resources=[], outputs={}, secret_outputs=set()) if new \
+            else run(args.stack, before_config, set(), "before")
     except InputError as error:
         print(f"changes {args.stack}: {error}", file=sys.stderr)
         return 2
@@ -173,6 +185,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
+        if new:
+            print(new)
         print(report.text())
         if rotated:
             print(f"(secrets treated as rotated: {', '.join(sorted(rotated))})")

@@ -634,6 +634,19 @@ def test_cli_treats_a_changed_ciphertext_as_a_rotation(stack_repo, tmp_path, cap
     assert "(secrets treated as rotated: inference-plane:llama_api_key)" in out
 
 
+def test_cli_on_a_new_uncommitted_stack_file_shows_everything_created(stack_repo, capsys):
+    """`make diff` on a stack file just written (make new-stack) and not committed: nothing existed
+    before it, so every object is created and its downloads are listed; not git's error."""
+    (stack_repo / "Pulumi.mybox.yaml").write_text((ROOT / "Pulumi.rtx3060.yaml").read_text())
+    assert cli(["mybox", "--base", "HEAD", "--project-dir", str(stack_repo)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Pulumi.mybox.yaml is not in HEAD (a new stack, not committed yet): everything is created"
+    counts = lines[1].split(": ", 1)[1]
+    assert counts.startswith("0 update, 0 replace, ") and counts.endswith(" create, 0 delete, 0 unchanged")
+    assert "  create                  Deployment ai/llama-chat" in lines
+    # A stack that exists in neither the ref nor the folder is still refused (below).
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
