@@ -19,6 +19,8 @@ PARTS = (  # (part, estimate fields, colour)
 HEADROOM = "#d4edda"
 WIDTH, LABEL, BAR, GAP, TOP = 900, 150, 28, 22, 40
 VRAM = "#8e6c8a"
+LEGEND_STEP = 120
+CHAR_WIDTH = 6.5  # a 12 px sans-serif character, roughly
 
 
 def node_label(node: dict) -> str:
@@ -35,7 +37,7 @@ def plan_svg(plan: dict) -> str:
     speeds = [s for s in plan["servers"].values() if s.get("decode_bound_tok_s") or s.get("decode_predicted_tok_s")]
     height = TOP + rows * (BAR + GAP) + 40 + 18 * len(speeds)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="12">',
-           f'<text x="10" y="20" font-size="14">capacity plan per node (GiB; bar = what the node offers, allocatable less reserved)</text>']
+           '<text x="10" y="20" font-size="14">capacity plan per node (GiB; bar = what the node offers, allocatable less reserved)</text>']
     for row, node in enumerate(nodes):
         y = TOP + row * (BAR + GAP)
         where = node_label(node)
@@ -71,14 +73,22 @@ def plan_svg(plan: dict) -> str:
             out.append(f'<rect x="{x:.2f}" y="{y}" width="{gib * scale:.2f}" height="{BAR}" fill="{VRAM}" stroke="#333" '
                        f'data-node="{escape(where)}" data-server="{escape(name)}" data-part="vram" data-gib="{gib:.3f}">'
                        f'<title>{escape(name)} VRAM: {gib:.1f} GiB</title></rect>')
+            # The server's name on its share of the card, where it fits (the title says it on hover anyway).
+            label = f"{name} {gib:.1f}"
+            if gib * scale > len(label) * CHAR_WIDTH + 8:
+                out.append(f'<text x="{x + 4:.2f}" y="{y + BAR / 2 + 4}" fill="#fff" data-label="{escape(name)}">'
+                           f'{escape(label)}</text>')
             x += gib * scale
         out.append(f'<rect x="{LABEL}" y="{y}" width="{gpu["vram_gib"] * scale:.2f}" height="{BAR}" fill="none" stroke="#333" '
                    f'data-node="{escape(where)}" data-part="vram-size" data-gib="{gpu["vram_gib"]:.3f}"/>')
-        out.append(f'<text x="{LABEL}" y="{y + BAR + 14}">{gpu["planned_gib"]:.1f} GiB of VRAM planned of {gpu["vram_gib"]:.1f}</text>')
+        shares = ", ".join(f"{name} {gib:.1f}" for name, gib in gpu["workloads"].items())
+        out.append(f'<text x="{LABEL}" y="{y + BAR + 14}" data-gpu="{escape(where)}">{gpu["planned_gib"]:.1f} GiB of VRAM '
+                   f'planned of {gpu["vram_gib"]:.1f}: {escape(shares)}</text>')
     legend_y = TOP + rows * (BAR + GAP) + 10
-    for i, (part, _, colour) in enumerate([*PARTS, ("headroom", (), HEADROOM)]):
-        out.append(f'<rect x="{10 + i * 130}" y="{legend_y}" width="12" height="12" fill="{colour}"/>'
-                   f'<text x="{26 + i * 130}" y="{legend_y + 11}">{part}</text>')
+    legend = [*PARTS, ("headroom", (), HEADROOM)] + ([("VRAM (GPU rows)", (), VRAM)] if gpu_rows else [])
+    for i, (part, _, colour) in enumerate(legend):
+        out.append(f'<rect x="{10 + i * LEGEND_STEP}" y="{legend_y}" width="12" height="12" fill="{colour}" data-legend="{part}"/>'
+                   f'<text x="{26 + i * LEGEND_STEP}" y="{legend_y + 11}">{part}</text>')
     for i, server in enumerate(speeds):
         # Decode: the prediction at an empty, half and full context, and the bandwidth bound.
         predicted = server.get("decode_predicted_tok_s")

@@ -235,6 +235,15 @@ def test_plan_picture_draws_the_plans_figures(tmp_path, stack):
             assert vram == pytest.approx({n: servers[n]["vram"]["total_gib"] for n in gpu["workloads"]}, abs=1e-3)
             (size,) = [r for r in rects if r.get("data-node") == label and r.get("data-part") == "vram-size"]
             assert float(size.get("width")) == pytest.approx(gpu["vram_gib"] * scale, rel=1e-3)
+            # Each share of the card is named: under the bar always, on it where it is wide enough.
+            (caption,) = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text") if t.get("data-gpu") == label]
+            assert all(f"{n} {gib:.1f}" in caption for n, gib in gpu["workloads"].items())
+            labels = {t.get("data-label") for t in svg.iter("{http://www.w3.org/2000/svg}text") if t.get("data-label")}
+            widest = max(gpu["workloads"], key=gpu["workloads"].get)
+            assert widest in labels
+    # Every colour drawn is in the legend (the GPU rows' too).
+    legend = {r.get("fill") for r in svg.iter("{http://www.w3.org/2000/svg}rect") if r.get("data-legend")}
+    assert {r.get("fill") for r in rects if r.get("fill") != "none"} <= legend
     # The decode figures: the prediction (context empty and full) for every chat server that has one.
     texts = {t.get("data-server"): t for t in svg.iter("{http://www.w3.org/2000/svg}text") if t.get("data-server")}
     for name, server in servers.items():
