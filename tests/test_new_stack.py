@@ -176,6 +176,29 @@ def test_the_choices_for_the_table(written):
     assert chosen["nvidia-12"] != chosen["raspberry-pi-5"]
     # The 12 GiB card keeps experts in RAM, as the shipped rtx3060 stack does.
     assert values_of(written["nvidia-12"][1])["models"]["chat"]["cpu_moe_layers"] > 0
+    # A discrete card gets a model it runs at interactive speed, not the largest that spills into RAM:
+    # gpt-oss-120b fits beside 64 GiB of RAM but is predicted far below the 20 tok/s floor there.
+    assert chosen["nvidia-24"] == "ggml-org/Qwen3.6-35B-A3B-GGUF:Q4_K_M"
+
+
+def test_a_discrete_card_is_held_to_interactive_speed_and_says_what_it_passed_over(tmp_path, capsys):
+    _, _, summary = generate(tmp_path, "big", MACHINES["nvidia-24"][0], capsys)
+    (why,) = [line for line in summary.splitlines() if line.strip().startswith("why:")]
+    assert "predicted at >= 20 tok/s" in why
+    passed = re.search(r"gpt-oss-120b fits but is predicted at ([0-9.]+) tok/s", why)
+    assert passed and float(passed.group(1)) < 20
+    (decode,) = [line for line in summary.splitlines() if line.strip().startswith("decode ~")]
+    assert float(re.search(r"decode ~([0-9.]+) tok/s at half context", decode).group(1)) >= 20
+
+
+@pytest.mark.parametrize("host, solver", [("llm.lan", "ca"), ("llm.home.arpa", "ca"), ("llm.example.org", "dns01")])
+def test_an_exposed_host_gets_the_issuer_solver_that_can_prove_it_and_renders(tmp_path, capsys, host, solver):
+    flags = MACHINES["nvidia-12"][0] + ["--host", host, "--issuer", "my-issuer"]
+    _, text, _ = generate(tmp_path, "exposed", flags, capsys)
+    assert values_of(text)["cluster"]["issuer_solver"] == solver
+    result = render_stack("exposed", tmp_path / "out", project_dir=tmp_path)
+    (ingress,) = [m for m in result.files.values() if m["kind"] == "Ingress"]
+    assert ingress["spec"]["rules"][0]["host"] == host
 
 
 def test_the_same_flags_write_the_same_file(tmp_path, capsys):

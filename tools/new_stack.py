@@ -43,6 +43,7 @@ import yaml  # noqa: E402
 from common.constants import PINNED_IMAGE, PROJECT  # noqa: E402
 from common.errors import CapacityError, ConfigError, one_line  # noqa: E402
 from common.quantity import GIB, parse_quantity  # noqa: E402
+from config.checks import PRIVATE_SUFFIXES  # noqa: E402
 from config.images import backend_of_image  # noqa: E402
 from config.values import _DNS_LABEL, _DNS_NAME, _HOSTNAME  # noqa: E402
 from planning.catalog import lookup  # noqa: E402
@@ -66,6 +67,14 @@ SECRET_PLACEHOLDER = "v1:cGxhY2Vob2xkZXI6IHNldCB3aXRoIHB1bHVtaSBjb25maWc="
 MIN_CTX = 8192  # a usable context: a chat with some history, a pasted page
 CTX_CHOICES = (32768, 16384, MIN_CTX)  # tried longest first, for the chosen model
 MIN_DECODE_TOK_S = 5.0  # a reading pace, predicted at half the context
+# On a discrete card a chat at reading pace is not what its owner bought it for: 20 tok/s (predicted at
+# half the context) passes over a huge model spilled into RAM (gpt-oss-120b at ~10 tok/s on a 24 GiB card)
+# for one the card holds (Qwen3.6-35B-A3B at ~100).
+MIN_DECODE_TOK_S_GPU = 20.0
+
+
+def decode_floor(hw: "Hardware") -> float:
+    return MIN_DECODE_TOK_S_GPU if hw.discrete else MIN_DECODE_TOK_S
 EMBED_SHARE = 1 / 8  # the embedding server's share of what a node offers
 
 
@@ -451,17 +460,24 @@ def cluster_values(cluster: Cluster) -> tuple[dict[str, V], dict[str, V]]:
     if cluster.issuer:
         values["cert_manager_issuer"] = V(cluster.issuer, "--issuer: the cert-manager ClusterIssuer for the "
                                           "exposed endpoint's certificate.")
+        private = next((s for s in PRIVATE_SUFFIXES if (cluster.host or "").endswith(s)), None)
+        if private is not None:
+            values["issuer_solver"] = V("ca", f"No public zone proves a *{private} name (ACME cannot): {cluster.issuer} must "
+                                        "be a CA or self-signed ClusterIssuer whose CA your clients trust.")
+        else:
+            values["issuer_solver"] = V("dns01", f"ACME proves {cluster.host} through its public DNS zone (the record "
+                                        "itself is never published); use ca if your issuer is a private CA.")
     if cluster.monitoring:
         values["monitoring"] = V({"namespace": V(cluster.monitoring, "--monitoring: where the scrapers run.")},
                                  "The pods that scrape /metrics, admitted by the network policy.")
     else:
-        values["monitoring"] = V(None, "No monitoring stack (the default expects one in namespace monitoring).")
+        values["monitoring"] = V(None, "No monitoring stack (k3s ships none): no scrape or alert objects.")
     storage_class, _, daemons, _ = STORAGE[cluster.storage]
     if daemons:
         values["storage"] = V({"namespace": V(daemons, "The storage daemons' namespace.")},
                               f"{storage_class} volumes talk to these daemons.")
     else:
-        values["storage"] = V(None, "No storage daemons to talk to (the default expects rook-ceph).")
+        values["storage"] = V(None, "No storage daemons to talk to: the volume is the node's own disk or NFS.")
     namespace: dict[str, V] = {"name": V(cluster.namespace, "The namespace the servers live in (the stack owns it: "
                                          "Pod Security restricted, default-deny network policy).")}
     if cluster.cni == "cilium":
@@ -579,7 +595,7 @@ def try_chat(hw: Hardware, cluster: Cluster, candidate: Candidate, embed: Candid
                 last_problem = problem
                 continue
             outcome = Outcome(setup, plan, tok_s=half_tok_s(plan))
-            if outcome.tok_s is None or outcome.tok_s >= MIN_DECODE_TOK_S:
+            if outcome.tok_s is None or outcome.tok_s >= decode_floor(hw):
                 return outcome
             if slowest_ok is None or outcome.tok_s > (slowest_ok.tok_s or 0):
                 slowest_ok = outcome
@@ -612,7 +628,7 @@ def choose(hw: Hardware, cluster: Cluster) -> Choice:
         if outcome.setup is None:
             passed_over.append(f"{candidate.short} does not fit ({_short_problem(outcome.problem)})")
             continue
-        if outcome.tok_s is not None and outcome.tok_s < MIN_DECODE_TOK_S:
+        if outcome.tok_s is not None and outcome.tok_s < decode_floor(hw):
             passed_over.append(f"{candidate.short} fits but is predicted at {outcome.tok_s:.1f} tok/s")
             if fallback is None or (outcome.tok_s or 0) > (fallback.tok_s or 0):
                 fallback = outcome
@@ -830,8 +846,8 @@ def describe(choice: Choice, hw: Hardware) -> dict[str, str]:
         card = float(parse_quantity(_gib(hw.vram_gib))) / GIB
         memory = (f"{chat.vram.total_gib:.1f} of {card:g} GiB VRAM, {chat.vram.breakdown().split(':')[0]}; " + memory)
     reason = (f"the largest catalog chat model that fits with {choice.chat.ctx_size} tokens of context and is predicted "
-              f"at >= {MIN_DECODE_TOK_S:g} tok/s" if not choice.slow else
-              f"no model that fits is predicted at >= {MIN_DECODE_TOK_S:g} tok/s: the fastest that fits")
+              f"at >= {decode_floor(hw):g} tok/s" if not choice.slow else
+              f"no model that fits is predicted at >= {decode_floor(hw):g} tok/s: the fastest that fits")
     return {
         "chat": f"{choice.chat.candidate.hf_repo} ({facts.params_b:g}B{moe}), ctx {choice.chat.ctx_size}",
         "why": reason,
@@ -918,7 +934,7 @@ def run(argv: Sequence[str]) -> tuple[Path, str, list[str]]:
         f"  {facts['node']}",
     ]
     if choice.slow:
-        summary.append(f"  warning: no catalog model that fits is predicted at >= {MIN_DECODE_TOK_S:g} tok/s here; this is "
+        summary.append(f"  warning: no catalog model that fits is predicted at >= {decode_floor(hw):g} tok/s here; this is "
                        "the fastest that fits")
     if hw.arch == "arm64":
         summary.append("  note: arm64 runs --image; the decode prediction uses the CPU profile measured on x86")
