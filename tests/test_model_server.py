@@ -277,7 +277,7 @@ def test_embed_server_is_cluster_internal(homelab_values):
     assert run.one("Deployment", model.name).inputs["metadata"]["labels"]["app.kubernetes.io/component"] == "embeddings"
 
 
-def test_embed_server_refuses_exposure_even_past_the_config_check(homelab_values):
+def test_embed_server_refuses_keyless_exposure_even_past_the_config_check(homelab_values):
     stack = parse_stack(homelab_values)
     chat = stack.models["chat"]
     exposed_embedding = stack.models["embed"].model_copy(update={"exposure": chat.exposure})
@@ -289,7 +289,8 @@ def test_embed_server_refuses_exposure_even_past_the_config_check(homelab_values
         cluster=stack.cluster,
         plan=plan(stack).servers["embed"],
     )
-    with pytest.raises(ValueError, match="cannot be exposed"):
+    assert exposed_embedding.api_key is None  # homelab's embedding server takes no key
+    with pytest.raises(ValueError, match="an exposed embedding server needs an API key"):
         run_program({}, program=lambda: {"s": EmbedServer("e", args)})
     with pytest.raises(ValueError, match="serves role 'chat'"):
         run_program({}, program=lambda: {"s": LlamaServer("e", args)})

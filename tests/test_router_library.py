@@ -176,6 +176,18 @@ def keeper_env_url(rendered: dict, base: str) -> str:
     return base + "/" + url.split("/", 3)[3]
 
 
+def settled(router, rendered: dict) -> None:
+    """Wait until the preset's load-on-startup models are up: the router starts them after /health
+    answers, so a test that compares children or statuses must not race that load."""
+    import configparser
+
+    parser = configparser.ConfigParser()
+    parser.read_string(rendered["preset"])
+    for name in parser.sections():
+        if parser[name].get("load-on-startup") == "true":
+            router.wait_status(name, ("loaded", "sleeping"), seconds=120)
+
+
 def one_thread(preset: str) -> str:
     """Threads 1: a 2-core machine runs several children (everything else is the rendered preset)."""
     return "\n".join("threads = 1" if line.startswith("threads =") else line for line in preset.splitlines()) + "\n"
@@ -190,6 +202,7 @@ def test_the_router_offers_exactly_the_listed_models_by_their_names(binary, rend
     assert done.returncode == 0, done.stderr
     env = env_under(rendered["container"]["env"], root)
     with start_router(binary, one_thread(rendered["preset"]), rendered["container"]["args"], {}, TEST_KEY, env=env) as router:
+        settled(router, rendered)
         models = router.models()
         # Every blob is in the volume's hub layout too, and none of it is offered under a cache name.
         assert sorted(m["id"] for m in models) == sorted(names)
@@ -212,22 +225,30 @@ def test_the_router_offers_exactly_the_listed_models_by_their_names(binary, rend
 
 
 def test_the_keeper_adds_and_removes_models_while_the_others_keep_running(binary, rendered, tmp_path):
-    """Day 2 without a restart: the ConfigMap's files change (one model removed, one added); the keeper
-    fetches the new one, removes the old one's folder and has the router re-read its preset. The model
-    that was answering keeps its process; the new one answers; the removed one is gone."""
+    """Day 2 without a restart. The ConfigMap's files change: the keeper fetches what is new, removes
+    what is gone, and has the router re-read its preset. A change made before the keeper started (the
+    ConfigMap updated between the init container and the keeper) is applied at its start; one made
+    while it runs, within a round. The model that was answering keeps its process throughout."""
     names = rendered["names"]
     kept, removed = names[1], names[-1]
-    start = {n: rendered["library"][n] for n in names[:-1] + [removed]}
     added = "tiny-extra"
     repos = tiny_repos(rendered, tmp_path, names)
-    repos["org/Tiny-Extra-GGUF"] = {"Tiny-Extra-Q4_K_M.gguf": next(iter(repos.values()))[next(iter(next(iter(repos.values()))))]}
+    first_repo = next(iter(repos.values()))
+    repos["org/Tiny-Extra-GGUF"] = {"Tiny-Extra-Q4_K_M.gguf": next(v for k, v in first_repo.items() if k.endswith(".gguf"))}
     root = tmp_path / "pod"
-    write_files(rendered, root, start)
+    write_files(rendered, root)
     with hub_repos(repos) as endpoint:
         assert run_library(rendered["init"], root, endpoint).returncode == 0
         env = env_under(rendered["container"]["env"], root)
         preset = one_thread(rendered["preset"])
         with start_router(binary, preset, rendered["container"]["args"], {}, TEST_KEY, env=env) as router:
+            settled(router, rendered)
+            assert router.chat(kept).status == 200
+            before = router.children()
+            # Change 1, before the keeper runs: the ConfigMap without the last model.
+            smaller = {n: r for n, r in rendered["library"].items() if n != removed}
+            write_files(rendered, root, smaller)
+            router.write_preset(preset.split(f"[{removed}]")[0])
             keeper_env = {"PATH": os.environ["PATH"], "HF_ENDPOINT": endpoint, **env_under(rendered["keeper"]["env"], root),
                           "PRESET": str(router.preset), "KEEP_SECONDS": "1",
                           "RELOAD_URL": keeper_env_url(rendered, router.base)}
@@ -236,30 +257,35 @@ def test_the_keeper_adds_and_removes_models_while_the_others_keep_running(binary
             keeper_env["ROUTER_AUTH_FILE"] = str(key_file)
             command = [sys.executable if c == "python3" else c for c in rendered["keeper"]["command"]]
             (root / "tmp").mkdir(exist_ok=True)  # the scratch volume
-            keeper = subprocess.Popen(command, env=keeper_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            log_path = tmp_path / "keeper.log"
+            with open(log_path, "w") as log_file:
+                keeper = subprocess.Popen(command, env=keeper_env, stdout=log_file, stderr=subprocess.STDOUT, text=True)
             try:
-                assert router.chat(kept).status == 200
-                before = router.children()
-                # What a changed ConfigMap puts in the pod: the new library and preset.
-                smaller = {n: r for n, r in start.items() if n != removed}
+                wait_for_models(router, smaller, log_path)
+                assert not (library_folder(rendered, root) / removed).exists()
+                # Change 2, while it runs: a model added.
                 write_files(rendered, root, {**smaller, added: "org/Tiny-Extra-GGUF:Q4_K_M"})
                 router.write_preset(preset.split(f"[{removed}]")[0] + f"[{added}]\nthreads = 1\nctx-size = 512\n")
-                deadline = time.monotonic() + 60
-                while sorted(router.statuses()) != sorted([*smaller, added]) and time.monotonic() < deadline:
-                    time.sleep(0.5)
-                assert sorted(router.statuses()) == sorted([*smaller, added])
-                assert router.children() == before  # the model that answered kept its process
+                wait_for_models(router, [*smaller, added], log_path)
+                assert router.children() == before, log_path.read_text()  # the model that answered kept its process
                 assert router.chat(added).status == 200 and router.chat(kept).status == 200
-                assert not (library_folder(rendered, root) / removed).exists()
                 # The rendered probe (its heartbeat path moved under root) passes while the keeper runs.
                 probe = [sys.executable if c == "python3" else c.replace("/tmp/", f"{root}/tmp/")
                          for c in rendered["keeper"]["livenessProbe"]["exec"]["command"]]
                 assert subprocess.run(probe, timeout=30).returncode == 0
             finally:
                 keeper.kill()
-                log = keeper.communicate()[0]
-            assert "the router re-read its preset" in log, log
+                keeper.wait()
+            log = log_path.read_text()
+            assert "applying the library and its preset (at start)" in log and "(changed)" in log, log
             # A keeper that stopped beating fails the probe (the kubelet then restarts it).
             beat = root / "tmp" / "keeper-heartbeat"
             os.utime(beat, (time.time() - 1000, time.time() - 1000))
             assert subprocess.run(probe, timeout=30).returncode == 1
+
+
+def wait_for_models(router, names, log_path: Path, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while sorted(router.statuses()) != sorted(names) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert sorted(router.statuses()) == sorted(names), log_path.read_text()

@@ -13,9 +13,9 @@ complete (``.complete`` lists its files and sizes) starts without the Hub when t
 Environment: HF_LIBRARY (a file of JSON: name -> org/repo:TAG), HUB_CACHE, LIBRARY_DIR; optional
 HF_ENDPOINT, HF_TOKEN.
 
-Keeper mode (``KEEP_SECONDS`` set; the router's sidecar): after the first fill, every KEEP_SECONDS it
-reads HF_LIBRARY and PRESET again (the mounted ConfigMap, which the kubelet updates in place) and, when
-either changed, fetches what is new, removes what is gone, then asks the router to re-read its preset
+Keeper mode (``KEEP_SECONDS`` set; the router's sidecar): once at its start (the ConfigMap may have
+changed since the init container ran) and then whenever HF_LIBRARY or PRESET changed (the mounted
+ConfigMap, which the kubelet updates in place; read every KEEP_SECONDS), it fetches what is new, removes what is gone, then asks the router to re-read its preset
 (``GET RELOAD_URL``, ``/models?reload=1``, with the first key of ROUTER_AUTH_FILE): llama.cpp keeps the children
 whose settings did not change (server-models.cpp:695-861), so adding a model restarts no other. A
 failure is printed and tried again next round; the keeper never exits (a crashed container would take
@@ -201,19 +201,22 @@ def _heartbeat(path, seconds):
 def keep():
     seconds = int(os.environ["KEEP_SECONDS"])
     threading.Thread(target=_heartbeat, args=(os.environ["HEARTBEAT"], seconds), daemon=True).start()
-    applied = _state()  # what the init container fetched and the router started with
+    # Nothing counts as applied yet: the ConfigMap may have changed between the init container's fetch
+    # and now, so the first round fetches (nothing, when complete) and reloads (a no-op when unchanged).
+    applied = None
     while True:
-        time.sleep(seconds)
         try:
             now = _state()
             if now == applied:
+                time.sleep(seconds)
                 continue
-            print("keeper: the library or its preset changed", flush=True)
+            print("keeper: applying the library and its preset" + (" (changed)" if applied else " (at start)"), flush=True)
             library()
             _reload()
             applied = now
         except (SystemExit, Exception) as error:  # noqa: BLE001 - printed, and tried again next round
             print(f"keeper: not applied yet ({error}); trying again in {seconds} s", flush=True)
+            time.sleep(seconds)
 
 
 if __name__ == "__main__":
