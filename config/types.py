@@ -404,7 +404,7 @@ class ModelServer(Strict):
             return {**ROLE_DEFAULTS.get(data["role"], {}), **data}
         return data
 
-    role: Literal["chat", "embedding"] = doc("chat, or embedding (never behind an Ingress or a chat route).")
+    role: Literal["chat", "embedding"] = doc("chat, or embedding (never on a chat route; behind an Ingress only on request, for /v1/embeddings alone).")
     name: DnsLabel = doc("Name of its Service, its pods' app.kubernetes.io/name and (unless workload.name) its workload.")
     engine: Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")] = doc(
         "llamacpp (settings below) or openai (any OpenAI-compatible server, settings under `openai`): an engine "
