@@ -388,10 +388,19 @@ def _gpu_demand(stack: StackConfig) -> list[Problem]:
         demand = sum(stack.models[k].workload.replicas * stack.models[k].gpus for k in users)
         gpus = pool.nodes * (pool.gpus_per_node if pool.discrete() else 1)
         if demand > pool.gpu_shares * gpus:
+            # The way out depends on how the pool's device plugin shares a card (or cannot).
+            fix = {
+                "shared-dev-num": "raise the device plugin's -shared-dev-num and gpu_shares",
+                "time-slicing": "give the NVIDIA device plugin time-slicing replicas and set gpu_shares to them",
+                "exclusive": "its device plugin gives each card to one container: add cards or nodes, or run fewer "
+                             "GPU servers (gpu_layers: 0 for one of them)",
+            }.get(pool.sharing() or "", "add cards or nodes, or share them (gpu_sharing, gpu_shares)")
+            if any(stack.models[k].gpus > 1 for k in users):
+                fix = "a server split over several cards cannot share them: add cards or nodes (nodes), or fewer replicas"
             problems.append((
                 f"node_pools.{pool_key}.gpu_shares",
                 f"model server pods ({', '.join(users)}) request {demand} {pool.gpu_resource}, but the pool "
-                f"offers {pool.gpu_shares * gpus}; raise the device plugin's -shared-dev-num and gpu_shares",
+                f"offers {pool.gpu_shares * gpus}; {fix}",
             ))
     return problems
 

@@ -179,7 +179,27 @@ def test_a_second_two_card_replica_finds_no_free_cards():
     with pytest.raises(ConfigError) as caught:
         plan_capacity(parse_stack(stack))
     assert ("node_pools.dual-3090.gpu_shares", "model server pods (chat) request 4 nvidia.com/gpu, but the pool offers 2; "
-            "raise the device plugin's -shared-dev-num and gpu_shares") in caught.value.problems
+            "a server split over several cards cannot share them: add cards or nodes (nodes), or fewer replicas"
+            ) in caught.value.problems
+
+
+@pytest.mark.parametrize("stack_name, pool, advice", [
+    ("homelab", "iris-xe", "raise the device plugin's -shared-dev-num and gpu_shares"),
+    ("rtx3060", "rtx3060", "give the NVIDIA device plugin time-slicing replicas and set gpu_shares to them"),
+])
+def test_too_few_gpus_names_the_way_out_of_the_pools_device_plugin(stack_name, pool, advice):
+    stack = values(stack_name)
+    stack["node_pools"][pool]["gpu_shares"] = 1
+    for model in stack["models"].values():
+        if model.get("node_pool") == pool:
+            model["gpu_layers"] = 99
+            model.pop("backend", None)
+            model["image"] = stack["models"]["chat"]["image"]
+            model["workload"] = {**model.get("workload", {}), "replicas": 1}
+    with pytest.raises(ConfigError) as caught:
+        plan_capacity(parse_stack(stack))
+    (problem,) = [p for p in caught.value.problems if p[0] == f"node_pools.{pool}.gpu_shares"]
+    assert problem[1].endswith(advice)
 
 
 # --- llama.cpp's free-memory target ----------------------------------------------------------------
