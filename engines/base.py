@@ -33,7 +33,8 @@ class Library:
     by a sidecar (components/prefetch; hub_download.py, library and keeper modes)."""
 
     list_file: str  # JSON {name: org/repo:TAG}, one of the engine's config files
-    preset_file: str  # the other config file whose change the server applies on reload
+    preset_file: str  # the other config file: every model's settings, as configured
+    served_preset: str  # what the server reads: the preset less the models not (yet) fetched
     folder: str  # one subfolder per name, holding that model's files
     reload_path: str  # what a GET on the server's port applies a change with
 

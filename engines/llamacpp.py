@@ -14,7 +14,8 @@ from planning.memory import MemoryEstimate, VramEstimate
 
 from .base import Credentials, Engine, Library, Problem, Scrape
 from .llamacpp_router import cache_env as router_cache_env
-from .llamacpp_router import (LIBRARY_FILE, LIBRARY_PATH, PRESET_DIR, PRESET_FILE, PRESET_PATH, library_dir, library_json,
+from .llamacpp_router import (LIBRARY_FILE, LIBRARY_PATH, PRESET_DIR, PRESET_FILE, PRESET_PATH, SERVED_PRESET_PATH, library_dir,
+                              library_json,
                               preset_ini, router_args, shared_flags)
 from .llamacpp_speed import predict_tok_s
 from .llamacpp_memory import (
@@ -296,7 +297,8 @@ class LlamaCpp(Engine):
         if model.on_demand is None:
             return None
         # GET /models?reload=1 re-reads the preset and keeps unchanged children (server-models.cpp:1963-1967).
-        return Library(list_file=LIBRARY_PATH, preset_file=PRESET_PATH, folder=library_dir(model, mount_path),
+        return Library(list_file=LIBRARY_PATH, preset_file=PRESET_PATH, served_preset=SERVED_PRESET_PATH,
+                       folder=library_dir(model, mount_path),
                        reload_path="/models?reload=1")
 
     def cache_env(self, model: "ModelServer", mount_path: str) -> list[dict]:

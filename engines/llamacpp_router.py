@@ -38,6 +38,11 @@ if TYPE_CHECKING:
 PRESET_DIR = "/etc/llama-router"
 PRESET_FILE = "models.ini"
 PRESET_PATH = f"{PRESET_DIR}/{PRESET_FILE}"
+# What the router reads: the preset less the sections whose model is not fetched (yet, or at all),
+# written by the init container and the keeper on the pod's scratch volume. A section without its
+# files would be listed, and a request for it would evict a loaded model before failing to load
+# (ROUTER_FACTS.md b); without the section the name is unknown (400) and nothing is evicted.
+SERVED_PRESET_PATH = f"{SCRATCH}/llama-router/{PRESET_FILE}"
 # Beside it, the models to fetch (name -> org/repo:TAG), read by the init container and the keeper.
 LIBRARY_FILE = "library.json"
 LIBRARY_PATH = f"{PRESET_DIR}/{LIBRARY_FILE}"
@@ -135,7 +140,7 @@ def router_args(model: "ModelServer", key_file: str | None) -> list[str]:
         raise ValueError(f"{model.name}: not a router (no on_demand)")
     if model.on_demand.max_loaded is None:
         raise ValueError(f"{model.name}: on_demand.max_loaded is planned from memory before the pod is built")
-    args = ["--models-preset", PRESET_PATH, "--models-max", str(model.on_demand.max_loaded)]
+    args = ["--models-preset", SERVED_PRESET_PATH, "--models-max", str(model.on_demand.max_loaded)]
     if model.on_demand.idle_unload_seconds is not None:
         args += ["--sleep-idle-seconds", str(model.on_demand.idle_unload_seconds)]
     return args + shared_flags(model, key_file) + list(model.extra_args)

@@ -89,7 +89,14 @@ def test_each_preset_section_is_the_single_model_command_line_and_the_router_kee
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/llama-router"]
     volume = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]][0]
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]
-    assert container["args"][container["args"].index("--models-preset") + 1] == "/etc/llama-router/models.ini"
+    # The router reads the served preset (the init container and keeper write it on the scratch volume,
+    # less any model not fetched), made from this one.
+    served = container["args"][container["args"].index("--models-preset") + 1]
+    scratch = [m["mountPath"] for m in container["volumeMounts"] if m["name"] == "scratch"][0]
+    assert served.startswith(scratch + "/")
+    (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
+    init_env = {e["name"]: e["value"] for e in init["env"]}
+    assert init_env["SERVED_PRESET"] == served and init_env["PRESET"] == f"{mount['mountPath']}/models.ini"
     assert "subPath" not in mount  # the kubelet updates whole-file mounts in place
     assert not any("digest" in a for a in deployment["spec"]["template"]["metadata"].get("annotations", {}))
 

@@ -62,6 +62,7 @@ def rendered() -> dict:
     (init,) = pod["initContainers"]
     container, keeper = pod["containers"]
     return {"init": init, "container": container, "keeper": keeper, "pod": pod, "files": config_map["data"],
+            "init_env": {e["name"]: e["value"] for e in init["env"]},
             "preset": config_map["data"]["models.ini"], "library": json.loads(config_map["data"]["library.json"]),
             "names": list(model.on_demand.models)}
 
@@ -72,15 +73,22 @@ def env_under(items: list[dict], root: Path) -> dict[str, str]:
             for item in items}
 
 
-def write_files(rendered: dict, root: Path, library: dict[str, str] | None = None) -> None:
-    """The ConfigMap's files where the pod mounts them (under root), the library replaced if given."""
+def write_files(rendered: dict, root: Path, library: dict[str, str] | None = None, preset: str | None = None) -> None:
+    """The ConfigMap's files where the pod mounts them (under root); the library and preset replaced
+    if given (threads 1 in the preset: a 2-core machine runs several children)."""
     (mount,) = [m["mountPath"] for m in rendered["init"]["volumeMounts"] if m["name"].startswith("files-")]
     folder = root / mount.lstrip("/")
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in rendered["files"].items():
         (folder / name).write_text(text)
+    (folder / "models.ini").write_text(one_thread(preset if preset is not None else rendered["preset"]))
     if library is not None:
         (folder / "library.json").write_text(json.dumps(library))
+
+
+def served_preset(rendered: dict, root: Path) -> Path:
+    """Where the init container and the keeper write the preset the router reads (under root)."""
+    return Path(env_under(rendered["init"]["env"], root)["SERVED_PRESET"])
 
 
 def run_library(init: dict, root: Path, endpoint: str) -> subprocess.CompletedProcess:
@@ -201,7 +209,12 @@ def test_the_router_offers_exactly_the_listed_models_by_their_names(binary, rend
         done = run_library(rendered["init"], root, endpoint)
     assert done.returncode == 0, done.stderr
     env = env_under(rendered["container"]["env"], root)
-    with start_router(binary, one_thread(rendered["preset"]), rendered["container"]["args"], {}, TEST_KEY, env=env) as router:
+    # The router's --models-preset is the served preset the init container wrote (every model complete).
+    args = rendered["container"]["args"]
+    assert args[args.index("--models-preset") + 1] == rendered["init_env"]["SERVED_PRESET"]
+    preset = served_preset(rendered, root).read_text()
+    assert preset == one_thread(rendered["preset"])
+    with start_router(binary, preset, args, {}, TEST_KEY, env=env) as router:
         settled(router, rendered)
         models = router.models()
         # Every blob is in the volume's hub layout too, and none of it is offered under a cache name.
@@ -224,6 +237,24 @@ def test_the_router_offers_exactly_the_listed_models_by_their_names(binary, rend
         assert router.statuses() == before and before[names[1]] == "loaded"
 
 
+def start_keeper(rendered: dict, root: Path, endpoint: str, router, log_path: Path) -> subprocess.Popen:
+    """The rendered keeper on this run's router: its env with paths under root, the served preset at
+    the file this router reads, one-second rounds."""
+    env = {"PATH": os.environ["PATH"], "HF_ENDPOINT": endpoint, **env_under(rendered["keeper"]["env"], root),
+           "SERVED_PRESET": str(router.preset), "KEEP_SECONDS": "1", "RELOAD_URL": keeper_env_url(rendered, router.base)}
+    key_file = root / "api-key"
+    key_file.write_text(TEST_KEY + "\n")
+    env["ROUTER_AUTH_FILE"] = str(key_file)
+    command = [sys.executable if c == "python3" else c for c in rendered["keeper"]["command"]]
+    (root / "tmp").mkdir(exist_ok=True)  # the scratch volume
+    with open(log_path, "w") as log_file:
+        return subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+
+
+def section_of(name: str) -> str:
+    return f"[{name}]\nthreads = 1\nctx-size = 512\n"
+
+
 def test_the_keeper_adds_and_removes_models_while_the_others_keep_running(binary, rendered, tmp_path):
     """Day 2 without a restart. The ConfigMap's files change: the keeper fetches what is new, removes
     what is gone, and has the router re-read its preset. A change made before the keeper started (the
@@ -240,32 +271,22 @@ def test_the_keeper_adds_and_removes_models_while_the_others_keep_running(binary
     with hub_repos(repos) as endpoint:
         assert run_library(rendered["init"], root, endpoint).returncode == 0
         env = env_under(rendered["container"]["env"], root)
-        preset = one_thread(rendered["preset"])
-        with start_router(binary, preset, rendered["container"]["args"], {}, TEST_KEY, env=env) as router:
+        with start_router(binary, served_preset(rendered, root).read_text(), rendered["container"]["args"], {},
+                          TEST_KEY, env=env) as router:
             settled(router, rendered)
             assert router.chat(kept).status == 200
             before = router.children()
             # Change 1, before the keeper runs: the ConfigMap without the last model.
             smaller = {n: r for n, r in rendered["library"].items() if n != removed}
-            write_files(rendered, root, smaller)
-            router.write_preset(preset.split(f"[{removed}]")[0])
-            keeper_env = {"PATH": os.environ["PATH"], "HF_ENDPOINT": endpoint, **env_under(rendered["keeper"]["env"], root),
-                          "PRESET": str(router.preset), "KEEP_SECONDS": "1",
-                          "RELOAD_URL": keeper_env_url(rendered, router.base)}
-            key_file = root / "api-key"
-            key_file.write_text(TEST_KEY + "\n")
-            keeper_env["ROUTER_AUTH_FILE"] = str(key_file)
-            command = [sys.executable if c == "python3" else c for c in rendered["keeper"]["command"]]
-            (root / "tmp").mkdir(exist_ok=True)  # the scratch volume
+            write_files(rendered, root, smaller, rendered["preset"].split(f"[{removed}]")[0])
             log_path = tmp_path / "keeper.log"
-            with open(log_path, "w") as log_file:
-                keeper = subprocess.Popen(command, env=keeper_env, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+            keeper = start_keeper(rendered, root, endpoint, router, log_path)
             try:
                 wait_for_models(router, smaller, log_path)
                 assert not (library_folder(rendered, root) / removed).exists()
                 # Change 2, while it runs: a model added.
-                write_files(rendered, root, {**smaller, added: "org/Tiny-Extra-GGUF:Q4_K_M"})
-                router.write_preset(preset.split(f"[{removed}]")[0] + f"[{added}]\nthreads = 1\nctx-size = 512\n")
+                write_files(rendered, root, {**smaller, added: "org/Tiny-Extra-GGUF:Q4_K_M"},
+                            rendered["preset"].split(f"[{removed}]")[0] + section_of(added))
                 wait_for_models(router, [*smaller, added], log_path)
                 assert router.children() == before, log_path.read_text()  # the model that answered kept its process
                 assert router.chat(added).status == 200 and router.chat(kept).status == 200
@@ -282,6 +303,46 @@ def test_the_keeper_adds_and_removes_models_while_the_others_keep_running(binary
             beat = root / "tmp" / "keeper-heartbeat"
             os.utime(beat, (time.time() - 1000, time.time() - 1000))
             assert subprocess.run(probe, timeout=30).returncode == 1
+
+
+def test_a_model_that_cannot_be_fetched_keeps_none_of_the_others_from_the_router(binary, rendered, tmp_path):
+    """A misspelt repo among the listed ones: the init container starts the router with the others and
+    says which is missing; the router does not list it (a request for a listed model without files would
+    evict a loaded one, then fail); the keeper applies the rest of a later edit and retries the typo
+    rarely. Only when nothing at all can be fetched does the init container stop the start."""
+    names = rendered["names"][:2]
+    repos = tiny_repos(rendered, tmp_path, names)
+    library = {names[0]: rendered["library"][names[0]], "typo": "org/No-Such-GGUF:Q4_K_M"}
+    preset = rendered["preset"].split(f"[{rendered['names'][1]}]")[0] + section_of("typo")
+    root = tmp_path / "pod"
+    write_files(rendered, root, library, preset)
+    with hub_repos(repos) as endpoint:
+        done = run_library(rendered["init"], root, endpoint)
+        assert done.returncode == 0, done.stderr
+        assert "typo (org/No-Such-GGUF:Q4_K_M) is not served: refused: org/No-Such-GGUF answered 404" in done.stderr
+        assert "starting without typo" in done.stdout
+        served = served_preset(rendered, root).read_text()
+        assert f"[{names[0]}]" in served and "[typo]" not in served
+        status = json.loads((library_folder(rendered, root) / ".status.json").read_text())
+        assert status["served"] == [names[0]] and list(status["missing"]) == ["typo"]
+        env = env_under(rendered["container"]["env"], root)
+        with start_router(binary, served, rendered["container"]["args"], {}, TEST_KEY, env=env) as router:
+            assert sorted(router.statuses()) == [names[0]]
+            # A later edit adds a good model beside the typo: the keeper serves it, leaves the typo out.
+            write_files(rendered, root, {**library, names[1]: rendered["library"][names[1]]}, preset + section_of(names[1]))
+            log_path = tmp_path / "keeper.log"
+            keeper = start_keeper(rendered, root, endpoint, router, log_path)
+            try:
+                wait_for_models(router, [names[0], names[1]], log_path)
+                assert router.chat(names[1]).status == 200
+            finally:
+                keeper.kill()
+                keeper.wait()
+            assert "not served yet: typo; trying again in 20 s" in log_path.read_text()
+        # Nothing fetchable at all: the start stops, naming each model and why.
+        write_files(rendered, root, {"typo": "org/No-Such-GGUF:Q4_K_M"}, section_of("typo"))
+        stopped = run_library(rendered["init"], root, endpoint)
+        assert stopped.returncode != 0 and "no listed model could be fetched" in stopped.stderr
 
 
 def wait_for_models(router, names, log_path: Path, seconds: float = 60) -> None:

@@ -80,6 +80,8 @@ def _library_env(library: Library, cache: ModelCacheConfig) -> list[dict]:
         # The engines' LLAMA_CACHE on this volume: the blobs are shared with single-model servers.
         {"name": "HUB_CACHE", "value": cache.mount_path},
         {"name": "LIBRARY_DIR", "value": library.folder},
+        {"name": "PRESET", "value": library.preset_file},
+        {"name": "SERVED_PRESET", "value": library.served_preset},
         {"name": "HOME", "value": SCRATCH},
     ]
 
@@ -106,7 +108,6 @@ def library_keeper(model: ModelServer, cache: ModelCacheConfig, file_mounts: lis
     library = library_of(model, cache)
     credentials = engine_of(model).credentials(model)
     env = _library_env(library, cache) + [
-        {"name": "PRESET", "value": library.preset_file},
         {"name": "KEEP_SECONDS", "value": str(KEEP_SECONDS)},
         {"name": "HEARTBEAT", "value": HEARTBEAT},
         # Over the pod's loopback: the server's own port, with its own key.

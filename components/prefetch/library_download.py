@@ -67,11 +67,14 @@ def select(files, tag):
     get_split_files, find_best_sibling)."""
     pattern = re.compile(re.escape(tag) + "[.-]", re.I)
     paths = [f["path"] for f in files]
+    if "preset.ini" in paths:
+        # llama.cpp then fetches that file alone and takes the model from it (common/download.cpp).
+        raise Refused("the repo ships a preset.ini, which llama.cpp fetches instead of a GGUF; not supported on demand")
     primary = next((p for p in paths if p.endswith(".gguf") and not any(w in p.rsplit("/", 1)[-1] for w in NOT_MODELS)
                     and pattern.search(p) and _split(p)[2] == 1), None)
     if primary is None:
         gguf = ", ".join(p for p in paths if p.endswith(".gguf")) or "none"
-        sys.exit(f"prefetch: no GGUF file for tag {tag} (GGUF files: {gguf})")
+        raise Refused(f"no GGUF file for tag {tag} (GGUF files: {gguf})")
     prefix, _, _, count = _split(primary)
     chosen = [p for p in paths if p.endswith(".gguf") and _split(p)[0] == prefix and _split(p)[3] == count] if count > 1 else [primary]
     model_dir, bits, best = primary.split("/")[:-1], _bits(primary), None
@@ -101,6 +104,8 @@ def _complete(folder):
 
 
 def fetch_model(name, repo_tag, endpoint, token, hub_cache, library):
+    """One model into the hub layout, then linked as <library>/<name>/: the links are made only
+    once every file is complete, so the router never sees half a model."""
     repo, _, tag = repo_tag.rpartition(":")
     folder = os.path.join(library, name)
     root = os.path.join(hub_cache, "models--" + repo.replace("/", "--"))
@@ -109,23 +114,25 @@ def fetch_model(name, repo_tag, endpoint, token, hub_cache, library):
         files = _tree(endpoint, repo, commit, token)
     except (OSError, http.client.HTTPException, ValueError) as error:
         if isinstance(error, urllib.error.HTTPError) and error.code not in (408, 429) and error.code < 500:
-            sys.exit(f"prefetch: {name}: {repo} answered {error.code} ({error.reason}): check its hf_repo")
+            raise Refused(f"{repo} answered {error.code} ({error.reason}): check its hf_repo") from None
         if _complete(folder) is None:
-            sys.exit(f"prefetch: the Hub is unreachable ({error}) and {name} ({repo_tag}) was never fetched completely")
+            raise Unreachable(f"the Hub is unreachable ({error}) and {repo_tag} was never fetched completely") from None
         print(f"prefetch: the Hub is unreachable ({error}); {name} starts from its last complete fetch", flush=True)
         return
     wanted = {item["path"]: item for item in files}
     os.makedirs(os.path.join(root, "blobs"), exist_ok=True)
-    os.makedirs(folder, exist_ok=True)
-    sizes = {}
+    blobs = {}
     for path in select(files, tag):
         item = wanted[path]
         lfs = item.get("lfs") or {}
         size = lfs.get("size", item.get("size"))
-        blob = os.path.join(root, "blobs", lfs.get("oid") or item["oid"])
+        blob = blobs[path] = os.path.join(root, "blobs", lfs.get("oid") or item["oid"])
         if not (os.path.exists(blob) and (size is None or os.path.getsize(blob) == size)):
             print(f"prefetch: {name}: {repo}/{path} ({size or '?'} bytes)", flush=True)
             _fetch(f"{endpoint}{repo}/resolve/{commit}/{path}", token, blob, size)
+    os.makedirs(folder, exist_ok=True)
+    sizes = {}
+    for path, blob in blobs.items():
         # The hub layout too (llama.cpp's own downloader on this volume then finds the file)...
         _link(blob, os.path.join(root, "snapshots", commit, path))
         # ...and the router's: <name>/<file name> (a shard keeps its -0000N-of- name, an mmproj its word).
@@ -143,6 +150,14 @@ def fetch_model(name, repo_tag, endpoint, token, hub_cache, library):
     print(f"prefetch: {name} = {repo_tag}@{commit} complete ({', '.join(sorted(sizes))})", flush=True)
 
 
+class Refused(Exception):
+    """The Hub answered no (a wrong repo, a gated one): retried rarely."""
+
+
+class Unreachable(Exception):
+    """The Hub did not answer, and the model was never complete: retried every round."""
+
+
 def _link(blob, link):
     os.makedirs(os.path.dirname(link), exist_ok=True)
     target = os.path.relpath(blob, os.path.dirname(link))
@@ -158,21 +173,62 @@ def _read(path):
 
 
 def library():
+    """Every listed model fetched on its own (one that fails keeps none of the others from the router),
+    the folders of unlisted ones removed, and the preset the router reads written with the sections of
+    complete models only. Returns {name: why} for the models that are not there."""
     models = json.loads(_read(os.environ["HF_LIBRARY"]))
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/") + "/"
     token = os.environ.get("HF_TOKEN")
     folder = os.environ["LIBRARY_DIR"]
     os.makedirs(folder, exist_ok=True)
     for entry in sorted(os.listdir(folder)):
-        if entry not in models:
+        if entry not in models and not entry.startswith("."):
             # Only what the plan counted may be loaded: a model taken off the list leaves the router's
             # folder (its blobs stay in the hub cache for whoever else uses them).
             print(f"prefetch: {entry} is no longer listed: removed from the router's folder", flush=True)
             path = os.path.join(folder, entry)
             shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+    missing = {}
     for name, repo_tag in models.items():
-        fetch_model(name, repo_tag, endpoint, token, os.environ["HUB_CACHE"], folder)
+        try:
+            fetch_model(name, repo_tag, endpoint, token, os.environ["HUB_CACHE"], folder)
+        except (Refused, Unreachable, SystemExit, OSError, http.client.HTTPException, ValueError) as error:
+            why = str(getattr(error, "code", None) or error).removeprefix("prefetch: ")
+            missing[name] = f"refused: {why}" if isinstance(error, Refused) else why
+            print(f"prefetch: {name} ({repo_tag}) is not served: {missing[name]}", file=sys.stderr, flush=True)
+    served = [name for name in models if _complete(os.path.join(folder, name)) is not None]
+    _write_served_preset(served)
+    with open(os.path.join(folder, ".status.json"), "w") as status:
+        json.dump({"served": served, "missing": missing, "at": int(time.time())}, status)
+    return missing
 
+
+def _write_served_preset(served):
+    """The preset less the sections of models not served: the router must not list a model whose
+    files are missing (a request for it would evict a loaded model, then fail to load)."""
+    kept, section = [], None
+    for line in _read(os.environ["PRESET"]).decode().splitlines():
+        header = re.match(r"^\s*\[([^\]]*)\]\s*$", line)
+        if header:
+            section = header.group(1).strip()
+        if section is None or section == "*" or section in served:
+            kept.append(line)
+    target = os.environ["SERVED_PRESET"]
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target + ".new", "w") as out:
+        out.write("\n".join(kept) + "\n")
+    os.replace(target + ".new", target)  # whole, never half-written, when the router re-reads it
+
+
+def fill():
+    """The init container: the router starts with what could be fetched, unless that is nothing."""
+    missing = library()
+    listed = json.loads(_read(os.environ["HF_LIBRARY"]))
+    if len(missing) == len(listed):
+        sys.exit("prefetch: no listed model could be fetched, so the router would serve nothing: "
+                 + "; ".join(f"{name}: {why}" for name, why in missing.items()))
+    if missing:
+        print(f"prefetch: starting without {', '.join(missing)} (the keeper retries them; see its log)", flush=True)
 
 
 def _state():
@@ -211,13 +267,21 @@ def keep():
                 time.sleep(seconds)
                 continue
             print("keeper: applying the library and its preset" + (" (changed)" if applied else " (at start)"), flush=True)
-            library()
+            missing = library()
             _reload()
-            applied = now
+            if not missing:
+                applied = now
+                continue
+            # What could be fetched is served already; the rest is tried again, a refusal (a wrong
+            # repo) less often than an outage, so a typo does not hammer the Hub.
+            wait = seconds * (20 if all(why.startswith("refused") for why in missing.values()) else 2)
+            print(f"keeper: not served yet: {', '.join(missing)}; trying again in {wait} s", flush=True)
+            applied = None
+            time.sleep(wait)
         except (SystemExit, Exception) as error:  # noqa: BLE001 - printed, and tried again next round
             print(f"keeper: not applied yet ({error}); trying again in {seconds} s", flush=True)
             time.sleep(seconds)
 
 
 if __name__ == "__main__":
-    keep() if os.environ.get("KEEP_SECONDS") else library()
+    keep() if os.environ.get("KEEP_SECONDS") else fill()
