@@ -99,7 +99,7 @@ class RenderResult:
                 f"{limits.get('memory', '-')} (request/limit)  gpu {', '.join(gpus) or 'none'}  startup {budget_min:.0f} min{waited}"
                 f"  {endpoint}"
             )
-        lines.extend(reach_lines(list(self.files.values()), self.run.config.cluster))
+        lines.extend(reach_lines(list(self.files.values()), self.run.config))
         lines.append("  egress: " + egress_summary(self.run.config.namespace, self.run.config.cluster))
         # What the program warned about (as `pulumi preview` would show it), one line each.
         lines.extend(f"  warning: {one_line(message)}" for message in self.run.logs)

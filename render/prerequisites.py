@@ -104,6 +104,24 @@ def prerequisites(objects: list[dict[str, Any]]) -> list[tuple[str, str, list[st
                   key=lambda item: (not item[0].startswith("CRDs"), item[0]))
 
 
+def admitted_pods(objects: list[dict[str, Any]]) -> list[str]:
+    """A kubectl command per pod group the namespaces' policies let in from elsewhere: the controller,
+    the gateway's Envoy pods, the scrapers. If one lists nothing, those pods run elsewhere (or carry
+    other labels) and the policy keeps them out."""
+    from .reach import NODES, admitted
+
+    commands = []
+    for namespace in sorted({m["metadata"]["name"] for m in objects if m["kind"] == "Namespace"}):
+        for peer_ns, labels in admitted(objects, namespace):
+            if peer_ns in (namespace, NODES):
+                continue
+            selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+            command = f"kubectl get pods -n {peer_ns}" + (f" -l {selector}" if selector else "")
+            if command not in commands:
+                commands.append(command)
+    return commands
+
+
 def prerequisites_text(stack: str, objects: list[dict[str, Any]]) -> str:
     lines = [f"# What the cluster needs before this folder applies (stack {stack})", "",
              "Read from the manifests in this folder; `pulumi up` needs the same. Install these first, then",
@@ -113,4 +131,11 @@ def prerequisites_text(stack: str, objects: list[dict[str, Any]]) -> str:
         lines.append(f"- {what}{f' ({how})' if how else ''}: for {', '.join(who)}")
     if not found:
         lines.append("- nothing beyond Kubernetes itself")
+    commands = admitted_pods(objects)
+    if commands:
+        lines += ["", "The network policy lets in these pods from other namespaces, as configured (`cluster`, `gateway`).",
+                  "Each command must list the pods that serve it; if one lists nothing, they run elsewhere or carry",
+                  "other labels, and the policy keeps them out (fix `cluster.ingress`, `cluster.monitoring`,",
+                  "`gateway.envoy_namespace`):", ""]
+        lines += [f"    {command}" for command in commands]
     return "\n".join(lines) + "\n"

@@ -1,8 +1,9 @@
-"""Who may reach each model server, read back from the rendered objects (not from the config): the
-namespace's policy (which pods it admits), the Ingresses and their source allowlists, the gateway's
-routes that end at the server, the scrapes that select it, and whether its pod takes an API key.
-A route whose entry pods the policy does not admit is said to be blocked: that is the mistake this
-summary exists to show before a cold start does (a controller in another namespace than configured)."""
+"""Who may reach each model server, read back from the rendered objects: the namespace's policy
+(which pods it admits), the Ingresses and their source allowlists, the gateway's routes that end at
+the server, the scrapes that select it, and whether its pod takes an API key. A route whose entry
+pods (the configured controller's, the gateway's Envoy pods) the rendered policy does not admit is
+printed BLOCKED. Where the controller really runs, the manifests cannot say: PREREQUISITES.md gives
+the kubectl command that shows it, and the summary names the namespace and labels it expects."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Iterable, Optional
 
 from common.constants import COMPONENT_LABEL, ENVOY_OWNING_GATEWAY_LABEL, NAME_LABEL, service_fqdn
 from config.ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES
-from config.types import ClusterConfig
+from config.types import StackConfig
 
 Peer = tuple[str, dict[str, str]]  # (namespace, pod labels); no labels: every pod there
 NODES = "(nodes)"  # Cilium's host and remote-node entities: the kubelet's probes
@@ -111,7 +112,7 @@ def _takes_key(service: dict, objects: list[dict]) -> bool:
     return False
 
 
-def reach_lines(objects: list[dict], cluster: ClusterConfig) -> list[str]:
+def reach_lines(objects: list[dict], stack: StackConfig) -> list[str]:
     servers = [s for s in _of(objects, "Service")
                if (s["metadata"].get("labels") or {}).get("app.kubernetes.io/component") in COMPONENT_LABEL.values()]
     if not servers:
@@ -122,12 +123,13 @@ def reach_lines(objects: list[dict], cluster: ClusterConfig) -> list[str]:
         lines.append(f"  who may reach each server (the policy of namespace {namespace} admits only "
                      f"{'; '.join(_peer_text(p, namespace) for p in peers) or 'nothing'}; everything else is denied):")
         for service in (s for s in servers if s["metadata"]["namespace"] == namespace):
-            lines.append(f"    {service['metadata']['name']:<16} " + "; ".join(_reach(service, objects, peers, cluster)))
+            lines.append(f"    {service['metadata']['name']:<16} " + "; ".join(_reach(service, objects, peers, stack)))
     return lines
 
 
-def _reach(service: dict, objects: list[dict], peers: list[Peer], cluster: ClusterConfig) -> list[str]:
+def _reach(service: dict, objects: list[dict], peers: list[Peer], stack: StackConfig) -> list[str]:
     name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    cluster = stack.cluster
     ways: list[str] = []
     for ingress in _of(objects, "Ingress", namespace):
         if not any(p["backend"].get("service", {}).get("name") == name for rule in ingress["spec"].get("rules") or []
@@ -147,8 +149,10 @@ def _reach(service: dict, objects: list[dict], peers: list[Peer], cluster: Clust
         envoy = {ENVOY_OWNING_GATEWAY_LABEL: gateway["metadata"]["name"], NAME_LABEL: "envoy"}
         hosts = sorted({listener.get("hostname", "*") for listener in gateway["spec"].get("listeners") or []})
         text = f"gateway clients at https://{', '.join(hosts)} for {', '.join(names)}"
-        if not any(_admits(peers, ns, envoy) for ns, _ in peers):
-            text += " - BLOCKED: the policy does not admit the gateway's Envoy pods"
+        # Where Envoy Gateway runs this gateway's Envoy pods: the configured namespace, these labels.
+        envoy_namespace = stack.gateway.envoy_namespace if stack.gateway is not None else "envoy-gateway-system"
+        if not _admits(peers, envoy_namespace, envoy):
+            text += f" - BLOCKED: the policy does not admit the gateway's Envoy pods in {envoy_namespace}"
         ways.append(text)
     if not ways:
         ways.append("in-cluster only (no Ingress, no gateway route)")

@@ -97,10 +97,10 @@ def test_a_policy_that_keeps_the_controller_out_is_shown_blocked(tmp_path):
     for source in policy["spec"]["ingress"][0]["from"]:
         if "namespaceSelector" in source:
             source["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] = "ingress"
-    lines = reach_lines(objects, result.run.config.cluster)
+    lines = reach_lines(objects, result.run.config)
     (chat,) = [line for line in lines if line.startswith("    llama-chat ")]
     assert "through traefik pods in kube-system - BLOCKED: the policy does not admit them; fix cluster.ingress" in chat
-    assert "BLOCKED" not in "\n".join(reach_lines(list(result.files.values()), result.run.config.cluster))
+    assert "BLOCKED" not in "\n".join(reach_lines(list(result.files.values()), result.run.config))
 
 
 def test_the_gateway_routes_are_read_back_to_the_server_they_reach():
@@ -108,10 +108,20 @@ def test_the_gateway_routes_are_read_back_to_the_server_they_reach():
     from test_router_gateway import SECRETS
 
     run = run_stack_file("rtx3090-library", stack_file_config("rtx3090-library"), SECRETS)
-    lines = reach_lines(list(manifests(run).values()), run.config.cluster)
+    objects = list(manifests(run).values())
+    lines = reach_lines(objects, run.config)
     (library,) = [line for line in lines if line.startswith("    llama-library ")]
     routed = [r["model"] for r in stack_file_config("rtx3090-library")["inference-plane:gateway"]["routes"]]
-    assert f"gateway clients at https://ai.lan.example.org for {', '.join(routed)}" in library
+    assert f"gateway clients at https://ai.lan.example.org for {', '.join(routed)};" in library
+    # The policy without the gateway's Envoy pods: the route is shown blocked (other peers, such as the
+    # namespace's own pods, do not count: they are not where Envoy runs).
+    (policy,) = [m for m in objects if m["kind"] == "NetworkPolicy"]
+    policy["spec"]["ingress"][0]["from"] = [
+        peer for peer in policy["spec"]["ingress"][0]["from"]
+        if peer.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name") != "envoy-gateway-system"]
+    (blocked,) = [line for line in reach_lines(objects, run.config) if line.startswith("    llama-library ")]
+    assert ("for " + ", ".join(routed) + " - BLOCKED: the policy does not admit the gateway's Envoy pods in "
+            "envoy-gateway-system") in blocked
 
 
 def test_the_k3s_defaults_are_written_once_on_the_config_types():
