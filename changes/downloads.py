@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 from common.constants import COLD_START_ANNOTATION, COMMIT_ID
+from components.prefetch import KEEP_SECONDS
 
 from .claims import _cache_space
 from .consequences import _Context, _hint, _Start
@@ -115,9 +116,12 @@ def _library_edits(ctx: _Context, starts: Sequence[_Start]) -> None:
         old = ctx.old_hints.get(name)
         if hint.library is None or old is None or old.library is None:
             continue
-        added = {m: gib for m, gib in hint.library.items() if m not in old.library}
+        added = {m: gib for m, (gib, _) in hint.library.items() if m not in old.library}
         removed = sorted(m for m in old.library if m not in hint.library)
-        if not added and not removed:
+        # Same name, other weights (a requant, another repo): fetched again, its child restarted.
+        swapped = {m: (gib, source) for m, (gib, source) in hint.library.items()
+                   if m in old.library and old.library[m][1] and source != old.library[m][1]}
+        if not added and not removed and not swapped:
             continue
         label = f"{name} (models.{hint.key}.on_demand)"
         parts = []
@@ -125,13 +129,19 @@ def _library_edits(ctx: _Context, starts: Sequence[_Start]) -> None:
             rate = (hint.download_seconds / hint.weights_gib) if hint.download_seconds and hint.weights_gib else None
             took = f", about {_duration(round(rate * sum(added.values())))} at the stack's download rate" if rate else ""
             parts.append(f"fetches {', '.join(f'{m} ({gib:g} GiB)' for m, gib in sorted(added.items()))}{took}, "
-                         "then offers it")
+                         "then offers it (until then the router answers 400 for it, which the gateway does not "
+                         "retry on another tier)")
+        if swapped:
+            parts.append("fetches new weights for " + ", ".join(
+                f"{m} ({old.library[m][1]} -> {source}, {gib:g} GiB)" for m, (gib, source) in sorted(swapped.items()))
+                + " (its child, if loaded, is unloaded at the reload and loads the new weights when next asked)")
         if removed:
             parts.append(f"drops {', '.join(removed)} (unloaded if loaded; its files stay in the cache)")
         how = ("the pod restarts in this update (above): every loaded model unloads and the init container fetches first"
                if name in restarting else
-               "its keeper applies it within about a minute of the update (no restart: the router re-reads its "
-               "preset and the models it runs keep running)")
+               f"its keeper applies it once the kubelet has refreshed the mounted ConfigMap (its sync period and "
+               f"cache, typically 1-2 min) and within its {KEEP_SECONDS} s round (no restart: the router re-reads "
+               "its preset and the models it runs keep running)")
         ctx.add("library", "info", label, f"{'; '.join(parts)}; {how}")
 
 

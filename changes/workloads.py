@@ -177,15 +177,16 @@ class ServerHint:
     download_seconds: Optional[int]
     load_seconds: Optional[int]
     key: Optional[str] = None  # models.<key> in the stack's config
-    # A router's models on demand: public name -> weights GiB (capacity_plan.servers.<key>.residency).
-    library: Optional[dict[str, float]] = None
+    # A router's models on demand: public name -> (weights GiB, org/repo:TAG) (capacity_plan.servers.<key>.residency).
+    library: Optional[dict[str, tuple[float, str]]] = None
 
 
-def _library(residency: Any) -> Optional[dict[str, float]]:
+def _library(residency: Any) -> Optional[dict[str, tuple[float, str]]]:
     models = residency.get("models") if isinstance(residency, dict) else None
     if not isinstance(models, dict):
         return None
-    return {str(name): float(m.get("weights_gib") or 0) for name, m in models.items() if isinstance(m, dict)}
+    return {str(name): (float(m.get("weights_gib") or 0), str(m.get("source") or ""))
+            for name, m in models.items() if isinstance(m, dict)}
 
 
 def server_hints(run: Any) -> dict[str, ServerHint]:

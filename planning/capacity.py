@@ -239,6 +239,7 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", engine: "
             name=name, pinned=entry.pinned, ram_gib=plan.estimate.total_gib * (1 + LIMIT_HEADROOM), vram_gib=vram_gib,
             weights_gib=gib(plan.weights), load_seconds=plan.budget.load_seconds,
             decode_predicted_tok_s=plan.decode_predicted_tok_s, estimate=plan.estimate, vram=plan.vram,
+            source=entry.hf_repo,
         ))
     if problems:
         return None, problems

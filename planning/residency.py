@@ -35,6 +35,7 @@ class ResidentModel:
     decode_predicted_tok_s: Optional[dict[str, float]]
     estimate: MemoryEstimate
     vram: Optional[VramEstimate]
+    source: str = ""  # the weights it loads (org/repo:TAG): a change refetches them
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Residency:
             "max_loaded": self.max_loaded,
             "ram_budget_gib": self.ram_budget_gib,
             "vram_budget_gib": self.vram_budget_gib,
-            "models": {m.name: {"pinned": m.pinned, "ram_gib": m.ram_gib, "vram_gib": m.vram_gib,
+            "models": {m.name: {"pinned": m.pinned, "source": m.source, "ram_gib": m.ram_gib, "vram_gib": m.vram_gib,
                                 "weights_gib": m.weights_gib, "load_seconds": m.load_seconds,
                                 "decode_predicted_tok_s": m.decode_predicted_tok_s} for m in self.models},
         }

@@ -355,8 +355,10 @@ def test_adding_and_removing_a_model_on_demand_restarts_nothing_and_says_what_is
     (library,) = report.of_kind("library")
     assert library.subject == "llama-library (models.library.on_demand)"
     # 8.4 GiB at the stack's 40 MiB/s: 215 s.
-    assert library.message.startswith("fetches phi-4 (8.4 GiB), about 4 min at the stack's download rate, then offers it; "
-                                      "drops qwen3-14b (unloaded if loaded; its files stay in the cache); its keeper applies")
+    assert library.message.startswith(
+        "fetches phi-4 (8.4 GiB), about 4 min at the stack's download rate, then offers it (until then the router "
+        "answers 400 for it, which the gateway does not retry on another tier); drops qwen3-14b (unloaded if loaded; "
+        "its files stay in the cache); its keeper applies it once the kubelet has refreshed the mounted ConfigMap")
     assert "no restart" in library.message
 
 
@@ -374,3 +376,13 @@ def test_a_library_edit_that_changes_the_planned_limit_says_the_router_restarts(
     (library,) = report.of_kind("library")
     assert library.message.startswith("drops qwen3-30b-a3b") and "the pod restarts in this update" in library.message
     assert report.of_kind("restart") or report.of_kind("downtime")
+
+
+def test_other_weights_under_the_same_name_are_fetched_again_and_said_so():
+    """A requant keeps the public name but not the weights: the preview says which model is fetched again."""
+    report = edit("rtx3090-library", lambda c: library_models(c)["llama-3.1-8b"].update(
+        hf_repo="bartowski/Meta-Llama-3.1-8B-Instruct-GGUF:Q5_K_M"))
+    no_collision_or_wait(report)
+    (library,) = report.of_kind("library")
+    assert ("fetches new weights for llama-3.1-8b (bartowski/Meta-Llama-3.1-8B-Instruct-GGUF:Q4_K_M -> "
+            "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF:Q5_K_M, ") in library.message
