@@ -72,13 +72,24 @@ class NewStack(Exception):
     """The stack file is not in the base revision: the stack has nothing before this edit."""
 
 
+def _new_at(ref: str, stack: str, project_dir: Path) -> bool:
+    """The ref is a commit, the stack file is on disk and not in it (asked of git, not read from its
+    possibly translated messages)."""
+    def git(*args: str) -> int:
+        return subprocess.run(["git", "-C", str(project_dir), *args], capture_output=True, check=False).returncode
+
+    return ((project_dir / f"Pulumi.{stack}.yaml").is_file()
+            and git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}") == 0
+            and git("cat-file", "-e", f"{ref}:./Pulumi.{stack}.yaml") != 0)
+
+
 def read_at_ref(ref: str, stack: str, project_dir: Path) -> dict[str, Any]:
     spec = f"{ref}:./Pulumi.{stack}.yaml"
     try:
         shown = subprocess.run(["git", "-C", str(project_dir), "show", spec], capture_output=True, text=True, check=False)
     except OSError as error:
         raise InputError(f"cannot run git: {error.strerror}") from None
-    if shown.returncode != 0 and "exists on disk, but not in" in shown.stderr:
+    if shown.returncode != 0 and _new_at(ref, stack, project_dir):
         raise NewStack(f"Pulumi.{stack}.yaml is not in {ref} (a new stack, not committed yet): everything is created")
     if shown.returncode != 0:
         reason = (shown.stderr.strip().splitlines() or ["git show failed"])[-1]

@@ -314,6 +314,11 @@ def _egress_expressible(stack: StackConfig) -> list[Problem]:
 PRIVATE_SUFFIXES = (".local", ".lan", ".home", ".home.arpa", ".internal", ".localdomain", ".corp", ".ts.net")
 
 
+def private_suffix(host: str) -> Optional[str]:
+    """The private (never publicly delegated) suffix a host name ends with, if any."""
+    return next((s for s in PRIVATE_SUFFIXES if host.endswith(s)), None)
+
+
 def certificate_problems(stack: StackConfig) -> list[Problem]:
     """Every name the program asks cert-manager for, against what its issuer can prove: these hosts
     are never published on the internet (public_dns_label is refused), so ACME HTTP-01 cannot reach
@@ -332,7 +337,7 @@ def certificate_problems(stack: StackConfig) -> list[Problem]:
                 "public zone you control (issuer_solver: dns01) or a CA issuer (issuer_solver: ca)",
             ))
             break
-        private = next((s for s in PRIVATE_SUFFIXES if host.endswith(s)), None)
+        private = private_suffix(host)
         if cluster.issuer_solver == "dns01" and private is not None:
             problems.append((
                 "cluster.issuer_solver",

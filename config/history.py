@@ -18,6 +18,17 @@ from common.quantity import parse_quantity
 from .types import ModelServer, Problem, StackConfig
 
 HISTORY_VERSION = 1
+# (setting, its default before the k3s defaults, what that default did, the line that keeps it).
+FORMER_DEFAULTS = (
+    ("cluster.cni", "cilium", "CiliumNetworkPolicy, the model hub reached by name only", "cni: cilium"),
+    ("cluster.ingress.namespace", "ingress", "the ingress controller admitted from namespace ingress",
+     "ingress: {namespace: ingress}"),
+    ("cluster.monitoring", "namespace monitoring", "scrapes, alerts and the scrapers admitted",
+     "monitoring: {namespace: monitoring}"),
+    ("cluster.storage", "namespace rook-ceph", "egress to the storage daemons in rook-ceph",
+     "storage: {namespace: rook-ceph}"),
+    ("model_cache.access_mode", "ReadWriteMany", "a claim every node mounts", "access_mode: ReadWriteMany"),
+)
 
 
 def snapshot(stack: StackConfig) -> dict[str, Any]:
@@ -36,6 +47,7 @@ def snapshot(stack: StackConfig) -> dict[str, Any]:
     cache = stack.model_cache
     return {
         "version": HISTORY_VERSION,
+        "settings": {setting: _now(stack, setting) for setting, *_ in FORMER_DEFAULTS},
         "servers": servers,
         "model_cache": {"claim_name": cache.claim_name, "storage_class": cache.storage_class, "size": cache.size},
     }
@@ -63,6 +75,7 @@ def compare(previous: Optional[dict[str, Any]], stack: StackConfig) -> HistoryVe
     verdict = HistoryVerdict()
     if not isinstance(previous, dict) or previous.get("version") != HISTORY_VERSION:
         return verdict
+    verdict.warnings += _defaults_moved(previous.get("settings"), stack)
     before: dict[str, dict] = previous.get("servers") or {}
     for key, model in stack.models.items():
         old_key = key if key in before else _renamed_from(key, model, before, stack)
@@ -160,3 +173,41 @@ def _model_cache(verdict: HistoryVerdict, old: dict, stack: StackConfig) -> None
             f"cannot change, so the program leaves claim {cache.claim_name} on {old['storage_class']}; to move the "
             "weights, give model_cache.claim_name a new name (a new claim on the new class; weights fetched again)"
         )
+
+
+def _left_out(stack: StackConfig, setting: str) -> bool:
+    """Whether the stack file leaves this setting to its default."""
+    parts = setting.split(".")
+    owner: Any = stack
+    for part in parts[:-1]:
+        if part not in owner.model_fields_set:
+            return True
+        owner = getattr(owner, part)
+        if owner is None:
+            return False
+    return parts[-1] not in owner.model_fields_set
+
+
+def _defaults_moved(settings: Any, stack: StackConfig) -> list[str]:
+    """A setting this stack leaves out whose default is not what the last update ran with: the
+    defaults became k3s' (the change preview shows the objects that change)."""
+    warnings = []
+    for setting, former, meant, line in FORMER_DEFAULTS:
+        if not _left_out(stack, setting):
+            continue
+        now = _now(stack, setting)
+        if isinstance(settings, dict):
+            if setting in settings and settings[setting] != now:
+                warnings.append(f"{setting} is not set, so it is now the k3s default ({now}); the last update ran with "
+                                f"{settings[setting]}; to keep that, set it ({line}), else this update changes it")
+        else:  # a history from before the k3s defaults: what it ran with is not recorded
+            warnings.append(f"{setting} is not set: releases before the k3s defaults made that {former} ({meant}); it "
+                            f"is now {now}; if the last update left it out too, set it to keep what runs ({line})")
+    return warnings
+
+
+def _now(stack: StackConfig, setting: str) -> str:
+    value: Any = stack
+    for part in setting.split("."):
+        value = getattr(value, part) if value is not None else None
+    return "none" if value is None else str(getattr(value, "namespace", value))

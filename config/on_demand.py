@@ -8,8 +8,9 @@ from typing import Annotated, Optional
 
 from pydantic import Field
 
+from .defaults import PREFETCH_IMAGE
 from .facts import KvCacheType, ModelFacts
-from .values import ContextTokens, HfRepo, LayerCount, Memory, MicroBatch, Slots, Strict, doc
+from .values import ContextTokens, HfRepo, LayerCount, Memory, MicroBatch, PinnedImage, Slots, Strict, doc
 
 # A public model name: what a client sends as "model" and the router's preset section.
 ModelName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[a-z0-9][a-z0-9._-]*$")]
@@ -46,6 +47,9 @@ class OnDemand(Strict):
         "other servers. A larger value is refused.",
         default=None,
     )
+    downloader_image: PinnedImage = doc(
+        "The image of the init container that fetches the models and of the keeper sidecar (needs python3; nothing "
+        "is installed): a registry mirror's copy on an air-gapped cluster.", default=PREFETCH_IMAGE)
     idle_unload_seconds: Optional[Annotated[int, Field(ge=10, le=86_400)]] = doc(
         "--sleep-idle-seconds: a model idle this long is put to sleep, giving its memory back; null: never.",
         default=None,

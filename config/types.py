@@ -459,7 +459,7 @@ class ModelServer(Strict):
     )
     cache_ram_mib: Optional[Annotated[int, Field(ge=0, le=1_048_576)]] = doc(
         "Host-RAM prompt cache (--cache-ram, MiB); null: llama.cpp's default of 8192, counted in full (an embedding "
-        "server's default is 0: it has no prompts to reuse).", default=None
+        f"server's default is {ROLE_DEFAULTS['embedding']['cache_ram_mib']}: it has no prompts to reuse).", default=None
     )
     cache_type_k: Optional[KvCacheType] = doc(
         "--cache-type-k: q8_0 halves the K cache (about 1.06 bytes per element instead of 2); null: f16.", default=None
@@ -480,7 +480,8 @@ class ModelServer(Strict):
         "server echoes any Origin with credentials allowed (seen running it).",
         default="localhost",
     )
-    webui: bool = doc("Serve llama.cpp's WebUI (chat servers only; an embedding server's default is false).", default=True)
+    webui: bool = doc("Serve llama.cpp's WebUI (chat servers only; an embedding server's default is "
+                      f"{str(ROLE_DEFAULTS['embedding']['webui']).lower()}).", default=True)
     metrics: bool = doc("--metrics, scraped by the monitoring stack.", default=True)
     port: Annotated[int, Field(ge=1024, le=65535)] = doc(
         "The container port, always passed explicitly: llama.cpp's default moves across builds.", default=8080

@@ -30,7 +30,7 @@ class Credentials:
 @dataclass(frozen=True)
 class Library:
     """Models a server loads by name, fetched by an init container before it starts and kept current
-    by a sidecar (components/prefetch; hub_download.py, library and keeper modes)."""
+    by a sidecar (components/prefetch; library_download.py, library and keeper modes)."""
 
     list_file: str  # JSON {name: org/repo:TAG}, one of the engine's config files
     preset_file: str  # the other config file: every model's settings, as configured

@@ -212,3 +212,39 @@ def test_the_history_output_is_plain_and_carries_no_secret():
         assert value not in text
     assert first.outputs["history"]["model_cache"] == {"claim_name": "llama-models", "storage_class": "local-path",
                                                         "size": "40Gi"}
+
+
+def test_a_setting_left_out_whose_default_moved_is_warned_with_what_the_last_update_ran(
+):
+    """The defaults became k3s'. The history records what each moved default resolved to; an update
+    that leaves one out and would now get something else is told what the last update ran and the
+    line that keeps it. A history from an older release records nothing: each setting left out is
+    named with its former default."""
+    config = stack_file_config("homelab")  # Cilium, Traefik in `ingress`, monitoring, rook-ceph, RWX: all set
+    first = run("homelab", config)
+    assert first.outputs["history"]["settings"] == {
+        "cluster.cni": "cilium", "cluster.ingress.namespace": "ingress", "cluster.monitoring": "monitoring",
+        "cluster.storage": "rook-ceph", "model_cache.access_mode": "ReadWriteMany"}
+    left_out = copy.deepcopy(config)
+    for key in ("cni", "monitoring"):
+        left_out[PREFIX + "cluster"].pop(key)
+    again = run("homelab", left_out, previous=first.outputs["history"])
+    warned = [line for line in again.logs if "the last update ran with" in line]
+    assert warned == [
+        "cluster.cni is not set, so it is now the k3s default (networkpolicy); the last update ran with cilium; to keep "
+        "that, set it (cni: cilium), else this update changes it",
+        "cluster.monitoring is not set, so it is now the k3s default (none); the last update ran with monitoring; to "
+        "keep that, set it (monitoring: {namespace: monitoring}), else this update changes it",
+    ]
+    # A default that did not move for this stack (rtx3060 ran networkpolicy already): nothing to say.
+    rtx = stack_file_config("rtx3060")
+    rtx_first = run("rtx3060", rtx)
+    rtx_left = copy.deepcopy(rtx)
+    rtx_left[PREFIX + "cluster"].pop("cni")
+    assert not [l for l in run("rtx3060", rtx_left, previous=rtx_first.outputs["history"]).logs if "default" in l]
+    # An older release's history: the former default is named, conditionally.
+    old = {k: v for k, v in rtx_first.outputs["history"].items() if k != "settings"}
+    (line,) = [l for l in run("rtx3060", rtx_left, previous=old).logs if "releases before the k3s defaults" in l]
+    assert line == ("cluster.cni is not set: releases before the k3s defaults made that cilium (CiliumNetworkPolicy, the "
+                    "model hub reached by name only); it is now networkpolicy; if the last update left it out too, set it "
+                    "to keep what runs (cni: cilium)")

@@ -12,7 +12,8 @@ The chat and embedding models are picked from the catalog (planning/catalog.yaml
 program's own planner: for each candidate a stack is built, validated (plane.parse_stack) and
 planned (plane.plan_capacity); only plans without problems or warnings are kept. The chat model is
 the largest (most parameters) that fits with a usable context (8k tokens or more) and is predicted
-to decode at a reading pace (>= 5 tok/s at half context); the embedding model is the best that
+to decode fast enough at half context (decode_floor: 20 tok/s on a discrete card, a reading pace of
+5 tok/s elsewhere); the embedding model is the best that
 fits beside it in an eighth of the node. The defaults are a single k3s node: Flannel with k3s'
 NetworkPolicy controller (kube-router), k3s' Traefik in kube-system, local-path storage, no
 cert-manager issuer, no Ingress, no gateway, no monitoring objects.
@@ -43,7 +44,7 @@ import yaml  # noqa: E402
 from common.constants import PINNED_IMAGE, PROJECT  # noqa: E402
 from common.errors import CapacityError, ConfigError, one_line  # noqa: E402
 from common.quantity import GIB, parse_quantity  # noqa: E402
-from config.checks import PRIVATE_SUFFIXES  # noqa: E402
+from config.checks import private_suffix  # noqa: E402
 from config.images import backend_of_image  # noqa: E402
 from config.values import _DNS_LABEL, _DNS_NAME, _HOSTNAME  # noqa: E402
 from planning.catalog import lookup  # noqa: E402
@@ -460,11 +461,11 @@ def cluster_values(cluster: Cluster) -> tuple[dict[str, V], dict[str, V]]:
     if cluster.issuer:
         values["cert_manager_issuer"] = V(cluster.issuer, "--issuer: the cert-manager ClusterIssuer for the "
                                           "exposed endpoint's certificate.")
-        private = next((s for s in PRIVATE_SUFFIXES if (cluster.host or "").endswith(s)), None)
+        private = private_suffix(cluster.host) if cluster.host else None
         if private is not None:
             values["issuer_solver"] = V("ca", f"No public zone proves a *{private} name (ACME cannot): {cluster.issuer} must "
                                         "be a CA or self-signed ClusterIssuer whose CA your clients trust.")
-        else:
+        elif cluster.host:
             values["issuer_solver"] = V("dns01", f"ACME proves {cluster.host} through its public DNS zone (the record "
                                         "itself is never published); use ca if your issuer is a private CA.")
     if cluster.monitoring:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from config.defaults import PREFETCH_IMAGE
 from config.types import ModelCacheConfig, ModelServer
 from engines import engine_of
 from engines.base import Library
@@ -88,12 +87,12 @@ def _library_env(library: Library, cache: ModelCacheConfig) -> list[dict]:
 
 def library_container(model: ModelServer, cache: ModelCacheConfig, file_mounts: list[dict]) -> dict:
     """A router's init container: every model it may load fetched before it starts, into the shared
-    cache's hub layout and linked into the router's own folder (hub_download.py, library mode). A
+    cache's hub layout and linked into the router's own folder (library_download.py, library mode). A
     model fetched at its first request would hold that request for the whole download (tens of
     minutes for a 20 GiB model); a wrong hf_repo would show up only then."""
     return {
         "name": "prefetch",
-        "image": PREFETCH_IMAGE,
+        "image": model.on_demand.downloader_image,
         "command": ["python3", "-c", library_source()],
         "env": _library_env(library_of(model, cache), cache),
         "securityContext": dict(CONTAINER_SECURITY),
@@ -103,7 +102,7 @@ def library_container(model: ModelServer, cache: ModelCacheConfig, file_mounts: 
 
 
 def library_keeper(model: ModelServer, cache: ModelCacheConfig, file_mounts: list[dict]) -> dict:
-    """A router's sidecar (hub_download.py, keeper mode): applies a changed library or preset without a
+    """A router's sidecar (library_download.py, keeper mode): applies a changed library or preset without a
     restart: fetches new models, removes dropped ones, then has the router re-read its preset."""
     library = library_of(model, cache)
     credentials = engine_of(model).credentials(model)
@@ -124,7 +123,7 @@ def library_keeper(model: ModelServer, cache: ModelCacheConfig, file_mounts: lis
             "periodSeconds": 2 * KEEP_SECONDS, "timeoutSeconds": 10}
     return {
         "name": "library",
-        "image": PREFETCH_IMAGE,
+        "image": model.on_demand.downloader_image,
         "command": ["python3", "-c", library_source()],
         "env": env,
         "securityContext": dict(CONTAINER_SECURITY),
