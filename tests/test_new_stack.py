@@ -307,3 +307,9 @@ def test_the_command_line(tmp_path):
 def test_every_candidate_is_in_the_catalog():
     for candidate in (*new_stack.CHAT_CANDIDATES, *new_stack.EMBED_CANDIDATES):
         assert lookup(candidate.repo) is not None, candidate.repo
+
+
+def test_an_issuer_without_a_host_writes_no_solver(tmp_path, capsys):
+    _, text, _ = generate(tmp_path, "issuer", MACHINES["nvidia-12"][0] + ["--issuer", "my-ca"], capsys)
+    cluster = values_of(text)["cluster"]
+    assert cluster["cert_manager_issuer"] == "my-ca" and "issuer_solver" not in cluster and "None" not in text
