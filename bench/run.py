@@ -95,7 +95,12 @@ def synthetic_stack(servers: int) -> dict:
     }
     config = {
         "node_pools": {"cpu": {"nodes": servers, "memory": "64Gi", "allocatable": "60Gi", "backend": "cpu"}},
-        "model_cache": {"storage_class": "ceph-filesystem", "size": f"{max(40, servers)}Gi"},  # holds 0.5 GiB per server
+        # The seed's cluster (Cilium, monitoring, rook-ceph, CephFS shared by every node), said explicitly
+        # since the defaults became k3s': the figures stay comparable with the earlier ones.
+        "cluster": {"cni": "cilium", "ingress": {"namespace": "ingress"}, "monitoring": {"namespace": "monitoring"},
+                    "storage": {"namespace": "rook-ceph"}},
+        "model_cache": {"storage_class": "ceph-filesystem", "access_mode": "ReadWriteMany",
+                        "size": f"{max(40, servers)}Gi"},  # holds 0.5 GiB per server
         "models": models,
         "gateway": {
             "hostname": "inference.example.org",

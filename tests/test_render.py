@@ -355,3 +355,14 @@ def test_stack_files_read_as_yaml_v3_reads_them():
     assert document["n"] == ["1:30", 15, 1000.0, "=", "2024-01-01", 1000, "on", "no", True]
     with pytest.raises(StackFileError, match=r"^Pulumi\.t\.yaml:2:1: duplicate key 'a' \(first at line 1\)"):
         load_stack_text("a: 1\na: 2\n", "Pulumi.t.yaml")
+
+
+def test_the_benchmarks_synthetic_stack_renders(tmp_path):
+    """make bench renders N-server synthetic stacks; a change of defaults must not break them unseen."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from run import synthetic_stack
+
+    (tmp_path / "Pulumi.synthetic-3.yaml").write_text(yaml.safe_dump(synthetic_stack(3)))
+    result = render_stack("synthetic-3", tmp_path / "out", project_dir=tmp_path)
+    deployments = [m for m in result.files.values() if m["kind"] == "Deployment"]
+    assert len(deployments) == 3 and any(m["kind"] == "CiliumNetworkPolicy" for m in result.files.values())
