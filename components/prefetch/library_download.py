@@ -159,6 +159,8 @@ class Unreachable(Exception):
 
 
 def _link(blob, link):
+    # The same steps stand inline in hub_download.main: made a helper there, its source (inlined in
+    # every prefetching pod's spec) would change, and with it restart those pods for nothing.
     os.makedirs(os.path.dirname(link), exist_ok=True)
     target = os.path.relpath(blob, os.path.dirname(link))
     if os.path.islink(link) and os.readlink(link) != target:
