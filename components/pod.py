@@ -12,7 +12,7 @@ from engines import engine_of
 from planning.capacity import ServerPlan
 
 from .meta import selector
-from .prefetch import library_container, library_keeper, prefetch_container
+from .prefetch import hub_token_env, library_container, library_keeper, prefetch_container
 from .security import CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH_ENV, SCRATCH_VOLUME
 
 RUN_AS = 1000  # any non-root UID; the cache volume is made group-writable for it through fsGroup
@@ -64,8 +64,10 @@ def _cache_mount(model: ModelServer, cache: ModelCacheConfig) -> tuple[dict, lis
         env = [{"name": "HOME", "value": HF_HOME_DIR}, {"name": "HF_HOME", "value": HF_CACHE},
                {"name": "HF_HUB_OFFLINE", "value": "1"}]
         return {"name": "weights", "mountPath": HF_CACHE}, env
-    # The engine's own downloader caches on the shared volume: the download is a one-time cost.
-    return {"name": "models", "mountPath": cache.mount_path}, engine_of(model).cache_env(model, cache.mount_path)
+    # The engine's own downloader caches on the shared volume: the download is a one-time cost. A
+    # router downloads nothing itself (its init container and keeper do).
+    token = hub_token_env(cache) if model.on_demand is None else []
+    return {"name": "models", "mountPath": cache.mount_path}, engine_of(model).cache_env(model, cache.mount_path) + token
 
 
 def planned(model: ModelServer, plan: ServerPlan) -> ModelServer:
@@ -155,7 +157,7 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         "containers": [container_spec(model, pool, cache, plan, files)],
     }
     if model.prefetch is not None:
-        spec["initContainers"] = [prefetch_container(model)]
+        spec["initContainers"] = [prefetch_container(model, cache)]
     elif model.on_demand is not None:
         spec["initContainers"] = [library_container(model, cache, files_mounts(files))]
         spec["containers"].append(library_keeper(model, cache, files_mounts(files)))

@@ -228,6 +228,13 @@ class NodePool(Strict):
         return self.vram is not None
 
 
+class HubToken(Strict):
+    """A Secret you create (never the program: the token is yours) holding a Hugging Face access token."""
+
+    secret_name: DnsName = doc("The Secret's name, in the stack's namespace.")
+    secret_key: Annotated[str, Field(pattern=r"^[-._a-zA-Z0-9]+$")] = doc("The key holding the token.", default="token")
+
+
 class ModelCacheConfig(Strict):
     """The shared volume that holds downloaded weights (the ModelCache component)."""
 
@@ -243,6 +250,11 @@ class ModelCacheConfig(Strict):
         "Where the servers mount it (llama.cpp's LLAMA_CACHE).", default="/models"
     )
     protect: bool = doc("Refuse `pulumi destroy` outright. The claim is always retained on delete either way.", default=False)
+    hub_token: Optional[HubToken] = doc(
+        "For gated repos (Meta's, Google's own): a Hugging Face token from a Secret, given as HF_TOKEN to every "
+        "container that downloads weights (llama.cpp's --hf-repo, the prefetch and the router's downloader) and to "
+        "no other; null: public repos only. llama.cpp sends it to the Hub's API only when it is shaped as one (hf_ and "
+        "34 or more letters or digits).", default=None)
 
 
 class Startup(Strict):

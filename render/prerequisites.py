@@ -59,6 +59,20 @@ def _pods(manifest: dict) -> Iterable[dict]:
         yield template["spec"]
 
 
+def _secret_refs(pod: dict) -> list[tuple[str, str]]:
+    """(Secret, key) every container's environment and the pod's volumes read."""
+    refs = []
+    for container in (pod.get("initContainers") or []) + (pod.get("containers") or []):
+        for env in container.get("env") or []:
+            ref = (env.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                refs.append((ref["name"], ref.get("key", "")))
+    for volume in pod.get("volumes") or []:
+        if "secret" in volume:
+            refs.append((volume["secret"]["secretName"], ""))
+    return refs
+
+
 def prerequisites(objects: list[dict[str, Any]]) -> list[tuple[str, str, list[str]]]:
     """(what the cluster needs, what provides it, the objects that need it), CRDs first."""
     releases = schema_releases()
@@ -93,6 +107,10 @@ def prerequisites(objects: list[dict[str, Any]]) -> list[tuple[str, str, list[st
         if issuer:
             need(f"ClusterIssuer {issuer}", _label(m), "cert-manager")
         for pod in _pods(m):
+            namespace = m["metadata"].get("namespace", "default")
+            for secret, key in _secret_refs(pod):
+                if ("Secret", secret) not in created:
+                    need(f"Secret {secret} in namespace {namespace}", _label(m), f"yours, key {key}" if key else "yours")
             if pod.get("runtimeClassName"):
                 need(f"RuntimeClass {pod['runtimeClassName']}", _label(m))
             for container in pod.get("containers") or []:

@@ -45,7 +45,16 @@ def library_source() -> str:
     return helpers.split(MAIN_GUARD)[0] + "\n\n" + (here / "library_download.py").read_text()
 
 
-def prefetch_container(model: ModelServer) -> dict:
+def hub_token_env(cache: ModelCacheConfig) -> list[dict]:
+    """HF_TOKEN from the user's Secret, for a container that downloads (read by llama.cpp, hub_download.py
+    and library_download.py alike); nothing without model_cache.hub_token."""
+    token = cache.hub_token
+    if token is None:
+        return []
+    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.secret_name, "key": token.secret_key}}}]
+
+
+def prefetch_container(model: ModelServer, cache: ModelCacheConfig) -> dict:
     prefetch = model.prefetch
     if prefetch is None:
         raise ValueError(f"{model.name}: no prefetch settings")
@@ -59,6 +68,7 @@ def prefetch_container(model: ModelServer) -> dict:
             {"name": "HOME", "value": HF_HOME_DIR},
             # The same cache as the engine reads (see _cache_mount), never derived from XDG_CACHE_HOME.
             {"name": "HF_HOME", "value": HF_CACHE},
+            *hub_token_env(cache),
         ],
         "securityContext": dict(CONTAINER_SECURITY),
         "resources": PREFETCH_RESOURCES,
@@ -82,6 +92,7 @@ def _library_env(library: Library, cache: ModelCacheConfig) -> list[dict]:
         {"name": "PRESET", "value": library.preset_file},
         {"name": "SERVED_PRESET", "value": library.served_preset},
         {"name": "HOME", "value": SCRATCH},
+        *hub_token_env(cache),
     ]
 
 

@@ -106,7 +106,9 @@ def hub_repos(repos: dict[str, dict[str, bytes]], seconds: float = 0.0, lfs_suff
 
         def _route(self, send_body: bool) -> None:
             ranged = self.headers.get("Range")
-            requests.append(f"{self.command} {self.path}" + (f" Range: {ranged}" if ranged else ""))
+            auth = self.headers.get("Authorization")
+            requests.append(f"{self.command} {self.path}" + (f" Range: {ranged}" if ranged else "")
+                            + (f" Authorization: {auth}" if auth else ""))
             path = self.path.split("?", 1)[0]
             for repo, files in repos.items():
                 if path.startswith((f"/api/models/{repo}/", f"/{repo}/resolve/")):
