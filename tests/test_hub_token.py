@@ -82,7 +82,8 @@ def test_the_real_downloaders_send_it(binary, tmp_path):
         init_env = {"PATH": os.environ["PATH"], "HF_ENDPOINT": endpoint, "HF_TOKEN": FAKE_TOKEN,
                     "HF_LIBRARY": str(tmp_path / "etc" / "library.json"), "PRESET": str(tmp_path / "etc" / "models.ini"),
                     "SERVED_PRESET": str(tmp_path / "served.ini"), "HUB_CACHE": str(tmp_path / "hub"),
-                    "LIBRARY_DIR": str(tmp_path / "library"), "HOME": str(tmp_path)}
+                    "LIBRARY_DIR": str(tmp_path / "library"), "HOME": str(tmp_path),
+                    "HEARTBEAT": str(tmp_path / "heartbeat")}
         done = subprocess.run([sys.executable, "-c", library_source()], env=init_env, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0, done.stderr

@@ -214,6 +214,11 @@ def test_the_router_offers_exactly_the_listed_models_by_their_names(binary, rend
     assert args[args.index("--models-preset") + 1] == rendered["init_env"]["SERVED_PRESET"]
     preset = served_preset(rendered, root).read_text()
     assert preset == one_thread(rendered["preset"])
+    # The init container leaves the keeper a first heartbeat: the keeper's readiness probe (run as
+    # rendered, its path under root) passes at once, so the pod is Ready as soon as the router is.
+    probe = [sys.executable if c == "python3" else c.replace("/tmp/", f"{root}/tmp/")
+             for c in rendered["keeper"]["readinessProbe"]["exec"]["command"]]
+    assert subprocess.run(probe, timeout=30).returncode == 0
     with start_router(binary, preset, args, {}, TEST_KEY, env=env) as router:
         settled(router, rendered)
         models = router.models()

@@ -92,6 +92,7 @@ def _library_env(library: Library, cache: ModelCacheConfig) -> list[dict]:
         {"name": "PRESET", "value": library.preset_file},
         {"name": "SERVED_PRESET", "value": library.served_preset},
         {"name": "HOME", "value": SCRATCH},
+        {"name": "HEARTBEAT", "value": HEARTBEAT},
         *hub_token_env(cache),
     ]
 
@@ -119,7 +120,6 @@ def library_keeper(model: ModelServer, cache: ModelCacheConfig, file_mounts: lis
     credentials = engine_of(model).credentials(model)
     env = _library_env(library, cache) + [
         {"name": "KEEP_SECONDS", "value": str(KEEP_SECONDS)},
-        {"name": "HEARTBEAT", "value": HEARTBEAT},
         # Over the pod's loopback: the server's own port, with its own key.
         {"name": "RELOAD_URL", "value": f"http://127.0.0.1:{model.port}{library.reload_path}"},
     ]
