@@ -83,3 +83,7 @@ SCRATCH = "/tmp"
 # The one path an exposed embedding server's Ingress routes (the OpenAI API's): asked to chat, an
 # embedding model answers fluent nonsense (the seed's lesson), so no generative path reaches it.
 EMBEDDINGS_PATH = "/v1/embeddings"
+
+# The pod volume holding a model server's API key Secret: what tells the policies and the render's
+# summary that a server takes a key.
+API_KEY_VOLUME = "api-key"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 
-from common.constants import OFFLINE_SECRET_PLACEHOLDER
+from common.constants import API_KEY_VOLUME, OFFLINE_SECRET_PLACEHOLDER
 from config.types import ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
 from planning.capacity import ServerPlan
@@ -103,7 +103,7 @@ def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, 
     engine = engine_of(model)
     credentials = engine.credentials(model)
     if model.api_key is not None and credentials is not None:
-        mounts.append({"name": "api-key", "mountPath": credentials.mount_dir, "readOnly": True})
+        mounts.append({"name": API_KEY_VOLUME, "mountPath": credentials.mount_dir, "readOnly": True})
     env += engine.env(model)
     mounts += files_mounts(files)
     health = engine.health_path(model)
@@ -145,7 +145,7 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": cache.claim_name}})
     if model.api_key is not None:
         volumes.append(
-            {"name": "api-key", "secret": {"secretName": model.api_key.secret_name, "defaultMode": 0o440}}
+            {"name": API_KEY_VOLUME, "secret": {"secretName": model.api_key.secret_name, "defaultMode": 0o440}}
         )
     spec: dict = {
         # The server never talks to the API server.

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from common.constants import (
+    API_KEY_VOLUME,
     CLUSTER_DOMAIN,
     COLD_START_ANNOTATION,
     HEALTH_ANNOTATION,
@@ -262,7 +263,7 @@ def _service_fqdns(resources: list[Props], component: str) -> dict[str, Props]:
     return out
 
 
-def _keyed_services(resources: list[Props]) -> set[str]:
+def keyed_services(resources: list[Props]) -> set[str]:
     """Services whose pods mount an API key (the volume the program names api-key)."""
     kinds = _by_kind(resources)
     keyed = set()
@@ -272,7 +273,7 @@ def _keyed_services(resources: list[Props]) -> set[str]:
             template = (workload.get("spec") or {}).get("template") or {}
             labels = (template.get("metadata") or {}).get("labels") or {}
             if selector and selector.items() <= labels.items() and any(
-                    v.get("name") == "api-key" for v in (template.get("spec") or {}).get("volumes") or []):
+                    v.get("name") == API_KEY_VOLUME for v in (template.get("spec") or {}).get("volumes") or []):
                 keyed.add(_meta(service).get("name"))
     return keyed
 
@@ -281,7 +282,7 @@ def embeddings_not_exposed(resources: list[Props], report: Report, config: Mappi
     kinds = _by_kind(resources)
     embedding_services = _service_fqdns(resources, "embeddings")
     names = {_meta(s).get("name") for s in embedding_services.values()}
-    keyed = _keyed_services(resources)
+    keyed = keyed_services(resources)
     for ingress in kinds.get("Ingress", []):
         for rule in (ingress.get("spec") or {}).get("rules") or []:
             for path in (rule.get("http") or {}).get("paths") or []:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+
+from policy.rules import containers, pod_spec
 
 SCHEMAS_README = Path(__file__).resolve().parent.parent / "schemas" / "README.md"
 # Groups Kubernetes serves itself (no CRD to install).
@@ -52,17 +54,10 @@ def _label(manifest: dict) -> str:
     return f"{manifest['kind']} {manifest['metadata']['name']}"
 
 
-def _pods(manifest: dict) -> Iterable[dict]:
-    spec = manifest.get("spec") or {}
-    template = spec.get("template") or {}
-    if template.get("spec"):
-        yield template["spec"]
-
-
 def _secret_refs(pod: dict) -> list[tuple[str, str]]:
     """(Secret, key) every container's environment and the pod's volumes read."""
     refs = []
-    for container in (pod.get("initContainers") or []) + (pod.get("containers") or []):
+    for container in containers(pod):
         for env in container.get("env") or []:
             ref = (env.get("valueFrom") or {}).get("secretKeyRef")
             if ref:
@@ -106,7 +101,8 @@ def prerequisites(objects: list[dict[str, Any]]) -> list[tuple[str, str, list[st
         issuer = (m["metadata"].get("annotations") or {}).get("cert-manager.io/cluster-issuer")
         if issuer:
             need(f"ClusterIssuer {issuer}", _label(m), "cert-manager")
-        for pod in _pods(m):
+        pod = pod_spec(m)
+        if pod:
             namespace = m["metadata"].get("namespace", "default")
             for secret, key in _secret_refs(pod):
                 if ("Secret", secret) not in created:

@@ -12,6 +12,7 @@ from typing import Iterable, Optional
 from common.constants import COMPONENT_LABEL, ENVOY_OWNING_GATEWAY_LABEL, NAME_LABEL, service_fqdn
 from config.ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES
 from config.types import StackConfig
+from policy.rules import keyed_services
 
 Peer = tuple[str, dict[str, str]]  # (namespace, pod labels); no labels: every pod there
 NODES = "(nodes)"  # Cilium's host and remote-node entities: the kubelet's probes
@@ -103,15 +104,6 @@ def _gateway_routes(service: dict, objects: list[dict]) -> list[tuple[dict, list
     return found
 
 
-def _takes_key(service: dict, objects: list[dict]) -> bool:
-    selector = service["spec"].get("selector") or {}
-    for workload in _of(objects, "Deployment") + _of(objects, "StatefulSet"):
-        template = workload["spec"]["template"]
-        if selector and selector.items() <= (template["metadata"].get("labels") or {}).items():
-            return any(v.get("name") == "api-key" for v in template["spec"].get("volumes") or [])
-    return False
-
-
 def reach_lines(objects: list[dict], stack: StackConfig) -> list[str]:
     servers = [s for s in _of(objects, "Service")
                if (s["metadata"].get("labels") or {}).get("app.kubernetes.io/component") in COMPONENT_LABEL.values()]
@@ -120,14 +112,15 @@ def reach_lines(objects: list[dict], stack: StackConfig) -> list[str]:
     lines: list[str] = []
     for namespace in sorted({s["metadata"]["namespace"] for s in servers}):
         peers = admitted(objects, namespace)
+        keyed = keyed_services(objects)
         lines.append(f"  who may reach each server (the policy of namespace {namespace} admits only "
                      f"{'; '.join(_peer_text(p, namespace) for p in peers) or 'nothing'}; everything else is denied):")
         for service in (s for s in servers if s["metadata"]["namespace"] == namespace):
-            lines.append(f"    {service['metadata']['name']:<16} " + "; ".join(_reach(service, objects, peers, stack)))
+            lines.append(f"    {service['metadata']['name']:<16} " + "; ".join(_reach(service, objects, peers, keyed, stack)))
     return lines
 
 
-def _reach(service: dict, objects: list[dict], peers: list[Peer], stack: StackConfig) -> list[str]:
+def _reach(service: dict, objects: list[dict], peers: list[Peer], keyed: set[str], stack: StackConfig) -> list[str]:
     name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
     cluster = stack.cluster
     ways: list[str] = []
@@ -161,5 +154,5 @@ def _reach(service: dict, objects: list[dict], peers: list[Peer], stack: StackCo
                if (s["spec"].get("selector", {}).get("matchLabels") or {}).items() <= labels.items()]
     if scrapes and cluster.monitoring is not None:
         ways.append(f"scraped from {cluster.monitoring.namespace}")
-    ways.append("API key required" if _takes_key(service, objects) else "no API key")
+    ways.append("API key required" if name in keyed else "no API key")
     return ways

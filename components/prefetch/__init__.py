@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from common.constants import API_KEY_VOLUME
 from config.types import ModelCacheConfig, ModelServer
 from engines import engine_of
 from engines.base import Library
@@ -126,7 +127,7 @@ def library_keeper(model: ModelServer, cache: ModelCacheConfig, file_mounts: lis
     mounts = [{"name": "models", "mountPath": cache.mount_path}, *file_mounts, SCRATCH_VOLUME]
     if model.api_key is not None and credentials is not None:
         env.append({"name": "ROUTER_AUTH_FILE", "value": credentials.key_file(model.api_key.secret_key)})
-        mounts.append({"name": "api-key", "mountPath": credentials.mount_dir, "readOnly": True})
+        mounts.append({"name": API_KEY_VOLUME, "mountPath": credentials.mount_dir, "readOnly": True})
     # The heartbeat is written by a thread while the keeper's main thread lives (a download may take
     # an hour; the probe asks whether the process runs, not whether it is idle).
     beat = {"exec": {"command": ["python3", "-c", f"import os, sys, time; sys.exit(time.time() - os.path.getmtime("
