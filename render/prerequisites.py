@@ -5,6 +5,7 @@ resources the pods ask for, and the GatewayClass when the folder does not create
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ DEVICE_PLUGINS = {
 }
 
 
+@functools.cache
 def schema_releases(readme: Path = SCHEMAS_README) -> dict[str, str]:
     """api group -> the upstream release its vendored schemas come from (the README's table)."""
     releases = {}
