@@ -68,4 +68,4 @@ diff: $(VENV)/.installed
 # A stack file for your hardware, every value commented: make new-stack ARGS="mybox --gpu nvidia --vram 12 --ram 64"
 .PHONY: new-stack
 new-stack: $(VENV)/.installed
-	$(BIN)/python tools/new_stack.py $(ARGS)
+	$(BIN)/python -m tools.new_stack $(ARGS)

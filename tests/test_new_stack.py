@@ -1,5 +1,5 @@
-"""tools/new_stack.py: a stack file for common homelab machines that parses, plans, renders offline,
-passes the policies and really fits; bad input refused in one line with nothing written."""
+"""tools/new_stack/ (`make new-stack`): a stack file for common homelab machines that parses, plans,
+renders offline, passes the policies and really fits; bad input refused in one line with nothing written."""
 
 from __future__ import annotations
 
@@ -294,8 +294,12 @@ def test_bad_names_and_folders_are_refused(tmp_path, capsys):
 
 
 def test_the_command_line(tmp_path):
-    """As a user runs it: a subprocess, exit 2 and one line for bad input; 0 and the file otherwise."""
-    command = [sys.executable, str(ROOT / "tools" / "new_stack.py")]
+    """As a user runs it: a subprocess, exit 2 and one line for bad input; 0 and the file otherwise. From
+    any folder (the package's folder run as a script), and as `make new-stack` runs it (-m, from the project)."""
+    command = [sys.executable, str(ROOT / "tools" / "new_stack")]
+    module = subprocess.run([sys.executable, "-m", "tools.new_stack", "x", "--gpu", "none"], capture_output=True,
+                            text=True, cwd=ROOT)
+    assert module.returncode == 2 and "required: --ram" in module.stderr and len(module.stderr.splitlines()) == 1
     bad = subprocess.run([*command, "x", "--gpu", "nvidia", "--ram", "64"], capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.splitlines()) == 1
     good = subprocess.run([*command, "x", "--gpu", "none", "--ram", "16", "--out", str(tmp_path / "Pulumi.x.yaml")],
