@@ -1,12 +1,17 @@
-"""Imports run one way, down, and engines are the only place that knows one engine from another.
+"""Imports run one way, down, and engines are the only place that knows one engine from another;
+no module of the program (tools/ and bench/ included) is over the size limit, and docs/layout.md
+names every one.
 
 The import graph is read from the source (every import: module level, inside functions, and under
-TYPE_CHECKING), so a cycle that function-level imports keep importable still fails here.
+TYPE_CHECKING), so a cycle that function-level imports keep importable still fails here. The modules
+are found, parsed and their graph built once per run (functools.cache), not once per test.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,10 @@ from conftest import ROOT
 LAYERS = ["common", "policy", "config", "planning", "engines", "components", "plane", "render", "changes", "tools",
           "__main__"]
 PROGRAM_MODULES_MAX_LINES = 600
+# Outside the import layers but part of the program all the same: held to the size limit and named
+# in docs/layout.md like the rest (tests/ is not: tests/conftest.py says what it holds).
+OTHER_FOLDERS = ["bench"]
+LAYOUT = ROOT / "docs" / "layout.md"
 
 
 def _module_name(path: Path) -> str:
@@ -27,22 +36,40 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _modules() -> dict[str, Path]:
-    found = {"__main__": ROOT / "__main__.py", "plane": ROOT / "plane.py"}
-    for layer in LAYERS:
-        folder = ROOT / layer
+def _python_files(folders: list[str]) -> dict[str, Path]:
+    """Module name -> file, for every .py under these top-level folders (a virtualenv's left out)."""
+    found = {}
+    for top in folders:
+        folder = ROOT / top
         if folder.is_dir():
-            for path in folder.rglob("*.py"):
-                if "venv" not in path.parts:
+            for path in sorted(folder.rglob("*.py")):
+                if not any("venv" in part or part == "__pycache__" for part in path.parts):
                     found[_module_name(path)] = path
     return found
+
+
+@functools.cache
+def _modules() -> dict[str, Path]:
+    """The layered modules (read-only: shared by every test of the run)."""
+    return {"__main__": ROOT / "__main__.py", "plane": ROOT / "plane.py", **_python_files(LAYERS)}
+
+
+@functools.cache
+def _program_modules() -> dict[str, Path]:
+    """Every module of the program: the layers and the other folders (bench/)."""
+    return {**_modules(), **_python_files(OTHER_FOLDERS)}
+
+
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
 
 
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     """Project modules this module imports, resolved (relative imports included)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     targets: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             candidates = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -62,7 +89,9 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     return targets
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports; built once per run (read-only)."""
     modules = _modules()
     known = set(modules)
     return {name: _imports(name, path, known) for name, path in modules.items()}
@@ -131,7 +160,7 @@ def test_only_engines_know_one_engine_from_another():
     for module, path in _modules().items():
         if _layer(module) == "engines":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
                 sides = [node.left, *node.comparators]
                 if any(isinstance(s, ast.Attribute) and s.attr == "engine" for s in sides):
@@ -142,7 +171,71 @@ def test_only_engines_know_one_engine_from_another():
     assert wrong == []
 
 
-@pytest.mark.parametrize("module", sorted(m for m in _modules() if _layer(m) not in ("tools",)))
+@pytest.mark.parametrize("module", sorted(_program_modules()))
 def test_no_program_module_is_over_the_size_limit(module):
-    lines = len(_modules()[module].read_text().splitlines())
+    """tools/ and bench/ included: no exemption."""
+    lines = len(_program_modules()[module].read_text().splitlines())
     assert lines <= PROGRAM_MODULES_MAX_LINES, f"{module}: {lines} lines; split it by job"
+
+
+# --- docs/layout.md names every module ------------------------------------------------------------
+
+
+def listing_lines(layout: str) -> dict[str, str]:
+    """Top-level folder -> its line in layout.md's indented listing (a line may list several folders:
+    `bench/  schemas/  tools/  ...`), the folders' names left out of the text."""
+    lines: dict[str, str] = {}
+    for line in layout.splitlines():
+        if not line.startswith("    "):
+            continue
+        words = line.split()
+        folders = []
+        while words and words[0].endswith("/"):
+            folders.append(words.pop(0).rstrip("/"))
+        for folder in folders:
+            lines[folder] = lines.get(folder, "") + " " + " ".join(words)
+    return lines
+
+
+def unnamed_modules(layout: str, files: list[str]) -> list[str]:
+    """The files (paths from the project root) that layout.md does not name. A module is named by its
+    path anywhere in the page (`config/facts.py`), or by its path inside its top-level folder on that
+    folder's listing line (`facts.py`, `prefetch/hub_download.py`); a package by its folder
+    (`components/prefetch/`, or `prefetch/` on the components/ line); a top-level folder's own
+    __init__.py by the folder having a listing line."""
+    listing = listing_lines(layout)
+    missing = []
+    for file in files:
+        parts = file.split("/")
+        if parts[-1] == "__init__.py":
+            parts[-1] = ""  # the package: its folder, written with a trailing slash
+        path = "/".join(parts)
+        if len(parts) == 1:
+            named = re.search(rf"(?<![\w/.]){re.escape(path)}(?![\w])", layout) is not None
+        elif len(parts) == 2 and not parts[1]:
+            named = parts[0] in listing
+        else:
+            inside = "/".join(parts[1:])
+            named = (re.search(rf"(?<![\w/.]){re.escape(path)}(?![\w])", layout) is not None
+                     or re.search(rf"(?<![\w/.]){re.escape(inside)}(?![\w])", listing.get(parts[0], "")) is not None)
+        if not named:
+            missing.append(file)
+    return missing
+
+
+def test_layout_names_every_module_of_the_program():
+    files = [path.relative_to(ROOT).as_posix() for path in _program_modules().values()]
+    missing = unnamed_modules(LAYOUT.read_text(), files)
+    assert missing == [], f"docs/layout.md does not name {missing}: add a line for each under Modules"
+
+
+def test_the_layout_check_finds_a_module_it_does_not_name():
+    layout = ("    plane.py   wiring\n    config/    the stack's config: types.py, load.py\n"
+              "    bench/  tools/   `make bench`; build.py\n\n    config/checks.py   between fields\n"
+              "See `components/prefetch/` and components/pod.py.\n")
+    files = ["plane.py", "__main__.py", "config/__init__.py", "config/types.py", "config/checks.py",
+             "config/history.py", "tools/build.py", "bench/build.py", "components/__init__.py",
+             "components/pod.py", "components/prefetch/__init__.py", "components/prefetch/hub.py",
+             "config/load_more.py"]
+    assert unnamed_modules(layout, files) == ["__main__.py", "config/history.py", "components/__init__.py",
+                                              "components/prefetch/hub.py", "config/load_more.py"]
