@@ -24,7 +24,7 @@ def load_stack() -> StackConfig:
 
 def plan_capacity(stack: StackConfig) -> capacity.CapacityPlan:
     """The capacity plan, each server's memory estimated by its engine; raises CapacityError."""
-    return capacity.plan_capacity(stack, engine_of)
+    return capacity.plan_capacity(stack, lambda model, pool, path: engine_of(model).estimate(model, pool, path))
 
 
 # The stack output that carries config.history.snapshot() from one update to the next.

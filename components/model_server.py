@@ -24,7 +24,7 @@ from planning.capacity import ServerPlan
 from planning.startup import StartupBudget
 
 from .meta import VALUE_NOTES_ANNOTATION, labels, metadata, selector, token, value_notes
-from .pod import KEY_FINGERPRINT_ANNOTATION, checkov_waivers, config_map_name, key_fingerprint, planned, pod_spec
+from .pod import KEY_FINGERPRINT_ANNOTATION, checkov_waivers, config_map_name, key_fingerprint, pod_spec
 from .workloads import WorkloadParts, build
 
 
@@ -86,7 +86,7 @@ class ModelServerBase(pulumi.ComponentResource):
         component = COMPONENT_LABEL[model.role]
         meta = metadata(model.name, ns, model.name, component)
         # Downloaded by an init container (a prefetch, a router's models) or by the engine as it starts.
-        prefilled = model.prefetch is not None or model.on_demand is not None
+        prefilled = model.prefetch is not None or engine.library(model, args.cache.mount_path) is not None
         cold_start = budget.load_seconds if prefilled else budget.download_seconds + budget.load_seconds
         workload_meta = metadata(
             model.workload_name,
@@ -122,7 +122,7 @@ class ModelServerBase(pulumi.ComponentResource):
             )
 
         self.config_files = None
-        files = engine.config_files(planned(model, args.plan))
+        files = engine.config_files(model)
         template_meta: dict = {"labels": labels(model.name, component)}
         if files:
             # A router's preset and library: applied in place by its keeper (fetch, then the router's

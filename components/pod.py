@@ -66,15 +66,9 @@ def _cache_mount(model: ModelServer, cache: ModelCacheConfig) -> tuple[dict, lis
         return {"name": "weights", "mountPath": HF_CACHE}, env
     # The engine's own downloader caches on the shared volume: the download is a one-time cost. A
     # router downloads nothing itself (its init container and keeper do).
-    token = hub_token_env(cache) if model.on_demand is None else []
-    return {"name": "models", "mountPath": cache.mount_path}, engine_of(model).cache_env(model, cache.mount_path) + token
-
-
-def planned(model: ModelServer, plan: ServerPlan) -> ModelServer:
-    """The server as it runs: a router's --models-max is the residency the plan derived."""
-    if plan.residency is None or model.on_demand is None:
-        return model
-    return model.model_copy(update={"on_demand": model.on_demand.model_copy(update={"max_loaded": plan.residency.max_loaded})})
+    engine = engine_of(model)
+    token = hub_token_env(cache) if engine.downloads_weights else []
+    return {"name": "models", "mountPath": cache.mount_path}, engine.cache_env(model, cache.mount_path) + token
 
 
 # The engine's config files of a server, by mount folder: {file name: content} (Engine.config_files).
@@ -91,7 +85,6 @@ def files_mounts(files: ConfigFiles) -> list[dict]:
 
 def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan,
                    files: ConfigFiles) -> dict:
-    model = planned(model, plan)
     budget = plan.budget
     requests: dict[str, str] = {"cpu": model.resources.cpu_request, "memory": plan.memory_request}
     limits: dict[str, str] = {"cpu": model.resources.cpu_limit, "memory": plan.memory_limit}
@@ -110,7 +103,7 @@ def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, 
     return {
         "name": model.name,
         "image": model.image,
-        "args": engine.args(model),
+        "args": engine.args(model, plan),
         "env": env,
         "ports": [{"name": "http", "containerPort": model.port, "protocol": "TCP"}],
         "securityContext": dict(CONTAINER_SECURITY),
@@ -156,11 +149,12 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         "securityContext": security,
         "containers": [container_spec(model, pool, cache, plan, files)],
     }
+    library = engine_of(model).library(model, cache.mount_path)
     if model.prefetch is not None:
         spec["initContainers"] = [prefetch_container(model, cache)]
-    elif model.on_demand is not None:
-        spec["initContainers"] = [library_container(model, cache, files_mounts(files))]
-        spec["containers"].append(library_keeper(model, cache, files_mounts(files)))
+    elif library is not None:
+        spec["initContainers"] = [library_container(model, library, cache, files_mounts(files))]
+        spec["containers"].append(library_keeper(model, library, cache, files_mounts(files)))
     for index, folder in enumerate(files.values()):
         # Whole files, never subPath: the kubelet then updates them in place when the ConfigMap changes.
         volumes.append({"name": f"files-{index}", "configMap": {

@@ -3,7 +3,8 @@ scraped and authenticated, which model name it answers to, how much memory it ho
 its settings are wrong. Every engine implements ``engines.base.Engine`` in a module of its own and
 is registered in ENGINES below; that is all adding an engine takes.
 
-``engine_of(model)`` is the only place that asks which engine a model runs.
+``engine_of(model)`` is the only place that asks which engine a model runs: the config's `engine:`
+value, and which engine's settings block (``Engine.settings_block``) the server sets.
 """
 
 from __future__ import annotations
@@ -13,16 +14,40 @@ from typing import TYPE_CHECKING
 
 from .base import Credentials, Engine, Problem
 from .llamacpp import LlamaCpp
+from .llamacpp_router import LlamaCppRouter
 from .openai_compatible import OpenAICompatible
 
 if TYPE_CHECKING:
     from config.types import ModelServer, StackConfig
 
-ENGINES: dict[str, Engine] = {engine.name: engine for engine in (LlamaCpp(), OpenAICompatible())}
+ENGINES: dict[str, Engine] = {engine.name: engine for engine in (LlamaCpp(), LlamaCppRouter(), OpenAICompatible())}
+
+
+def config_names() -> tuple[str, ...]:
+    """The values of a server's `engine:` setting."""
+    return tuple(dict.fromkeys(engine.config_name for engine in ENGINES.values()))
+
+
+def _block_set(model: "ModelServer", engine: Engine) -> bool:
+    return engine.settings_block is not None and getattr(model, engine.settings_block, None) is not None
 
 
 def engine_of(model: "ModelServer") -> Engine:
-    return ENGINES[model.engine]
+    """The engine of the server's `engine:` value whose settings block it sets, else the one without a
+    block (else the first: its checks say the block is missing)."""
+    named = [engine for engine in ENGINES.values() if engine.config_name == model.engine]
+    if not named:
+        raise KeyError(f"{model.name}: no engine {model.engine!r}")
+    return next((e for e in named if _block_set(model, e)), None) or next(
+        (e for e in named if e.settings_block is None), named[0])
+
+
+def block_problems(model: "ModelServer", path: str) -> list[Problem]:
+    """Another engine's settings block on a server is refused: its engine would never read it."""
+    return [(f"{path}.{engine.settings_block}",
+             f"engine {model.engine} does not read an {engine.settings_block} block; remove it, or set engine: "
+             f"{engine.config_name}") for engine in ENGINES.values()
+            if _block_set(model, engine) and engine.config_name != model.engine]
 
 
 def weights_flags() -> dict[str, str]:
@@ -37,10 +62,15 @@ def stack_problems(stack: "StackConfig") -> list[Problem]:
     gateway_reaches = stack.gateway.local_models() if stack.gateway is not None else set()
     for key, model in stack.models.items():
         path = f"models.{key}"
-        if model.engine not in ENGINES:
-            near = difflib.get_close_matches(model.engine, ENGINES, n=1, cutoff=0.6)
+        names = config_names()
+        if model.engine not in names:
+            near = difflib.get_close_matches(model.engine, names, n=1, cutoff=0.6)
             problems.append((f"{path}.engine", (f"did you mean {near[0]}? " if near else "") +
-                             f"{model.engine!r} is no engine this program runs; one of {', '.join(ENGINES)}"))
+                             f"{model.engine!r} is no engine this program runs; one of {', '.join(names)}"))
+            continue
+        blocks = block_problems(model, path)
+        problems += blocks
+        if blocks:
             continue
         engine = engine_of(model)
         problems += engine.config_problems(model, path, stack.node_pools.get(model.node_pool))
@@ -63,9 +93,10 @@ def stack_problems(stack: "StackConfig") -> list[Problem]:
     direct = stack.gateway.llamacpp_embeddings if stack.gateway is not None else None
     if direct is not None:
         target = stack.models.get(direct.model)
-        if target is None or target.role != "embedding" or not isinstance(ENGINES.get(target.engine), LlamaCpp):
+        if target is None or target.role != "embedding" or not isinstance(engine_of(target), LlamaCpp):
             problems.append(("gateway.llamacpp_embeddings.model", "must name a llama.cpp embedding server in models"))
     return problems
 
 
-__all__ = ["ENGINES", "Credentials", "Engine", "LlamaCpp", "OpenAICompatible", "engine_of", "stack_problems", "weights_flags"]
+__all__ = ["ENGINES", "Credentials", "Engine", "LlamaCpp", "LlamaCppRouter", "OpenAICompatible", "engine_of", "stack_problems",
+           "weights_flags"]

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Optional, Union
 
 if TYPE_CHECKING:
-    from config.types import GpuBackend, ModelFacts, ModelServer, NodePool
-    from planning.memory import MemoryEstimate, VramEstimate
+    from config.types import ModelServer, NodePool
+    from planning.capacity import ServerPlan
+    from planning.memory import Estimate, OnRequest
 
 Problem = tuple[str, str]
+Planned = Union["Estimate", "OnRequest"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Library:
     served_preset: str  # what the server reads: the preset less the models not (yet) fetched
     folder: str  # one subfolder per name, holding that model's files
     reload_path: str  # what a GET on the server's port applies a change with
+    image: str  # the image of the init container that fetches them and of the sidecar
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,14 @@ class Engine(ABC):
     # Command-line flags that name the weights the engine downloads itself, by their long form (the
     # change preview reads them from rendered containers).
     weights_flags: ClassVar[Mapping[str, str]] = {}
+    # The config's `engine:` value that selects this engine, and the settings block it reads (a
+    # field of the server: `openai`, `on_demand`); None: its settings are the server's own fields.
+    # engines.engine_of picks the engine whose block is set, else the one without a block; any other
+    # engine's block on a server is refused (engines.stack_problems), whatever the engines are.
+    config_name: ClassVar[str]
+    settings_block: ClassVar[Optional[str]] = None
+    # Whether the server's own container downloads its weights (and so is given the hub token).
+    downloads_weights: ClassVar[bool] = True
 
     def component_type(self, model: "ModelServer") -> str:
         return self.component_types[model.role]
@@ -69,14 +80,12 @@ class Engine(ABC):
     def config_problems(self, model: "ModelServer", path: str, pool: Optional["NodePool"]) -> list[Problem]:
         """What is wrong with this server's settings for this engine (run by validation)."""
 
-    @abstractmethod
-    def plan_problems(self, key: str, model: "ModelServer", facts: Optional["ModelFacts"]) -> list[Problem]:
-        """Why the server's memory cannot be planned, or its promise cannot be kept."""
-
     # --- the container ----------------------------------------------------------------------------
 
     @abstractmethod
-    def args(self, model: "ModelServer") -> list[str]: ...
+    def args(self, model: "ModelServer", plan: Optional["ServerPlan"] = None) -> list[str]:
+        """The container's arguments; ``plan`` is the server's capacity plan, for what the plan decides
+        (a router's resident limit): an engine that needs it refuses None."""
 
     @abstractmethod
     def env(self, model: "ModelServer") -> list[dict]: ...
@@ -117,28 +126,10 @@ class Engine(ABC):
 
     # --- planning ---------------------------------------------------------------------------------
 
-    def facts(self, model: "ModelServer") -> Optional["ModelFacts"]:
-        """Architecture facts for the memory model (None where the engine reports its own memory)."""
-        return model.facts
-
     @abstractmethod
-    def memory(self, model: "ModelServer", facts: Optional["ModelFacts"], backend: "GpuBackend") -> "MemoryEstimate":
-        """What one replica holds in the node's memory (unified memory or CPU)."""
-
-    @abstractmethod
-    def weights_bytes(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> float:
-        """The size of the weights download."""
-
-    @abstractmethod
-    def read_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"], discrete: bool) -> Optional[tuple[float, float]]:
-        """(bytes from VRAM, bytes from the node's memory) of weights read per generated token, for the
-        decode figures; on unified memory or a CPU (``discrete`` false) all of it is the node's. None: unknown."""
-
-    def predict_decode(self, model: "ModelServer", facts: Optional["ModelFacts"], pool: "NodePool",
-                       discrete: bool) -> Optional[dict[str, float]]:
-        """Predicted decode tok/s with the context empty, half and full; None: not predicted."""
-        return None
-
-    @abstractmethod
-    def discrete(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> tuple["MemoryEstimate", "VramEstimate"]:
-        """(system RAM, one GPU's VRAM) of one replica on a discrete GPU."""
+    def estimate(self, model: "ModelServer", pool: "NodePool", path: str) -> tuple[Optional[Planned], list[Problem]]:
+        """The plan's one question: what one replica of the server holds where (system RAM, one GPU's
+        VRAM), its download, the weights it reads per token and its predicted decode speed; for a
+        server of models loaded on request, each model's (``OnRequest``). With the problems that keep
+        it from being planned or its promise from being kept (paths under ``path``, the server's
+        config path); None when it cannot be planned at all."""

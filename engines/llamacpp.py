@@ -10,13 +10,9 @@ from typing import TYPE_CHECKING, Optional
 from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, METRICS_TOKEN_KEY
 from common.quantity import parse_quantity
 from planning.catalog import facts_for, repo_of
-from planning.memory import MemoryEstimate, VramEstimate
+from planning.memory import Estimate, weights_quantity
 
-from .base import Credentials, Engine, Library, Problem, Scrape
-from .llamacpp_router import cache_env as router_cache_env
-from .llamacpp_router import (LIBRARY_FILE, LIBRARY_PATH, PRESET_DIR, PRESET_FILE, PRESET_PATH, SERVED_PRESET_PATH, library_dir,
-                              library_json,
-                              preset_ini, router_args, shared_flags)
+from .base import Credentials, Engine, Problem
 from .llamacpp_speed import predict_tok_s
 from .llamacpp_memory import (
     DEFAULT_UBATCH,
@@ -29,7 +25,8 @@ from .llamacpp_memory import (
 )
 
 if TYPE_CHECKING:
-    from config.types import GpuBackend, ModelFacts, ModelServer, NodePool
+    from config.types import ModelFacts, ModelServer, NodePool
+    from planning.capacity import ServerPlan
 
 # Values per block of each quantized KV cache type (ggml's QK4_0, QK8_0 ...: 32); f16/bf16/f32 are not blocked.
 KV_TYPE_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "iq4_nl": 32}
@@ -70,19 +67,40 @@ def first_key(key_file: str) -> str:
     return lines[0] if lines else ""
 
 
+def shared_flags(model: "ModelServer", key_file: str | None) -> list[str]:
+    """The flags a single-model server ends its command line with, and a router passes to every
+    child: browser origins, the web UI, where it listens, metrics, the key file."""
+    args: list[str] = []
+    if model.cors_origins is not None:
+        args += ["--cors-origins", model.cors_origins]
+    if not model.webui:
+        # --no-ui: the pinned build (b10731) logs --no-webui as a deprecated alias (seen running it).
+        args.append("--no-ui")
+    # Explicit on purpose: the default port is moving from 8080 to 9931 across builds.
+    args += ["--host", "0.0.0.0", "--port", str(model.port)]
+    if model.metrics:
+        args.append("--metrics")
+    if key_file is not None:
+        args += ["--api-key-file", key_file]
+    return args
+
+
+def key_file(model: "ModelServer") -> str | None:
+    """--api-key-file: the key Secret's file, when the server takes a key."""
+    return f"{API_KEY_DIR}/{model.api_key.secret_key}" if model.api_key is not None else None
+
 
 class LlamaCpp(Engine):
     """llama-server serving one model."""
 
     name = "llamacpp"
+    config_name = "llamacpp"
     component_types = {"chat": "LlamaServer", "embedding": "EmbedServer"}
     weights_flags = WEIGHTS_FLAGS
     _credentials = Credentials(mount_dir=API_KEY_DIR, metrics_token_key=METRICS_TOKEN_KEY, client_key=first_key)
 
     def config_problems(self, model: "ModelServer", path: str, pool: Optional["NodePool"]) -> list[Problem]:
         problems: list[Problem] = []
-        if model.on_demand is not None:
-            return self._router_problems(model, path, pool)
         if model.hf_repo is None:
             problems.append((f"{path}.hf_repo", "required for engine llamacpp (org/Model-GGUF:QUANT)"))
         if model.openai is not None:
@@ -129,22 +147,6 @@ class LlamaCpp(Engine):
         problems += self._placement_problems(model, path, pool)
         return problems
 
-    def _router_problems(self, model: "ModelServer", path: str, pool: Optional["NodePool"]) -> list[Problem]:
-        """A router: its own settings, then each model as the single-model server it runs as."""
-        problems: list[Problem] = []
-        if model.hf_repo is not None:
-            problems.append((f"{path}.hf_repo", "a server with on_demand models loads them by name; move hf_repo into "
-                             "on_demand.models.<name>.hf_repo"))
-        if model.role != "chat":
-            problems.append((f"{path}.on_demand", "on-demand models are chat models: an embedding server serves one"))
-        if model.workload.replicas > 1 or model.workload.kind != "Deployment":
-            problems.append((f"{path}.workload", "a router runs as one Deployment replica on the shared cache"))
-        for name in model.on_demand.models:
-            single = model.as_single(name)
-            for where, message in self.config_problems(single, path, pool):
-                problems.append((where.replace(path, f"{path}.on_demand.models.{name}", 1), message))
-        return problems
-
     @staticmethod
     def _placement_problems(model: "ModelServer", path: str, pool: Optional["NodePool"]) -> list[Problem]:
         problems: list[Problem] = []
@@ -183,11 +185,34 @@ class LlamaCpp(Engine):
                      "or one origin such as https://chat.example.org")]
         return []
 
-    def plan_problems(self, key: str, model: "ModelServer", facts: Optional["ModelFacts"]) -> list[Problem]:
+    def estimate(self, model: "ModelServer", pool: "NodePool", path: str) -> tuple[Optional[Estimate], list[Problem]]:
+        """Memory from the architecture facts (engines/llamacpp_memory.py): on a discrete GPU split
+        between the card and system RAM, else all in the node's memory; decode from where each
+        weight lives (engines/llamacpp_speed.py)."""
+        facts = facts_for(model)
+        problems = self._plan_problems(path, model, facts)
+        if facts is None or any(where.endswith((".facts", ".weights")) for where, _ in problems):
+            return None, problems
+        discrete = pool.discrete() and model.uses_gpu(pool)
+        if discrete:
+            memory, vram = discrete_split(model, facts)
+        else:
+            memory, vram = llamacpp_estimate(model, facts, model.backend_on(pool)), None
+        backend = model.backend_on(pool) if model.uses_gpu(pool) else "cpu"
+        decode = predict_tok_s(model, facts, pool, backend, discrete,
+                               {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size})
+        return Estimate(
+            memory=memory, vram=vram,
+            weights=model.weights or weights_quantity(weights_bytes(model, facts)),
+            read_per_token=layout(model, facts).read_per_token(discrete),
+            decode_predicted_tok_s=decode,
+        ), problems
+
+    def _plan_problems(self, path: str, model: "ModelServer", facts: Optional["ModelFacts"]) -> list[Problem]:
         """Why the server's memory cannot be planned, or its promise cannot be kept."""
         if facts is None:
             return [(
-                f"models.{key}.facts",
+                f"{path}.facts",
                 f"no architecture facts for {repo_of(model.hf_repo or '')}; give params_b, layers, kv_heads and "
                 "head_dim so its memory can be planned",
             )]
@@ -196,20 +221,20 @@ class LlamaCpp(Engine):
                 model_bits(model, facts)
             except KeyError:
                 return [(
-                    f"models.{key}.weights",
+                    f"{path}.weights",
                     f"quant {quant_of(model.hf_repo or ':?')} has no known bits per weight; set weights to the GGUF's size",
                 )]
-        problems = self._pooling_problems(key, model, facts) + self._kv_type_problems(key, model, facts)
+        problems = self._pooling_problems(path, model, facts) + self._kv_type_problems(path, model, facts)
         if model.cpu_moe_layers is not None and facts.expert_params_b is None:
-            problems.append((f"models.{key}.facts.expert_params_b", "cpu_moe_layers keeps experts in RAM, so the plan "
+            problems.append((f"{path}.facts.expert_params_b", "cpu_moe_layers keeps experts in RAM, so the plan "
                              "needs their size: give expert_params_b (the routed experts' parameters, all layers)"))
         elif model.cpu_moe_layers is not None and model.cpu_moe_layers > facts.layers:
-            problems.append((f"models.{key}.cpu_moe_layers", f"{model.cpu_moe_layers} exceeds the model's "
+            problems.append((f"{path}.cpu_moe_layers", f"{model.cpu_moe_layers} exceeds the model's "
                              f"{facts.layers} layers; set cpu_moe_layers: {facts.layers} (all experts in RAM)"))
         return problems
 
     @staticmethod
-    def _kv_type_problems(key: str, model: "ModelServer", facts: "ModelFacts") -> list[Problem]:
+    def _kv_type_problems(path: str, model: "ModelServer", facts: "ModelFacts") -> list[Problem]:
         """A quantized KV cache stores heads in blocks of 32 values: llama.cpp refuses to start when the
         head dimension is not a multiple ("K cache type q8_0 with block size 32 does not divide
         n_embd_head_k", seen running the pinned build)."""
@@ -218,14 +243,14 @@ class LlamaCpp(Engine):
             block = KV_TYPE_BLOCK.get(kind or "f16", 1)
             if facts.head_dim % block:
                 problems.append((
-                    f"models.{key}.{field}",
+                    f"{path}.{field}",
                     f"{kind} stores the cache in blocks of {block} values, which do not divide this model's head "
                     f"dimension of {facts.head_dim}; llama.cpp would refuse to start; use f16 or bf16",
                 ))
         return problems
 
     @staticmethod
-    def _pooling_problems(key: str, model: "ModelServer", facts: "ModelFacts") -> list[Problem]:
+    def _pooling_problems(path: str, model: "ModelServer", facts: "ModelFacts") -> list[Problem]:
         """Pooling that needs the whole input in one micro-batch (mean, cls) makes the server refuse
         inputs longer than --ubatch-size with HTTP 500, although --ctx-size promises more."""
         if model.role != "embedding" or facts.pooling not in ("mean", "cls"):
@@ -234,18 +259,14 @@ class LlamaCpp(Engine):
         if ubatch >= model.ctx_size:
             return []
         return [(
-            f"models.{key}.ubatch_size",
+            f"{path}.ubatch_size",
             f"{facts.pooling} pooling needs the whole input in one micro-batch, so inputs over {ubatch} tokens would "
             f"be refused although ctx_size is {model.ctx_size}; set ubatch_size: {model.ctx_size} (or lower ctx_size "
             f"to {ubatch})",
         )]
 
-    def args(self, model: "ModelServer") -> list[str]:
-        """llama-server's command line, generated from the typed settings (a router's: its shared
-        flags; each model's own are in its preset section, ``config_files``)."""
-        key_file = f"{API_KEY_DIR}/{model.api_key.secret_key}" if model.api_key is not None else None
-        if model.on_demand is not None:
-            return router_args(model, key_file)
+    def args(self, model: "ModelServer", plan: Optional["ServerPlan"] = None) -> list[str]:
+        """llama-server's command line, generated from the typed settings."""
         if model.hf_repo is None:  # refused by config_problems before anything is built
             raise ValueError(f"{model.name}: engine llamacpp needs hf_repo")
         args = ["--hf-repo", model.hf_repo]
@@ -281,59 +302,19 @@ class LlamaCpp(Engine):
             args += ["--cache-ram", str(model.cache_ram_mib)]
         if model.ctx_checkpoints is not None:
             args += ["--ctx-checkpoints", str(model.ctx_checkpoints)]
-        return args + shared_flags(model, key_file) + list(model.extra_args)
+        return args + shared_flags(model, key_file(model)) + list(model.extra_args)
 
     def env(self, model: "ModelServer") -> list[dict]:
         return []
-
-    def config_files(self, model: "ModelServer") -> dict[str, dict[str, str]]:
-        """Files the server reads, mounted from a ConfigMap: a router's preset and the list its
-        init container and keeper fetch."""
-        if model.on_demand is None:
-            return {}
-        return {PRESET_DIR: {PRESET_FILE: preset_ini(model, self.args), LIBRARY_FILE: library_json(model)}}
-
-    def library(self, model: "ModelServer", mount_path: str) -> Optional[Library]:
-        if model.on_demand is None:
-            return None
-        # GET /models?reload=1 re-reads the preset and keeps unchanged children (server-models.cpp:1963-1967).
-        return Library(list_file=LIBRARY_PATH, preset_file=PRESET_PATH, served_preset=SERVED_PRESET_PATH,
-                       folder=library_dir(model, mount_path),
-                       reload_path="/models?reload=1")
 
     def cache_env(self, model: "ModelServer", mount_path: str) -> list[dict]:
         """--hf-repo downloads into LLAMA_CACHE: on the shared volume the download is a one-time cost,
         and the server stays off a home directory it cannot write as a non-root UID. A router reads
         its own folder of the volume, filled before it starts (llamacpp_router.cache_env)."""
-        if model.on_demand is not None:
-            return router_cache_env(model, mount_path)
         return [{"name": "LLAMA_CACHE", "value": mount_path}]
 
     def credentials(self, model: "ModelServer") -> Optional[Credentials]:
         return self._credentials
-
-    def facts(self, model: "ModelServer") -> Optional["ModelFacts"]:
-        return facts_for(model)
-
-    def weights_bytes(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> float:
-        if facts is None:  # refused by plan_problems
-            raise ValueError(f"{model.name}: no architecture facts")
-        return weights_bytes(model, facts)
-
-    def predict_decode(self, model: "ModelServer", facts: Optional["ModelFacts"], pool: "NodePool",
-                       discrete: bool) -> Optional[dict[str, float]]:
-        if facts is None:
-            return None
-        backend = model.backend_on(pool) if model.uses_gpu(pool) else "cpu"
-        return predict_tok_s(model, facts, pool, backend, discrete,
-                             {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size})
-
-    def read_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"], discrete: bool) -> Optional[tuple[float, float]]:
-        """Weights read per generated token: every dense part and the active experts (MoE), from where
-        each lives (Layout); the output layer once."""
-        if facts is None:
-            return None
-        return layout(model, facts).read_per_token(discrete)
 
     def health_path(self, model: "ModelServer") -> str:
         return LLAMACPP_HEALTH_PATH
@@ -341,31 +322,10 @@ class LlamaCpp(Engine):
     def metrics_path(self, model: "ModelServer") -> Optional[str]:
         return LLAMACPP_METRICS_PATH if model.metrics else None
 
-    def metrics_scrapes(self, model: "ModelServer") -> list[Scrape]:
-        """A router has no metrics of its own: each model's child answers /metrics?model=<name>, with
-        no label naming the model (server-task.cpp:1596-1598), so each is a target of its own that adds
-        it. autoload=false: a scrape must not load a model (it would evict a used one); an unloaded
-        model answers 400, an expected failure (ROUTER_FACTS.md f)."""
-        if model.on_demand is None:
-            return [Scrape()]
-        return [Scrape(labels={"model": name}, params={"model": (name,), "autoload": ("false",)}, optional=True)
-                for name in model.on_demand.models]
-
     def served_model(self, model: "ModelServer", public_name: Optional[str]) -> Optional[str]:
         """In single-model mode llama-server answers any model name: it is sent the public one. A
-        router answers only the names it lists, under those names (config refuses any other)."""
+        router answers only the names it lists (llamacpp_router.LlamaCppRouter)."""
         return public_name
-
-    def memory(self, model: "ModelServer", facts: Optional["ModelFacts"], backend: "GpuBackend") -> MemoryEstimate:
-        if facts is None:  # refused by plan_problems
-            raise ValueError(f"{model.name}: no architecture facts")
-        return llamacpp_estimate(model, facts, backend)
-
-    def discrete(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> tuple[MemoryEstimate, VramEstimate]:
-        """(system RAM, one GPU's VRAM) with layers offloaded to a discrete GPU."""
-        if facts is None:  # refused by plan_problems
-            raise ValueError(f"{model.name}: no architecture facts")
-        return discrete_split(model, facts)
 
     def reports_queue(self, model: "ModelServer") -> bool:
         """llamacpp:requests_deferred is on /metrics when --metrics is set."""

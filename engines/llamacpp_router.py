@@ -1,5 +1,7 @@
-"""llama.cpp's router mode (``models.<key>.on_demand``): llama-server started with no model runs
-each model of its preset as a child llama-server, loaded when a request names it. Facts from the
+"""llama.cpp's router, an engine of its own (``models.<key>.on_demand`` on engine llamacpp):
+llama-server started with no model runs each model of its preset as a child llama-server, loaded
+when a request names it. Each child is the single-model engine's server (engines/llamacpp.py),
+whose flags, checks and estimate this engine asks for each model. Facts from the
 b10729 source and runs are in tests/contract/ROUTER_FACTS.md; the ones relied on here:
 
 - the router's own flags are merged on top of every model's preset (server-models.cpp:548-552), so
@@ -27,12 +29,17 @@ Each model's section is exactly the command line a single-model server of it wou
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
-from common.constants import SCRATCH
+from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, SCRATCH
+from planning.memory import OnRequest, OnRequestModel
+
+from .base import Credentials, Engine, Library, Problem, Scrape
+from .llamacpp import LlamaCpp, key_file, shared_flags
 
 if TYPE_CHECKING:
-    from config.types import ModelServer
+    from config.types import ModelServer, NodePool
+    from planning.capacity import ServerPlan
 
 # Where the preset ConfigMap is mounted in the router's container.
 PRESET_DIR = "/etc/llama-router"
@@ -64,8 +71,6 @@ def library_dir(model: "ModelServer", mount_path: str) -> str:
 
 def library(model: "ModelServer") -> dict[str, str]:
     """What the init container fetches: each public name and its org/repo:TAG."""
-    if model.on_demand is None:
-        raise ValueError(f"{model.name}: not a router (no on_demand)")
     return {name: entry.hf_repo for name, entry in model.on_demand.models.items()}
 
 
@@ -79,26 +84,8 @@ def cache_env(model: "ModelServer", mount_path: str) -> list[dict]:
 
 
 # Flags the router's own command line sets for every child (and host/port, which it replaces per
-# child): shared_flags() writes them, and a section never repeats them (the router's would win).
+# child): llamacpp.shared_flags() writes them, and a section never repeats them (the router's would win).
 ROUTER_LEVEL_FLAGS = frozenset({"--host", "--port", "--api-key-file", "--metrics", "--cors-origins", "--no-ui"})
-
-
-def shared_flags(model: "ModelServer", key_file: str | None) -> list[str]:
-    """The flags a single-model server ends its command line with, and a router passes to every
-    child: browser origins, the web UI, where it listens, metrics, the key file."""
-    args: list[str] = []
-    if model.cors_origins is not None:
-        args += ["--cors-origins", model.cors_origins]
-    if not model.webui:
-        # --no-ui: the pinned build (b10731) logs --no-webui as a deprecated alias (seen running it).
-        args.append("--no-ui")
-    # Explicit on purpose: the default port is moving from 8080 to 9931 across builds.
-    args += ["--host", "0.0.0.0", "--port", str(model.port)]
-    if model.metrics:
-        args.append("--metrics")
-    if key_file is not None:
-        args += ["--api-key-file", key_file]
-    return args
 
 
 def preset_sections(single_args: list[str]) -> list[tuple[str, str]]:
@@ -119,8 +106,6 @@ def preset_sections(single_args: list[str]) -> list[tuple[str, str]]:
 
 def preset_ini(model: "ModelServer", single_args) -> str:
     """The preset file: one section per model, named by the name clients send."""
-    if model.on_demand is None:
-        raise ValueError(f"{model.name}: not a router (no on_demand)")
     out = ["; Rendered by inference-plane from models.<key>.on_demand: one section per model, the flags",
            "; of its single-model server. The router's own flags (host, port, key, metrics) apply to all.", ""]
     for name, entry in model.on_demand.models.items():
@@ -133,14 +118,98 @@ def preset_ini(model: "ModelServer", single_args) -> str:
     return "\n".join(out)
 
 
-def router_args(model: "ModelServer", key_file: str | None) -> list[str]:
-    """The router's command line: what every child shares, the preset, and the planned limit
-    (``on_demand.max_loaded``, resolved by the capacity plan before the pod is built)."""
-    if model.on_demand is None:
-        raise ValueError(f"{model.name}: not a router (no on_demand)")
-    if model.on_demand.max_loaded is None:
-        raise ValueError(f"{model.name}: on_demand.max_loaded is planned from memory before the pod is built")
-    args = ["--models-preset", SERVED_PRESET_PATH, "--models-max", str(model.on_demand.max_loaded)]
+def router_args(model: "ModelServer", max_loaded: int) -> list[str]:
+    """The router's command line: what every child shares, the preset, and the resident limit the
+    capacity plan derived (planning/residency.py)."""
+    args = ["--models-preset", SERVED_PRESET_PATH, "--models-max", str(max_loaded)]
     if model.on_demand.idle_unload_seconds is not None:
         args += ["--sleep-idle-seconds", str(model.on_demand.idle_unload_seconds)]
-    return args + shared_flags(model, key_file) + list(model.extra_args)
+    return args + shared_flags(model, key_file(model)) + list(model.extra_args)
+
+
+# Each child is this engine's server: its flags, checks and memory are asked of it.
+CHILD = LlamaCpp()
+
+
+class LlamaCppRouter(Engine):
+    """llama-server as a router of models loaded on request."""
+
+    name = "llamacpp-router"
+    config_name = "llamacpp"
+    settings_block = "on_demand"
+    downloads_weights = False  # the init container and the keeper fetch its models
+    component_types = {"chat": "LlamaServer", "embedding": "EmbedServer"}
+
+    def config_problems(self, model: "ModelServer", path: str, pool: Optional["NodePool"]) -> list[Problem]:
+        """Its own settings, then each model as the single-model server it runs as."""
+        problems: list[Problem] = []
+        if model.hf_repo is not None:
+            problems.append((f"{path}.hf_repo", "a server with on_demand models loads them by name; move hf_repo into "
+                             "on_demand.models.<name>.hf_repo"))
+        if model.role != "chat":
+            problems.append((f"{path}.on_demand", "on-demand models are chat models: an embedding server serves one"))
+        if model.workload.replicas > 1 or model.workload.kind != "Deployment":
+            problems.append((f"{path}.workload", "a router runs as one Deployment replica on the shared cache"))
+        for name in model.on_demand.models:
+            for where, message in CHILD.config_problems(model.as_single(name), path, pool):
+                problems.append((where.replace(path, f"{path}.on_demand.models.{name}", 1), message))
+        return problems
+
+    def estimate(self, model: "ModelServer", pool: "NodePool", path: str) -> tuple[Optional[OnRequest], list[Problem]]:
+        """Each model as the single-model server it runs as; which may be resident together is the
+        plan's (planning/residency.py)."""
+        problems: list[Problem] = []
+        models: list[OnRequestModel] = []
+        for name, entry in model.on_demand.models.items():
+            estimate, found = CHILD.estimate(model.as_single(name), pool, f"{path}.on_demand.models.{name}")
+            problems += found
+            if estimate is not None:
+                models.append(OnRequestModel(name=name, source=entry.hf_repo, pinned=entry.pinned, estimate=estimate))
+        if problems:
+            return None, problems
+        return OnRequest(models=tuple(models), max_loaded=model.on_demand.max_loaded, path=f"{path}.on_demand"), []
+
+    def args(self, model: "ModelServer", plan: Optional["ServerPlan"] = None) -> list[str]:
+        if plan is None or plan.residency is None:
+            raise ValueError(f"{model.name}: a router's --models-max is planned from memory before the pod is built")
+        return router_args(model, plan.residency.max_loaded)
+
+    def env(self, model: "ModelServer") -> list[dict]:
+        return []
+
+    def config_files(self, model: "ModelServer") -> dict[str, dict[str, str]]:
+        """The preset and the list its init container and keeper fetch, mounted from a ConfigMap."""
+        return {PRESET_DIR: {PRESET_FILE: preset_ini(model, CHILD.args), LIBRARY_FILE: library_json(model)}}
+
+    def library(self, model: "ModelServer", mount_path: str) -> Optional[Library]:
+        # GET /models?reload=1 re-reads the preset and keeps unchanged children (server-models.cpp:1963-1967).
+        return Library(list_file=LIBRARY_PATH, preset_file=PRESET_PATH, served_preset=SERVED_PRESET_PATH,
+                       folder=library_dir(model, mount_path), reload_path="/models?reload=1",
+                       image=model.on_demand.downloader_image)
+
+    def cache_env(self, model: "ModelServer", mount_path: str) -> list[dict]:
+        return cache_env(model, mount_path)
+
+    def credentials(self, model: "ModelServer") -> Optional[Credentials]:
+        return CHILD.credentials(model)
+
+    def health_path(self, model: "ModelServer") -> str:
+        return LLAMACPP_HEALTH_PATH
+
+    def metrics_path(self, model: "ModelServer") -> Optional[str]:
+        return LLAMACPP_METRICS_PATH if model.metrics else None
+
+    def metrics_scrapes(self, model: "ModelServer") -> list[Scrape]:
+        """A router has no metrics of its own: each model's child answers /metrics?model=<name>, with
+        no label naming the model (server-task.cpp:1596-1598), so each is a target of its own that adds
+        it. autoload=false: a scrape must not load a model (it would evict a used one); an unloaded
+        model answers 400, an expected failure (ROUTER_FACTS.md f)."""
+        return [Scrape(labels={"model": name}, params={"model": (name,), "autoload": ("false",)}, optional=True)
+                for name in model.on_demand.models]
+
+    def served_model(self, model: "ModelServer", public_name: Optional[str]) -> Optional[str]:
+        """A router answers only the names it lists, under those names (config refuses any other)."""
+        return public_name
+
+    def reports_queue(self, model: "ModelServer") -> bool:
+        return CHILD.reports_queue(model)

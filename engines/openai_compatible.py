@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from common.quantity import parse_quantity
-from planning.memory import MemoryEstimate, VramEstimate, discrete_resident, resident_estimate
+from planning.memory import Estimate, discrete_resident, resident_estimate
 
 from .base import Engine, Problem
 
 if TYPE_CHECKING:
-    from config.types import GpuBackend, ModelFacts, ModelServer, NodePool
+    from config.types import ModelServer, NodePool
+    from planning.capacity import ServerPlan
 
 # Settings only llama.cpp reads. Set on another engine they would be silently ignored, so they
 # are refused; the engine's own flags go in openai.args.
@@ -25,6 +25,8 @@ class OpenAICompatible(Engine):
     """Any OpenAI-compatible server, run as its `openai:` block says."""
 
     name = "openai"
+    config_name = "openai"
+    settings_block = "openai"
     # One StatefulSet component for either role (the type kept by running stacks: an alias in
     # components/openai_server.py names the older one).
     component_types = {"chat": "OpenAIServer", "embedding": "OpenAIServer"}
@@ -42,12 +44,20 @@ class OpenAICompatible(Engine):
                 ))
         return problems
 
-    def plan_problems(self, key: str, model: "ModelServer", facts: Optional["ModelFacts"]) -> list[Problem]:
+    def estimate(self, model: "ModelServer", pool: "NodePool", path: str) -> tuple[Optional[Estimate], list[Problem]]:
+        """What it is measured to lock (openai.resident_memory): on a discrete GPU taken to be on the
+        card; no decode figures (what it reads per token is unknown)."""
         if model.weights is None:
-            return [(f"models.{key}.weights", "required for engine openai (the download size)")]
-        return []
+            return None, [(f"{path}.weights", "required for engine openai (the download size)")]
+        resident = self._settings(model).resident_memory
+        if pool.discrete() and model.uses_gpu(pool):
+            memory, vram = discrete_resident(resident, model)
+        else:
+            memory, vram = resident_estimate(resident, model.backend_on(pool)), None
+        return Estimate(memory=memory, vram=vram, weights=model.weights, read_per_token=None,
+                        decode_predicted_tok_s=None), []
 
-    def args(self, model: "ModelServer") -> list[str]:
+    def args(self, model: "ModelServer", plan: Optional["ServerPlan"] = None) -> list[str]:
         return list(self._settings(model).args)
 
     def env(self, model: "ModelServer") -> list[dict]:
@@ -62,24 +72,6 @@ class OpenAICompatible(Engine):
     def served_model(self, model: "ModelServer", public_name: Optional[str]) -> Optional[str]:
         """The engine knows its model by one name, whatever the public one is."""
         return self._settings(model).served_model
-
-    def memory(self, model: "ModelServer", facts: Optional["ModelFacts"], backend: "GpuBackend") -> MemoryEstimate:
-        return resident_estimate(self._settings(model).resident_memory, backend)
-
-    def discrete(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> tuple[MemoryEstimate, VramEstimate]:
-        """(system RAM, VRAM): what the engine locks is taken to be on the GPU."""
-        return discrete_resident(self._settings(model).resident_memory, model)
-
-    def facts(self, model: "ModelServer") -> Optional["ModelFacts"]:
-        return None  # what it locks is measured (resident_memory), not derived from the architecture
-
-    def weights_bytes(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> float:
-        if model.weights is None:  # refused by plan_problems
-            raise ValueError(f"{model.name}: engine openai needs weights")
-        return float(parse_quantity(model.weights))
-
-    def read_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"], discrete: bool) -> Optional[tuple[float, float]]:
-        return None  # unknown: no decode figures
 
     @staticmethod
     def _settings(model: "ModelServer"):

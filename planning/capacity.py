@@ -6,36 +6,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from common.errors import CapacityError
 from common.quantity import GIB, gib, parse_quantity
 
-from .memory import MemoryEstimate, VramEstimate
+from .memory import Estimate, MemoryEstimate, OnRequest, VramEstimate
 from .residency import KEEPER_MEMORY_REQUEST, Residency, ResidentModel, limit_gib, plan_residency, summed_estimate, summed_vram
 from .startup import StartupBudget, startup_budget
 
 if TYPE_CHECKING:
-    from config.types import GpuBackend, ModelFacts, ModelServer, NodePool, StackConfig
+    from config.types import ModelServer, NodePool, StackConfig
 
 Problem = tuple[str, str]
 
 
-class Engine(Protocol):
-    """What the plan asks a server's engine (engines.base.Engine implements it); planning never
-    imports engines: the caller hands in ``engine_of``."""
-
-    def facts(self, model: "ModelServer") -> Optional["ModelFacts"]: ...
-    def plan_problems(self, key: str, model: "ModelServer", facts: Optional["ModelFacts"]) -> list[Problem]: ...
-    def memory(self, model: "ModelServer", facts: Optional["ModelFacts"], backend: "GpuBackend") -> MemoryEstimate: ...
-    def discrete(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> tuple[MemoryEstimate, VramEstimate]: ...
-    def weights_bytes(self, model: "ModelServer", facts: Optional["ModelFacts"]) -> float: ...
-    def read_per_token(self, model: "ModelServer", facts: Optional["ModelFacts"], discrete: bool) -> Optional[tuple[float, float]]: ...
-    def predict_decode(self, model: "ModelServer", facts: Optional["ModelFacts"], pool: "NodePool",
-                       discrete: bool) -> Optional[dict[str, float]]: ...
-
-
-EngineOf = Callable[["ModelServer"], Engine]
+# The plan's one question, handed in by the caller (planning never imports engines): a server's
+# estimate from its engine (engines.base.Engine.estimate), or why it cannot be planned.
+Estimator = Callable[["ModelServer", "NodePool", str], tuple[Optional[Union[Estimate, OnRequest]], list[Problem]]]
 LIMIT_HEADROOM = 0.10  # a derived limit sits 10% above the estimate: compute buffers vary with load
 # llama.cpp's own fitting keeps this much of each GPU free (common/common.h, b10729: fit_params_target
 # 1 GiB per device): what is planned closer to the card's size fits on paper only.
@@ -185,17 +173,9 @@ def node_offers_gib(pool: "NodePool") -> float:
     return float(parse_quantity(pool.allocatable) - parse_quantity(pool.reserved)) / GIB
 
 
-def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", engine: "Engine") -> ServerPlan:
-    facts = engine.facts(model)
+def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", estimate: Estimate) -> ServerPlan:
     pool = stack.node_pools[model.node_pool]
-    backend = model.backend_on(pool)
-    vram = None
-    if pool.discrete() and model.uses_gpu(pool):
-        estimate, vram = engine.discrete(model, facts)
-    else:
-        estimate = engine.memory(model, facts, backend)
-    weights = model.weights or f"{ceil_gib(engine.weights_bytes(model, facts) / GIB * 10) / 10}Gi"
-    limit = model.resources.memory_limit or f"{ceil_gib(estimate.total_gib * (1 + LIMIT_HEADROOM))}Gi"
+    limit = model.resources.memory_limit or f"{ceil_gib(estimate.memory.total_gib * (1 + LIMIT_HEADROOM))}Gi"
     # Derived request = limit: a GPU server cannot shed memory, so it gets Guaranteed memory.
     request = model.resources.memory_request or limit
     return ServerPlan(
@@ -205,44 +185,32 @@ def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", engine: "
         node_pool=model.node_pool,
         replicas=model.workload.replicas,
         one_per_node=model.workload.one_per_node,
-        estimate=estimate,
+        estimate=estimate.memory,
         memory_request=request,
         memory_limit=limit,
-        budget=startup_budget(weights, stack.startup, prefetched=model.prefetch is not None),
-        weights=weights,
-        decode_bound_tok_s=decode_bound_tok_s(model, engine.read_per_token(model, facts, vram is not None), pool, vram),
-        decode_predicted_tok_s=engine.predict_decode(model, facts, pool, vram is not None),
-        vram=vram,
+        budget=startup_budget(estimate.weights, stack.startup, prefetched=model.prefetch is not None),
+        weights=estimate.weights,
+        decode_bound_tok_s=decode_bound_tok_s(model, estimate.read_per_token, pool, estimate.vram),
+        decode_predicted_tok_s=estimate.decode_predicted_tok_s,
+        vram=estimate.vram,
     )
 
 
-def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", engine: "Engine",
+def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_request: OnRequest,
                  planned: dict[str, ServerPlan]) -> tuple[Optional[ServerPlan], list[Problem]]:
-    """A router's plan: each model planned as the single-model server it runs as, then the
-    largest resident set that fits what the node and its GPU leave beside the other servers."""
-    if model.on_demand is None:
-        raise ValueError(f"{model.name}: not a router (no on_demand)")
+    """A server of models loaded on request: each model planned as the single-model server it runs
+    as, then the largest resident set that fits what the node and its GPU leave beside the other servers."""
     pool = stack.node_pools[model.node_pool]
-    problems: list[Problem] = []
     resident: list[ResidentModel] = []
-    for name, entry in model.on_demand.models.items():
-        single = model.as_single(name)
-        path = f"models.{key}.on_demand.models.{name}"
-        unplannable = [(where.replace(f"models.{key}", path, 1), why)
-                       for where, why in engine.plan_problems(key, single, engine.facts(single))]
-        problems += unplannable
-        if unplannable:
-            continue
-        plan = _server_plan(key, single, stack, engine)
+    for entry in on_request.models:
+        plan = _server_plan(key, model, stack, entry.estimate)
         vram_gib = plan.vram.total_gib if plan.vram is not None else 0.0
         resident.append(ResidentModel(
-            name=name, pinned=entry.pinned, ram_gib=plan.estimate.total_gib * (1 + LIMIT_HEADROOM), vram_gib=vram_gib,
-            weights_gib=gib(plan.weights), load_seconds=plan.budget.load_seconds,
+            name=entry.name, pinned=entry.pinned, ram_gib=plan.estimate.total_gib * (1 + LIMIT_HEADROOM),
+            vram_gib=vram_gib, weights_gib=gib(plan.weights), load_seconds=plan.budget.load_seconds,
             decode_predicted_tok_s=plan.decode_predicted_tok_s, estimate=plan.estimate, vram=plan.vram,
-            source=entry.hf_repo,
+            source=entry.source,
         ))
-    if problems:
-        return None, problems
     beside = [s for s in planned.values() if s.node_pool == model.node_pool]
     ram_budget = (node_offers_gib(pool) - sum(s.need_gib * s.replicas for s in beside)
                   - float(parse_quantity(KEEPER_MEMORY_REQUEST)) / GIB)
@@ -252,7 +220,8 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", engine: "
         vram_budget = float(parse_quantity(pool.vram)) / GIB - GPU_FREE_TARGET_GIB - sum(
             s.vram.total_gib for s in beside if s.vram is not None)
     others = f", beside {', '.join(s.name for s in beside)}" if beside else ""
-    residency, problems = plan_residency(key, model, resident, ram_budget, vram_budget, others)
+    residency, problems = plan_residency(on_request.path, on_request.max_loaded, resident, ram_budget,
+                                         vram_budget, others)
     if residency is None:
         return None, problems
     worst = residency.worst()
@@ -333,26 +302,26 @@ def _place(stack: "StackConfig", servers: dict[str, ServerPlan]) -> tuple[list[N
     return nodes, problems
 
 
-def plan_capacity(stack: "StackConfig", engine_of: EngineOf) -> CapacityPlan:
+def plan_capacity(stack: "StackConfig", estimate: Estimator) -> CapacityPlan:
     """The capacity plan for a stack, each server's memory estimated by its engine; raises
     CapacityError (path, numbers, remedy) if it does not fit."""
     problems: list[Problem] = []
     result = CapacityPlan()
-    # Servers of models on demand last: their residency is planned in what the others leave.
-    for key, model in sorted(stack.models.items(), key=lambda item: item[1].on_demand is not None):
-        engine = engine_of(model)
-        if model.on_demand is not None:
-            server, router_problems = _router_plan(key, model, stack, engine, result.servers)
-            problems += router_problems
-            if server is None:
-                continue
-            result.servers[key] = server
-            continue
-        unplannable = engine.plan_problems(key, model, engine.facts(model))
+    estimates = {key: estimate(model, stack.node_pools[model.node_pool], f"models.{key}")
+                 for key, model in stack.models.items()}
+    # Servers of models on request last: their residency is planned in what the others leave.
+    for key, model in sorted(stack.models.items(), key=lambda item: isinstance(estimates[item[0]][0], OnRequest)):
+        found, unplannable = estimates[key]
         problems += unplannable
-        if any(path.endswith((".facts", ".weights")) for path, _ in unplannable):
+        if isinstance(found, OnRequest):
+            server, router_problems = _router_plan(key, model, stack, found, result.servers)
+            problems += router_problems
+            if server is not None:
+                result.servers[key] = server
             continue
-        server = _server_plan(key, model, stack, engine)
+        if found is None:
+            continue
+        server = _server_plan(key, model, stack, found)
         problems += _limit_problems(key, model, server)
         problems += _vram_problems(key, model, server, stack.node_pools[model.node_pool])
         result.servers[key] = server

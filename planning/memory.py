@@ -4,8 +4,9 @@ memory model lives with the engine (engines/llamacpp_memory.py)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from common.quantity import GIB, parse_quantity
 
@@ -106,3 +107,40 @@ def discrete_resident(resident_memory: str, model: "ModelServer") -> tuple[Memor
     vram = VramEstimate(layers_offloaded=1, layers=1, weights_gib=resident, kv_gib=0.0, recurrent_gib=0.0,
                         reserve_gib=VRAM_CONTEXT_GIB)
     return ram, vram
+
+
+def weights_quantity(size_bytes: float) -> str:
+    """A download's size as the plan writes it: GiB rounded up to a tenth (never 0)."""
+    return f"{max(1, math.ceil(size_bytes / GIB * 10 - 1e-9)) / 10}Gi"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The engine's answer to the plan's one question about a server (``Engine.estimate``): what one
+    replica holds where, what it downloads, what it reads per generated token and how fast it decodes."""
+
+    memory: MemoryEstimate  # system RAM (the node's memory on unified memory or a CPU)
+    vram: Optional[VramEstimate]  # one discrete GPU's share; None on unified memory or without a GPU
+    weights: str  # the download, as a quantity (configured, or derived from the architecture)
+    read_per_token: Optional[tuple[float, float]]  # bytes from VRAM, bytes from the node's memory; None: unknown
+    decode_predicted_tok_s: Optional[dict[str, float]]  # context empty, half and full; None: not predicted
+
+
+@dataclass(frozen=True)
+class OnRequestModel:
+    """One model of a server that loads models when a request names them."""
+
+    name: str  # the name clients send
+    source: str  # the weights it loads (org/repo:TAG): a change fetches them again
+    pinned: bool
+    estimate: Estimate  # as the single-model server it runs as
+
+
+@dataclass(frozen=True)
+class OnRequest:
+    """A server of models loaded on request (``Engine.estimate`` of a router): the plan decides which
+    may be resident together (planning/residency.py)."""
+
+    models: tuple[OnRequestModel, ...]
+    max_loaded: Optional[int]  # what the config asks for; None: planned
+    path: str  # the config path of the server's settings for them, for the plan's messages

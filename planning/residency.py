@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from .memory import MemoryEstimate, VramEstimate
-
-if TYPE_CHECKING:
-    from config.types import ModelServer
 
 Problem = tuple[str, str]
 # The router process itself, beside its children (each child's own runtime is in its estimate):
@@ -69,13 +66,11 @@ def _largest(models, count: int, size) -> list[ResidentModel]:
     return pinned + others[: max(0, count - len(pinned))]
 
 
-def plan_residency(key: str, model: "ModelServer", models: list[ResidentModel], ram_budget_gib: float,
+def plan_residency(path: str, wanted: Optional[int], models: list[ResidentModel], ram_budget_gib: float,
                    vram_budget_gib: Optional[float], others: str) -> tuple[Optional[Residency], list[Problem]]:
-    """The largest safe --models-max, or the problems that make every count unsafe. ``others`` says
+    """The largest safe --models-max, or the problems that make every count unsafe. ``path``: the
+    server's on_demand block; ``wanted``: the max_loaded it asks for (None: planned). ``others`` says
     what else the budgets were reduced by, for the messages."""
-    if model.on_demand is None:
-        raise ValueError(f"{model.name}: not a router (no on_demand)")
-    path = f"models.{key}.on_demand"
 
     def within(ram_set: list[ResidentModel], vram_set: list[ResidentModel]) -> bool:
         # RAM as the pod's limit, rounded up to a whole GiB: what the node must give.
@@ -105,7 +100,6 @@ def plan_residency(key: str, model: "ModelServer", models: list[ResidentModel], 
     safe = max(1, len(pinned))
     while safe < len(models) and fits(safe + 1):
         safe += 1
-    wanted = model.on_demand.max_loaded
     if wanted is not None and wanted > safe:
         largest = _largest(models, wanted, lambda m: m.ram_gib)
         return None, [(f"{path}.max_loaded", f"{wanted} is not safe: {', '.join(m.name for m in largest)} loaded together "

@@ -85,15 +85,18 @@ def test_default_host_caches_are_counted_in_full():
 
 def test_decode_bound_matches_the_seeds_measurements():
     pool = HOMELAB.node_pools["iris-xe"]
-    engine = engine_of(CHAT)
-    moe = decode_bound_tok_s(CHAT, engine.read_per_token(CHAT, FACTS, discrete=False), pool)
+
+    def read(model):
+        return engine_of(model).estimate(model, pool, "models.chat")[0].read_per_token
+
+    moe = decode_bound_tok_s(CHAT, read(CHAT.model_copy(update={"facts": FACTS})), pool)
     # An upper bound: the MoE measured 11.59 tok/s, reading ~1.85 GB/token of 53.9 GB/s.
     assert moe >= 11.59
     assert 53.9 / moe == pytest.approx(1.85, rel=0.03)
     dense_facts = FACTS.model_copy(update={"params_b": 27, "active_params_b": None})
     # A dense 27B of the same quant: its own size (params x bits), not the MoE's download size.
-    dense_chat = CHAT.model_copy(update={"weights": None})
-    dense = decode_bound_tok_s(dense_chat, engine.read_per_token(dense_chat, dense_facts, discrete=False), pool)
+    dense_chat = CHAT.model_copy(update={"weights": None, "facts": dense_facts})
+    dense = decode_bound_tok_s(dense_chat, read(dense_chat), pool)
     # A dense 27B reads ~16.5 GB/token and measured 3.3 tok/s: bandwidth-bound, so near the bound.
     assert dense == pytest.approx(3.3, rel=0.05)
 

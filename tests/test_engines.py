@@ -11,10 +11,10 @@ import pytest
 
 import engines
 from config import ConfigError
-from conftest import homelab_plain_values, run_values
+from conftest import homelab_plain_values, plain_values, run_values
 from engines.base import Engine, Problem
 from plane import parse_stack, plan_capacity
-from planning.memory import BACKEND_OVERHEAD, MemoryEstimate, VramEstimate
+from planning.memory import BACKEND_OVERHEAD, Estimate, MemoryEstimate
 
 GIB = 2**30
 
@@ -23,15 +23,21 @@ class Minimal(Engine):
     """A server that takes only a port and loads the weights it was given: 1.25 x weights in memory."""
 
     name = "minimal"
+    config_name = "minimal"
     component_types = {"chat": "OpenAIServer", "embedding": "OpenAIServer"}
 
     def config_problems(self, model, path, pool) -> list[Problem]:
         return [] if model.weights else [(f"{path}.weights", "required for engine minimal")]
 
-    def plan_problems(self, key, model, facts) -> list[Problem]:
-        return []
+    def estimate(self, model, pool, path):
+        if pool.discrete():
+            raise AssertionError("not on a discrete GPU in this test")
+        backend = model.backend_on(pool)
+        memory = MemoryEstimate(weights_gib=8.0, kv_gib=2.0, recurrent_gib=0.0,
+                                overhead_gib=8.0 * BACKEND_OVERHEAD[backend], host_caches_gib=0.0)
+        return Estimate(memory=memory, vram=None, weights="8Gi", read_per_token=None, decode_predicted_tok_s=None), []
 
-    def args(self, model) -> list[str]:
+    def args(self, model, plan=None) -> list[str]:
         return ["--listen", f"0.0.0.0:{model.port}"]
 
     def env(self, model) -> list[dict]:
@@ -45,19 +51,6 @@ class Minimal(Engine):
 
     def served_model(self, model, public_name) -> Optional[str]:
         return "minimal-model"
-
-    def weights_bytes(self, model, facts) -> float:
-        return 8 * GIB
-
-    def read_per_token(self, model, facts, discrete) -> Optional[tuple[float, float]]:
-        return None
-
-    def memory(self, model, facts, backend) -> MemoryEstimate:
-        return MemoryEstimate(weights_gib=8.0, kv_gib=2.0, recurrent_gib=0.0, overhead_gib=8.0 * BACKEND_OVERHEAD[backend],
-                              host_caches_gib=0.0)
-
-    def discrete(self, model, facts) -> tuple[MemoryEstimate, VramEstimate]:
-        raise AssertionError("not on a discrete GPU in this test")
 
 
 @pytest.fixture
@@ -102,3 +95,22 @@ def test_a_registered_engine_renders_as_it_describes_itself(registered):
     assert all(e["name"] != "LLAMA_CACHE" for e in container["env"])
     # Registered as the component type the engine names.
     assert any(r.type == "inference-plane:index:OpenAIServer" and r.name == "chat" for r in run.resources)
+
+
+def test_another_engines_settings_block_is_refused_by_one_rule():
+    """No engine lists the others' blocks: a block on a server of another engine is refused generically."""
+    values = copy.deepcopy(homelab_plain_values())
+    values["models"]["chat"]["engine"] = "openai"
+    values["models"]["chat"]["on_demand"] = {"models": {"a": {"hf_repo": "Qwen/Qwen3-8B-GGUF:Q4_K_M"},
+                                                        "b": {"hf_repo": "Qwen/Qwen3-14B-GGUF:Q4_K_M"}}}
+    with pytest.raises(ConfigError, match=r"models\.chat\.on_demand: engine openai does not read an on_demand block; "
+                                          r"remove it, or set engine: llamacpp"):
+        parse_stack(values)
+
+
+def test_the_router_is_an_engine_selected_by_its_block():
+    """engine llamacpp with an on_demand block runs the router engine; without it, the single-model one."""
+    stack = parse_stack(plain_values("rtx3090-library"))
+    (router,) = [m for m in stack.models.values() if m.engine == "llamacpp"]
+    assert engines.engine_of(router).name == "llamacpp-router"
+    assert engines.engine_of(router.as_single(next(iter(router.on_demand.models)))).name == "llamacpp"

@@ -105,17 +105,17 @@ def _repo(args: list[str]) -> str:
 
 @pytest.mark.parametrize("case", cases(), ids=lambda c: f"{c[0]}/{c[1]}")
 def test_the_plan_matches_what_llama_cpp_allocates(case):
-    from engines import engine_of
+    from engines.llamacpp_memory import llamacpp_estimate
+    from planning.catalog import facts_for
     from render.offline import run_stack
 
     stack, key, container, *_ = case
     run = run_stack(stack)
     model = run.config.models[key]
-    engine = engine_of(model)
-    facts = engine.facts(model)
+    facts = facts_for(model)
     reports = llama_cpp_reports(container["args"], shape_file(SHAPES[_repo(container["args"])]))
     # The plan for the same flags on a CPU (the build here): llama.cpp's buffers are all host buffers.
-    plan = engine.memory(model, facts, "cpu")
+    plan = llamacpp_estimate(model, facts, "cpu")
     figures = {"model": plan.weights_gib * 1024, "KV": plan.kv_gib * 1024, "RS": plan.recurrent_gib * 1024,
                "compute": plan.overhead_gib * 1024}
     for kind, planned in figures.items():

@@ -76,7 +76,7 @@ def test_each_preset_section_is_the_single_model_command_line_and_the_router_kee
     server = ModelServer.model_validate(library(config()))
     assert list(sections) == list(server.on_demand.models)
     for name, keys in sections.items():
-        single = engine_of(server).args(server.as_single(name))
+        single = engine_of(server.as_single(name)).args(server.as_single(name))
         # The download is the init container's (library.json); the section keeps every other flag.
         assert "hf-repo" not in keys and fetched[name] == single[single.index("--hf-repo") + 1]
         assert keys["ctx-size"] == single[single.index("--ctx-size") + 1]

@@ -77,13 +77,6 @@ def prefetch_container(model: ModelServer, cache: ModelCacheConfig) -> dict:
     }
 
 
-def library_of(model: ModelServer, cache: ModelCacheConfig) -> Library:
-    found = engine_of(model).library(model, cache.mount_path)
-    if found is None:
-        raise ValueError(f"{model.name}: its engine loads no models by name")
-    return found
-
-
 def _library_env(library: Library, cache: ModelCacheConfig) -> list[dict]:
     return [
         {"name": "HF_LIBRARY", "value": library.list_file},
@@ -98,26 +91,25 @@ def _library_env(library: Library, cache: ModelCacheConfig) -> list[dict]:
     ]
 
 
-def library_container(model: ModelServer, cache: ModelCacheConfig, file_mounts: list[dict]) -> dict:
+def library_container(model: ModelServer, library: Library, cache: ModelCacheConfig, file_mounts: list[dict]) -> dict:
     """A router's init container: every model it may load fetched before it starts, into the shared
     cache's hub layout and linked into the router's own folder (library_download.py, library mode). A
     model fetched at its first request would hold that request for the whole download (tens of
     minutes for a 20 GiB model); a wrong hf_repo would show up only then."""
     return {
         "name": "prefetch",
-        "image": model.on_demand.downloader_image,
+        "image": library.image,
         "command": ["python3", "-c", library_source()],
-        "env": _library_env(library_of(model, cache), cache),
+        "env": _library_env(library, cache),
         "securityContext": dict(CONTAINER_SECURITY),
         "resources": PREFETCH_RESOURCES,
         "volumeMounts": [{"name": "models", "mountPath": cache.mount_path}, *file_mounts, SCRATCH_VOLUME],
     }
 
 
-def library_keeper(model: ModelServer, cache: ModelCacheConfig, file_mounts: list[dict]) -> dict:
+def library_keeper(model: ModelServer, library: Library, cache: ModelCacheConfig, file_mounts: list[dict]) -> dict:
     """A router's sidecar (library_download.py, keeper mode): applies a changed library or preset without a
     restart: fetches new models, removes dropped ones, then has the router re-read its preset."""
-    library = library_of(model, cache)
     credentials = engine_of(model).credentials(model)
     env = _library_env(library, cache) + [
         {"name": "KEEP_SECONDS", "value": str(KEEP_SECONDS)},
@@ -135,7 +127,7 @@ def library_keeper(model: ModelServer, cache: ModelCacheConfig, file_mounts: lis
             "periodSeconds": 2 * KEEP_SECONDS, "timeoutSeconds": 10}
     return {
         "name": "library",
-        "image": model.on_demand.downloader_image,
+        "image": library.image,
         "command": ["python3", "-c", library_source()],
         "env": env,
         "securityContext": dict(CONTAINER_SECURITY),
