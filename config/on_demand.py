@@ -30,8 +30,9 @@ class OnDemandModel(Strict):
     cache_type_k: Optional[KvCacheType] = doc("--cache-type-k; null: the server's.", default=None)
     cache_type_v: Optional[KvCacheType] = doc("--cache-type-v; null: the server's.", default=None)
     pinned: bool = doc(
-        "Loaded when the server starts and always counted as resident: the planner keeps room for it beside any "
-        "others, so the least-recently-used eviction never needs its memory.",
+        "Loaded when the server starts (load-on-startup), so the first request for it does not wait. Not kept: "
+        "llama.cpp's router has no pin and evicts the least recently used model, this one too; the plan counts it "
+        "like any other model (any max_loaded of them fit).",
         default=False,
     )
 
@@ -44,7 +45,8 @@ class OnDemand(Strict):
     )
     max_loaded: Optional[Annotated[int, Field(ge=1, le=64)]] = doc(
         "--models-max; null: planned, the most models such that ANY that many fit the memory beside the node's "
-        "other servers. A larger value is refused.",
+        "other servers (none assumed resident: the router evicts whichever is least recently used). A larger value "
+        "is refused.",
         default=None,
     )
     downloader_image: PinnedImage = doc(

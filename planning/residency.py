@@ -1,8 +1,12 @@
 """Which on-demand models may be resident together (``models.<key>.on_demand``): planned from
 memory, never guessed as a count. llama.cpp's router bounds residency only by a count
-(--models-max) and evicts the least recently used; so the planner renders the count that makes an
-out-of-memory load impossible: the largest N such that ANY N of the models (the pinned ones
-always among them) fit what the node gives the router, in system RAM and on its GPU."""
+(--models-max) and evicts the least recently used idle model, whichever it is: b10729 has no pin
+(common/arg.cpp: the option is commented out), and a model loaded at start has the oldest use, so it
+is the first evicted (server-models.cpp pick_victim; measured on a GPU: the 'pinned' model went and
+the two largest stayed). So the planner renders the count that makes an out-of-memory load
+impossible whatever the runtime evicts: the largest N such that ANY N of the models fit what the
+node gives the router, in system RAM and on its GPU. No model is assumed resident; a pinned model
+is only loaded at start."""
 
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ class Residency:
     models: tuple[ResidentModel, ...] = field(default_factory=tuple)
 
     def worst(self) -> list[ResidentModel]:
-        """The resident set that holds the most system RAM: the pinned models and the largest others."""
+        """The resident set that holds the most system RAM: the largest N models."""
         return _largest(self.models, self.max_loaded, lambda m: m.ram_gib)
 
     def worst_vram(self) -> list[ResidentModel]:
@@ -61,9 +65,7 @@ class Residency:
 
 
 def _largest(models, count: int, size) -> list[ResidentModel]:
-    pinned = [m for m in models if m.pinned]
-    others = sorted((m for m in models if not m.pinned), key=lambda m: (-size(m), m.name))
-    return pinned + others[: max(0, count - len(pinned))]
+    return sorted(models, key=lambda m: (-size(m), m.name))[:count]
 
 
 def plan_residency(path: str, wanted: Optional[int], models: list[ResidentModel], ram_budget_gib: float,
@@ -80,28 +82,29 @@ def plan_residency(path: str, wanted: Optional[int], models: list[ResidentModel]
     def fits(count: int) -> bool:
         return within(_largest(models, count, lambda m: m.ram_gib), _largest(models, count, lambda m: m.vram_gib))
 
-    pinned = [m for m in models if m.pinned]
     problems: list[Problem] = []
-    if len(pinned) > 1 and not fits(len(pinned)):
-        return None, [(f"{path}.models", f"the pinned models together need {sum(m.ram_gib for m in pinned):.1f} GiB of "
-                       f"RAM and {sum(m.vram_gib for m in pinned):.1f} GiB of VRAM, more than the router has "
-                       f"({_budget(ram_budget_gib, vram_budget_gib)}{others}); pin fewer")]
-    # Each model must fit beside the pinned ones: otherwise a request for it can never be served.
+    # Each model must fit alone: otherwise a request for it can never be served.
     for m in models:
-        beside = [p for p in pinned if p is not m]
-        if not within([m, *beside], [m, *beside]):
-            pins = f" beside the pinned {', '.join(p.name for p in beside)}" if beside else ""
-            problems.append((f"{path}.models.{m.name}", f"can never be loaded{pins}: it needs {m.ram_gib:.1f} GiB of RAM "
+        if not within([m], [m]):
+            problems.append((f"{path}.models.{m.name}", f"can never be loaded: it needs {m.ram_gib:.1f} GiB of RAM "
                              f"and {m.vram_gib:.1f} GiB of VRAM ({_needs(m)}), the router has "
                              f"{_budget(ram_budget_gib, vram_budget_gib)}{others}; use a smaller quant or ctx_size, fewer "
-                             "gpu_layers, or remove it"))
+                             "gpu_layers or more cpu_moe_layers, or remove it"))
     if problems:
         return None, problems
-    safe = max(1, len(pinned))
+    safe = 1
     while safe < len(models) and fits(safe + 1):
         safe += 1
+    pinned = [m.name for m in models if m.pinned]
+    if len(pinned) > (wanted or safe):
+        # Loaded at start one after another: past the limit the router evicts the first again.
+        problems.append((f"{path}.models", f"{len(pinned)} models are pinned (loaded at start: {', '.join(pinned)}) but "
+                         f"only {wanted or safe} may be resident at once; pin at most {wanted or safe}"))
+        return None, problems
     if wanted is not None and wanted > safe:
-        largest = _largest(models, wanted, lambda m: m.ram_gib)
+        by_ram = _largest(models, wanted, lambda m: m.ram_gib)
+        # The set that breaks a budget: the VRAM-largest one when the RAM-largest fits.
+        largest = by_ram if limit_gib(by_ram) > ram_budget_gib + 1e-9 else _largest(models, wanted, lambda m: m.vram_gib)
         return None, [(f"{path}.max_loaded", f"{wanted} is not safe: {', '.join(m.name for m in largest)} loaded together "
                        f"need {sum(m.ram_gib for m in largest) + ROUTER_HOST_GIB:.1f} GiB of RAM and "
                        f"{sum(m.vram_gib for m in largest):.1f} GiB of VRAM, the router has "

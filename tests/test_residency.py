@@ -3,6 +3,8 @@ and rendered as --models-max; the preset ConfigMap holds each model's single-mod
 
 from __future__ import annotations
 
+import itertools
+
 import json
 
 import copy
@@ -34,24 +36,22 @@ def rendered(c: dict):
 
 
 def test_the_rendered_limit_is_the_largest_count_any_set_of_which_fits_the_card():
+    """No model is assumed resident (b10729 has no pin; its LRU evicts the model loaded at start
+    first): every set of `limit` models the router can reach fits the card and the pod's RAM."""
     run, deployment, _ = rendered(config())
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     limit = int(args[args.index("--models-max") + 1])
     plan = run.outputs["capacity_plan"]["servers"]["library"]["residency"]
     card = 24 - 1  # the pool's 24 GiB less llama.cpp's 1 GiB free per GPU
-    assert plan["max_loaded"] == limit and plan["vram_budget_gib"] == card
+    assert plan["max_loaded"] == limit == 2 and plan["vram_budget_gib"] == card
     models = plan["models"]
-    pinned = [m["vram_gib"] for m in models.values() if m["pinned"]]
-    others = sorted((m["vram_gib"] for m in models.values() if not m["pinned"]), reverse=True)
-    # Any `limit` models fit (the pinned one and the largest others)...
-    assert sum(pinned) + sum(others[: limit - len(pinned)]) <= card
-    # ...and one more could not: the limit is the largest safe one.
-    assert sum(pinned) + sum(others[: limit + 1 - len(pinned)]) > card
-    # The pod's memory limit holds the worst resident set in RAM.
-    ram = sorted((m["ram_gib"] for m in models.values() if not m["pinned"]), reverse=True)
-    worst = sum(m["ram_gib"] for m in models.values() if m["pinned"]) + sum(ram[: limit - 1])
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert float(container["resources"]["limits"]["memory"].removesuffix("Gi")) >= worst
+    memory_limit = float(container["resources"]["limits"]["memory"].removesuffix("Gi"))
+    for resident in itertools.combinations(models.values(), limit):
+        assert sum(m["vram_gib"] for m in resident) <= card
+        assert sum(m["ram_gib"] for m in resident) <= memory_limit
+    # ...and one more could not: the limit is the largest safe one.
+    assert any(sum(m["vram_gib"] for m in more) > card for more in itertools.combinations(models.values(), limit + 1))
     # The swap cost and the speed of each model are in the plan.
     for m in models.values():
         assert m["load_seconds"] > 0 and m["decode_predicted_tok_s"]["half"] > 0
@@ -108,18 +108,29 @@ def keys_of(args: list[str]) -> set[str]:
 def test_a_limit_above_the_safe_one_is_refused():
     c = config()
     library(c)["on_demand"]["max_loaded"] = 3
-    with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.max_loaded: 3 is not safe: qwen3-8b, "
-                       r"qwen3-30b-a3b, .* loaded together need .* the router has 59.9 GiB of RAM and 23.0 GiB of VRAM; "
-                       r"remove it \(planned: 2\)"):
+    with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.max_loaded: 3 is not safe: qwen3-30b-a3b, "
+                       r"qwen3-14b, gemma-3-12b loaded together need .* GiB of RAM and 3\d.\d GiB of VRAM, the router has "
+                       r"59.9 GiB of RAM and 23.0 GiB of VRAM; remove it \(planned: 2\)"):
         run_stack_file(STACK, c, SECRETS)
 
 
-def test_a_model_that_can_never_load_beside_the_pinned_one_is_refused_by_name():
+def test_a_model_that_can_never_load_is_refused_by_name():
     c = config()
     del library(c)["on_demand"]["models"]["qwen3-30b-a3b"]["cpu_moe_layers"]
-    with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.models.qwen3-30b-a3b: can never be loaded "
-                       r"beside the pinned qwen3-8b: it needs .* and 18.9 GiB of VRAM .* the router has 59.9 GiB of RAM "
-                       r"and 23.0 GiB of VRAM"):
+    c["inference-plane:node_pools"]["rtx3090"]["vram"] = "16Gi"
+    with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.models.qwen3-30b-a3b: can never be loaded: "
+                       r"it needs .* and 18.9 GiB of VRAM .* the router has 59.9 GiB of RAM and 15.0 GiB of VRAM; .*more "
+                       r"cpu_moe_layers"):
+        run_stack_file(STACK, c, SECRETS)
+
+
+def test_more_pinned_models_than_may_be_resident_are_refused():
+    """Each is loaded at start; past the limit the router would evict the first again."""
+    c = config()
+    for name in ("qwen3-14b", "qwen3-30b-a3b"):
+        library(c)["on_demand"]["models"][name]["pinned"] = True
+    with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.models: 3 models are pinned \(loaded at start: "
+                       r"qwen3-8b, qwen3-14b, qwen3-30b-a3b\) but only 2 may be resident at once; pin at most 2"):
         run_stack_file(STACK, c, SECRETS)
 
 
