@@ -84,6 +84,20 @@ SCRATCH = "/tmp"
 # embedding model answers fluent nonsense (the seed's lesson), so no generative path reaches it.
 EMBEDDINGS_PATH = "/v1/embeddings"
 
+# The paths an exposed router's Ingress routes, each exact: the inference endpoints llama.cpp b10729's
+# router proxies to a model's child (tools/server/server.cpp: chat, completions, responses, messages,
+# infill, tokenizer) and the listing /v1/models. Never /models (POST downloads any Hub repo into the
+# pod, DELETE removes files), /models/load, /models/unload, /slots, /props, /lora-adapters or
+# /metrics: any key holder could call them (one key class, no admin role), so management stays inside
+# the pod (the keeper calls it over loopback).
+ROUTER_CLIENT_PATHS = (
+    "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/completion",
+    "/v1/responses", "/responses", "/v1/messages", "/v1/messages/count_tokens", "/infill",
+    "/tokenize", "/detokenize", "/apply-template", "/v1/models", "/health",
+)
+# The flag that makes llama-server a router: how the policies tell a router's workload.
+ROUTER_PRESET_FLAG = "--models-preset"
+
 # The pod volume holding a model server's API key Secret: what tells the policies and the render's
 # summary that a server takes a key.
 API_KEY_VOLUME = "api-key"

@@ -16,7 +16,7 @@ from typing import ClassVar, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from common.constants import COLD_START_ANNOTATION, COMPONENT_LABEL, EMBEDDINGS_PATH, HEALTH_ANNOTATION, service_fqdn
+from common.constants import COLD_START_ANNOTATION, COMPONENT_LABEL, HEALTH_ANNOTATION, service_fqdn
 from config.ingress import TRAEFIK_MIDDLEWARES, ingress_annotations, program_annotations, source_middleware
 from config.types import ClusterConfig, ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
@@ -221,9 +221,10 @@ class ModelServerBase(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             ))
         backend = {"service": {"name": model.name, "port": {"number": model.port}}}
-        # A chat server: everything (API and WebUI). An embedding server: the embeddings path alone.
-        paths = ([{"path": "/", "pathType": "Prefix", "backend": backend}] if model.role == "chat" else
-                 [{"path": EMBEDDINGS_PATH, "pathType": "Exact", "backend": backend}])
+        # Every path, or the engine's exact client paths (an embedding server's, a router's).
+        exact = engine_of(model).client_paths(model)
+        paths = ([{"path": "/", "pathType": "Prefix", "backend": backend}] if exact is None else
+                 [{"path": path, "pathType": "Exact", "backend": backend} for path in exact])
         # No public-DNS label, so only the LAN's DNS publishes the record; the source ranges above.
         return k8s.networking.v1.Ingress(
             f"{name}-ingress",

@@ -108,6 +108,10 @@ class Engine(ABC):
         """The targets at metrics_path: one plain scrape unless the engine needs several."""
         return [Scrape()]
 
+    def client_paths(self, model: "ModelServer") -> Optional[tuple[str, ...]]:
+        """The exact paths an Ingress to the server routes; None: every path (the API and a WebUI)."""
+        return None
+
     @abstractmethod
     def served_model(self, model: "ModelServer", public_name: Optional[str]) -> Optional[str]:
         """The model name the gateway sends upstream for this public name (None: pass it through)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Optional
 
-from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, METRICS_TOKEN_KEY
+from common.constants import EMBEDDINGS_PATH, LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, METRICS_TOKEN_KEY
 from common.quantity import parse_quantity
 from planning.catalog import facts_for, repo_of
 from planning.memory import Estimate, weights_quantity
@@ -321,6 +321,10 @@ class LlamaCpp(Engine):
 
     def metrics_path(self, model: "ModelServer") -> Optional[str]:
         return LLAMACPP_METRICS_PATH if model.metrics else None
+
+    def client_paths(self, model: "ModelServer") -> Optional[tuple[str, ...]]:
+        """A chat server: everything (API and WebUI). An embedding server: the embeddings path alone."""
+        return (EMBEDDINGS_PATH,) if model.role == "embedding" else None
 
     def served_model(self, model: "ModelServer", public_name: Optional[str]) -> Optional[str]:
         """In single-model mode llama-server answers any model name: it is sent the public one. A

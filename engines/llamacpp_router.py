@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Optional
 
-from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, SCRATCH
+from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, ROUTER_CLIENT_PATHS, ROUTER_PRESET_FLAG, SCRATCH
 from planning.memory import OnRequest, OnRequestModel
 
 from .base import Credentials, Engine, Library, Problem, Scrape
@@ -121,7 +121,7 @@ def preset_ini(model: "ModelServer", single_args) -> str:
 def router_args(model: "ModelServer", max_loaded: int) -> list[str]:
     """The router's command line: what every child shares, the preset, and the resident limit the
     capacity plan derived (planning/residency.py)."""
-    args = ["--models-preset", SERVED_PRESET_PATH, "--models-max", str(max_loaded)]
+    args = [ROUTER_PRESET_FLAG, SERVED_PRESET_PATH, "--models-max", str(max_loaded)]
     if model.on_demand.idle_unload_seconds is not None:
         args += ["--sleep-idle-seconds", str(model.on_demand.idle_unload_seconds)]
     return args + shared_flags(model, key_file(model)) + list(model.extra_args)
@@ -206,6 +206,11 @@ class LlamaCppRouter(Engine):
         model answers 400, an expected failure (ROUTER_FACTS.md f)."""
         return [Scrape(labels={"model": name}, params={"model": (name,), "autoload": ("false",)}, optional=True)
                 for name in model.on_demand.models]
+
+    def client_paths(self, model: "ModelServer") -> Optional[tuple[str, ...]]:
+        """Inference and listing only: its model management (download, delete, load, unload) would be
+        any key holder's (common.constants.ROUTER_CLIENT_PATHS). Its WebUI is not routed either."""
+        return ROUTER_CLIENT_PATHS
 
     def served_model(self, model: "ModelServer", public_name: Optional[str]) -> Optional[str]:
         """A router answers only the names it lists, under those names (config refuses any other)."""

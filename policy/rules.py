@@ -22,6 +22,8 @@ from common.constants import (
     MODEL_SERVER_COMPONENTS,
     MTLS_ANNOTATION,
     PINNED_IMAGE,
+    ROUTER_CLIENT_PATHS,
+    ROUTER_PRESET_FLAG,
     TAILSCALE_CLASS,
     TAILSCALE_HOSTNAME,
     WORKLOAD_KINDS,
@@ -278,6 +280,29 @@ def keyed_services(resources: list[Props]) -> set[str]:
     return keyed
 
 
+def router_management_not_exposed(resources: list[Props], report: Report, config: Mapping) -> None:
+    """A router's model management (POST /models downloads any Hub repo into the pod, /models/load,
+    /models/unload, DELETE /models) answers any key holder: an Ingress to a router routes only the exact
+    inference and listing paths."""
+    kinds = _by_kind(resources)
+    routers: set[str] = set()
+    for service in kinds.get("Service", []):
+        selector = (service.get("spec") or {}).get("selector") or {}
+        for workload in kinds.get("Deployment", []) + kinds.get("StatefulSet", []):
+            template = (workload.get("spec") or {}).get("template") or {}
+            labels = (template.get("metadata") or {}).get("labels") or {}
+            if selector and selector.items() <= labels.items() and any(
+                    ROUTER_PRESET_FLAG in (c.get("args") or []) for c in containers(template.get("spec") or {})):
+                routers.add(_meta(service).get("name"))
+    for ingress in kinds.get("Ingress", []):
+        for rule in (ingress.get("spec") or {}).get("rules") or []:
+            for path in (rule.get("http") or {}).get("paths") or []:
+                service = ((path.get("backend") or {}).get("service") or {}).get("name")
+                if service in routers and (path.get("pathType") != "Exact" or path.get("path") not in ROUTER_CLIENT_PATHS):
+                    report(f"Ingress {_meta(ingress).get('name')} sends {path.get('pathType')} {path.get('path')} to the "
+                           f"router {service}, whose model management any key holder could then call")
+
+
 def embeddings_not_exposed(resources: list[Props], report: Report, config: Mapping) -> None:
     kinds = _by_kind(resources)
     embedding_services = _service_fqdns(resources, "embeddings")
@@ -493,6 +518,8 @@ STACK_RULES = [
     Rule("default-deny", "Every namespace has a default-deny network policy.", default_deny, stack=True),
     Rule("embeddings-not-exposed", "An embedding model is never reachable by a chat request: an Ingress may route only its exact "
          "embeddings path, behind its API key.", embeddings_not_exposed, stack=True),
+    Rule("router-management-not-exposed", "A router's Ingress routes only exact inference and listing paths, never its "
+         "model management.", router_management_not_exposed, stack=True),
     Rule("gateway-requires-auth", "The gateway demands an API key, and a client certificate when mTLS is on.", gateway_requires_auth, stack=True),
     Rule("idle-outlasts-request", "No route idles out before its own request timeout.", idle_outlasts_request, stack=True),
     Rule("tailnet-name-resolves", "A tailnet Gateway's device is named after its listener hostname.", tailnet_name_resolves, stack=True),

@@ -73,6 +73,7 @@ def test_pack_has_every_policy_mandatory():
         "pod-security-restricted", "images-pinned", "model-server-budgets", "narrow-egress", "exposure-lan-only",
         "no-inline-credentials", "default-deny", "embeddings-not-exposed", "gateway-requires-auth",
         "hf-cache-on-weights-volume", "tailnet-name-resolves", "idle-outlasts-request", "no-runtime-installs",
+        "router-management-not-exposed",
     }
     assert all(p.enforcement_level.value == "mandatory" for p in POLICIES)
 
@@ -228,6 +229,26 @@ def test_embedding_server_behind_an_ingress(homelab):
     path["pathType"] = "Prefix"  # /v1/embeddings/anything would reach it too
     assert stack_violations("embeddings-not-exposed", objects) == [
         "Ingress llama-server sends /v1/embeddings to the embedding server llama-embed"
+    ]
+
+
+def test_a_routers_ingress_passes_only_its_inference_and_listing_paths():
+    """POST /models downloads any Hub repo into the router's pod and /models/load, /models/unload answer any
+    key holder (contract-tested): an Ingress to a router routing more is a violation."""
+    from render.offline import run_stack
+
+    objects = list(copy.deepcopy(manifests(run_stack("rtx3090-library"))).values())
+    assert stack_violations("router-management-not-exposed", objects) == []
+    ingress = next(m for m in objects if m["kind"] == "Ingress")
+    paths = ingress["spec"]["rules"][0]["http"]["paths"]
+    assert {p["path"] for p in paths} >= {"/v1/chat/completions", "/v1/models"} and "/models" not in {p["path"] for p in paths}
+    paths.append({**paths[0], "path": "/models"})
+    paths.append({**paths[0], "path": "/", "pathType": "Prefix"})
+    assert stack_violations("router-management-not-exposed", objects) == [
+        "Ingress llama-library sends Exact /models to the router llama-library, whose model management any key holder "
+        "could then call",
+        "Ingress llama-library sends Prefix / to the router llama-library, whose model management any key holder could "
+        "then call",
     ]
 
 

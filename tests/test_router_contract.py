@@ -343,3 +343,45 @@ def test_stopping_the_router_stops_its_models(case, sig):
         router.proc.send_signal(sig)
         router.proc.wait(timeout=60)
         assert wait_gone(pids, seconds=30) == [], "children outlived the router"
+
+
+def _ingress_paths(stack: str, service: str) -> list[tuple[str, str]]:
+    from render.manifests import manifests
+    from render.offline import run_stack
+
+    files = list(manifests(run_stack(stack)).values())
+    return [(p["pathType"], p["path"]) for m in files if m["kind"] == "Ingress"
+            for rule in m["spec"]["rules"] for p in rule["http"]["paths"] if p["backend"]["service"]["name"] == service]
+
+
+def test_the_routers_ingress_passes_every_inference_path_it_serves_and_none_of_its_management(case):
+    """Every path the rendered Ingress routes is one the real router serves (not its 404), exact; the
+    management endpoints the router really answers for any key holder (load, unload, the download at
+    POST /models) are not among them."""
+    binary, preset, args, models, key = case
+    stack = next(c[0] for c in CASES if c[1] == preset).split("/")[0]
+    paths = _ingress_paths(stack, "llama-library")
+    assert paths and all(kind == "Exact" for kind, _ in paths)
+    name = next(iter(models))
+    messages = [{"role": "user", "content": "hi"}]
+    bodies = {"/tokenize": {"model": name, "content": "hi"}, "/detokenize": {"model": name, "tokens": [1]},
+              "/completion": {"model": name, "prompt": "hi", "n_predict": 1},
+              "/completions": {"model": name, "prompt": "hi", "max_tokens": 1},
+              "/v1/completions": {"model": name, "prompt": "hi", "max_tokens": 1},
+              "/infill": {"model": name, "input_prefix": "a", "input_suffix": "b", "n_predict": 1},
+              "/v1/responses": {"model": name, "input": "hi", "max_output_tokens": 1},
+              "/responses": {"model": name, "input": "hi", "max_output_tokens": 1}}
+    with start_router(binary, preset, args, models, key) as router:
+        for _, path in paths:
+            if path in ("/v1/models", "/health"):
+                answer = router.get(path)
+            else:
+                answer = router.post(path, bodies.get(path, {"model": name, "messages": messages, "max_tokens": 1}))
+            assert answer.status != 404, (path, answer.body[:200])
+        # What the Ingress keeps out is real: any key holder may load and unload models here.
+        assert router.post("/models/unload", {"model": name}).status == 200
+        router.wait_status(name, ("unloaded",))
+        assert router.post("/models/load", {"model": name}).status == 200
+    routed = {path for _, path in paths}
+    assert not routed & {"/models", "/models/load", "/models/unload", "/models/sse", "/slots", "/props", "/metrics",
+                         "/lora-adapters", "/"}
