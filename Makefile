@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 CHECKOV_VENV := .venv-checkov
 
-.PHONY: render test bench clean contract docs diff llama
+.PHONY: render test quick bench clean contract docs diff llama
 
 # Rebuilt when the pinned requirements change; a fresh clone builds it on first use.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -40,6 +40,11 @@ llama: $(VENV)/.installed
 
 test: $(VENV)/.installed $(CHECKOV_VENV)/.installed llama
 	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -q
+
+# The quick loop: every test but those marked `llama` (they run llama.cpp's own programs; tests/conftest.py
+# marks them), so llama.cpp is neither fetched nor built. `make test` runs them all.
+quick: $(VENV)/.installed $(CHECKOV_VENV)/.installed
+	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -q -m "not llama"
 
 clean:
 	rm -rf rendered

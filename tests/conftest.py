@@ -121,6 +121,26 @@ def run_stack_file(stack: str, mapping: dict[str, Any], secrets: dict[str, str] 
     return run_program(config, secret_keys, stack=stack)
 
 
+# The tests that need llama.cpp's own programs, built by tools/build_llama_server.py (`make llama`),
+# are marked `llama` here, from what they use, so the mark cannot drift from the need: every test
+# that uses the `binary` fixture (directly or through another fixture), and every test of a module
+# that calls build_llama_server.build() itself. `make quick` runs the rest without building
+# llama.cpp: pytest -m "not llama".
+LLAMA_FIXTURES = {"binary"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if str(ROOT / "tools") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tools"))
+    from build_llama_server import build
+
+    for item in items:
+        builds_itself = getattr(getattr(item, "module", None), "build", None) is build
+        if builds_itself or LLAMA_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.llama)
+
+
 @pytest.fixture(scope="session")
 def binary() -> Path:
     """llama.cpp's llama-server for the contract tests. `make test` builds first with progress on the
