@@ -9,26 +9,18 @@ from typing import Annotated, Optional
 from pydantic import Field
 
 from .defaults import PREFETCH_IMAGE
-from .facts import KvCacheType, ModelFacts
-from .values import ContextTokens, HfRepo, LayerCount, Memory, MicroBatch, PinnedImage, Slots, Strict, doc
+from .model_settings import ModelOverrides
+from .values import HfRepo, PinnedImage, Strict, doc
 
 # A public model name: what a client sends as "model" and the router's preset section.
 ModelName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[a-z0-9][a-z0-9._-]*$")]
 
 
-class OnDemandModel(Strict):
-    """One model the router may load. Settings left null take the server's own."""
+class OnDemandModel(ModelOverrides):
+    """One model the router may load: its own llama.cpp settings (config/model_settings.py), each null for
+    the server's."""
 
     hf_repo: HfRepo = doc("llama.cpp's --hf-repo for this model (org/Model-GGUF:QUANT).")
-    weights: Optional[Memory] = doc("Size of the weights download; null: parameters x the quant's bits.", default=None)
-    facts: Optional[ModelFacts] = doc("Architecture facts; null: from the catalog by hf_repo.", default=None)
-    ctx_size: Optional[ContextTokens] = doc("--ctx-size; null: the server's.", default=None)
-    gpu_layers: Optional[LayerCount] = doc("--n-gpu-layers; null: the server's.", default=None)
-    cpu_moe_layers: Optional[LayerCount] = doc("--n-cpu-moe; null: the server's.", default=None)
-    parallel: Optional[Slots] = doc("--parallel; null: the server's.", default=None)
-    ubatch_size: Optional[MicroBatch] = doc("--ubatch-size; null: the server's.", default=None)
-    cache_type_k: Optional[KvCacheType] = doc("--cache-type-k; null: the server's.", default=None)
-    cache_type_v: Optional[KvCacheType] = doc("--cache-type-v; null: the server's.", default=None)
     pinned: bool = doc(
         "Loaded when the server starts (load-on-startup), so the first request for it does not wait. Not kept: "
         "llama.cpp's router has no pin and evicts the least recently used model, this one too; the plan counts it "

@@ -16,6 +16,7 @@ from .defaults import DEVICE_PLUGIN_SHARING, MODEL_HUB_HOSTS, PREFETCH_IMAGE, PR
 from .images import backend_of_image
 from .facts import KvCacheType, ModelFacts
 from .gateway import GatewayConfig
+from .model_settings import OWN, ModelSettings
 from .on_demand import OnDemand
 from .values import (
     doc,
@@ -406,7 +407,7 @@ ROLE_DEFAULTS: dict[str, dict[str, object]] = {
 }
 
 
-class ModelServer(Strict):
+class ModelServer(ModelSettings):
     """One model server: llama.cpp in single-model mode, or another OpenAI-compatible engine."""
 
     @model_validator(mode="before")
@@ -435,21 +436,6 @@ class ModelServer(Strict):
     backend: Optional[GpuBackend] = doc("Overrides the node pool's backend for this server's image.", default=None)
     image: PinnedImage = doc("The server image, pinned to a build tag or digest.")
     node_pool: DnsLabel = doc("The node_pools key this server runs on.")
-    weights: Optional[Memory] = doc(
-        "Size of the weights download; null: parameters x the quant's bits per weight.", default=None
-    )
-    facts: Optional[ModelFacts] = doc("Architecture facts; null: taken from the catalog by hf_repo.", default=None)
-    gpu_layers: LayerCount = doc(
-        "--n-gpu-layers: llama.cpp offloads the output layer and then the last N-1 transformer blocks; 0 runs on the "
-        "CPU and requests no GPU; layers + 1 or more: everything.",
-        default=99,
-    )
-    cpu_moe_layers: Optional[LayerCount] = doc(
-        "Mixture-of-experts on a small card: the experts of the first N blocks stay in system RAM (--n-cpu-moe N) "
-        "while attention, shared weights and KV stay on the GPU; planned per part, decode from both memories. "
-        "Needs the model's expert_params_b. null: none.",
-        default=None,
-    )
     gpus: Annotated[int, Field(ge=1, le=16)] = doc(
         "Discrete GPUs one replica uses (a 70B over two 24 GiB cards): the pod requests this many, the layers are "
         "split evenly (--split-mode layer, --tensor-split) and each card is planned. Time-sliced GPUs cannot be "
@@ -457,29 +443,9 @@ class ModelServer(Strict):
         default=1,
     )
     threads: Annotated[int, Field(gt=0, le=1024)] = doc("--threads.", default=4)
-    ctx_size: ContextTokens = doc(
-        "--ctx-size: the longest request (prompt and answer) in tokens. All slots share one KV pool of this size "
-        "(--kv-unified), so requests running at once share it too.",
-        default=4096,
-    )
-    ubatch_size: Optional[MicroBatch] = doc(
-        "--ubatch-size; null: llama.cpp's 512. Above 2048, --batch-size is raised with it (llama.cpp clamps the "
-        "micro-batch to the batch).", default=None
-    )
-    parallel: Optional[Slots] = doc(
-        "Slots (--parallel); null: the server's auto, 4 slots sharing one KV pool.", default=None
-    )
     cache_ram_mib: Optional[Annotated[int, Field(ge=0, le=1_048_576)]] = doc(
         "Host-RAM prompt cache (--cache-ram, MiB); null: llama.cpp's default of 8192, counted in full (an embedding "
         f"server's default is {ROLE_DEFAULTS['embedding']['cache_ram_mib']}: it has no prompts to reuse).", default=None
-    )
-    cache_type_k: Optional[KvCacheType] = doc(
-        "--cache-type-k: q8_0 halves the K cache (about 1.06 bytes per element instead of 2); null: f16.", default=None
-    )
-    cache_type_v: Optional[KvCacheType] = doc(
-        "--cache-type-v: as cache_type_k for V (a quantized V cache needs flash attention, which the server turns on "
-        "itself where the backend supports it); null: f16.",
-        default=None,
     )
     ctx_checkpoints: Optional[Annotated[int, Field(ge=0, le=1024)]] = doc(
         "Context checkpoints per slot (--ctx-checkpoints); null: llama.cpp's 32, each a full copy of a hybrid "
@@ -511,8 +477,9 @@ class ModelServer(Strict):
         runs it as (a child process), and what the memory and speed plans are asked about."""
         if self.on_demand is None:
             raise ValueError(f"{self.name}: no on_demand models")
-        own = self.on_demand.models[name].model_dump(exclude={"pinned"}, exclude_none=True)
-        return self.model_copy(update={**own, "on_demand": None, "facts": self.on_demand.models[name].facts})
+        entry = self.on_demand.models[name]
+        own = entry.model_dump(exclude={"pinned"}, exclude_none=True)
+        return self.model_copy(update={**own, "on_demand": None, **{field: getattr(entry, field) for field in OWN}})
 
     @property
     def workload_name(self) -> str:

@@ -19,6 +19,10 @@ from engines import engine_of
 from plane import plan_capacity
 
 
+def _subclasses(base: type) -> list[type]:
+    return [c for sub in base.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
 def _models(root: type[BaseModel]) -> list[type[BaseModel]]:
     found, queue = [], [root]
     while queue:
@@ -28,7 +32,7 @@ def _models(root: type[BaseModel]) -> list[type[BaseModel]]:
         found.append(model)
         for field in model.model_fields.values():
             text = repr(field.annotation)
-            for candidate in Strict.__subclasses__():
+            for candidate in _subclasses(Strict):
                 if candidate.__name__ in text:
                     queue.append(candidate)
     return found
