@@ -339,7 +339,9 @@ def test_adding_and_removing_a_model_on_demand_restarts_nothing_and_says_what_is
     def change(c):
         library = library_models(c)
         del library["qwen3-14b"]
-        library["phi-4"] = {"hf_repo": "bartowski/phi-4-GGUF:Q4_K_M", "weights": "8.4Gi",
+        # With a shorter context than the server's 16k, so any two models still fit the card (11.1 GiB at
+        # 16k beside qwen3-30b-a3b's 12.1 would not: the planned limit, and so the pod, would change).
+        library["phi-4"] = {"hf_repo": "bartowski/phi-4-GGUF:Q4_K_M", "weights": "8.4Gi", "ctx_size": 8192,
                             "facts": {"layers": 40, "kv_heads": 10, "head_dim": 128, "params_b": 14.7}}
         # Its gateway route goes with it (a route to a name the router does not list is refused).
         routes = c["inference-plane:gateway"]["routes"]
