@@ -5,17 +5,16 @@ each returns ``(config path, message with the fix)`` pairs; ``validation.parse_s
 from __future__ import annotations
 
 import difflib
-import typing
 from typing import Optional
 
 from common.quantity import parse_quantity
 
-from .images import BACKEND_VENDORS, OLDEST_TESTED_BUILD, backend_of_image, build_of_image, cpu_image
+from .gpus import BACKEND_VENDORS, BACKENDS, image_choices
+from .images import OLDEST_TESTED_BUILD, backend_of_image, build_of_image, cpu_image
 from .ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, program_annotations
 from .gateway import GatewayConfig
 from .types import (
     SYSTEM_NAMESPACES,
-    GpuBackend,
     ModelHubEgress,
     ModelServer,
     NodePool,
@@ -107,12 +106,12 @@ def _backend_problems(model: ModelServer, path: str, pool: NodePool) -> list[Pro
     named = model.image_backend()
     backend = model.backend or pool.backend
     where = f"{path}.backend" if model.backend else f"node_pools.{model.node_pool}.backend"
-    if named is not None and named not in typing.get_args(GpuBackend):
+    if named is not None and named not in BACKENDS:
         # One problem, with one fix: an unknown build (a misspelt tag) is not a backend to switch to.
-        near = difflib.get_close_matches(named, typing.get_args(GpuBackend), n=1, cutoff=0.6)
+        near = difflib.get_close_matches(named, BACKENDS, n=1, cutoff=0.6)
         hint = f" (did you mean the {near[0]} build?)" if near else ""
         problems.append((f"{path}.image", f"llama.cpp's {named} build is not one this program plans for{hint}; use "
-                         f"the cuda, rocm, vulkan, intel (sycl) or CPU image"))
+                         f"the {image_choices()} image"))
     elif named is not None and backend is not None and named != backend:
         problems.append((
             where,

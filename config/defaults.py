@@ -6,16 +6,6 @@ from __future__ import annotations
 # storage hosts (cdn-lfs*.hf.co, cas-bridge.xethub.hf.co), so all of them are needed.
 MODEL_HUB_HOSTS = ["huggingface.co", "*.huggingface.co", "hf.co", "*.hf.co", "*.xethub.hf.co"]
 
-# What each known device plugin can do with one GPU. ROCm's k8s-device-plugin advertises each GPU
-# exactly once (sharing is an open request upstream); Intel's plugin shares by -shared-dev-num;
-# NVIDIA's by time-slicing replicas in its config.
-DEVICE_PLUGIN_SHARING = {
-    "amd.com/gpu": "exclusive",
-    "gpu.intel.com/i915": "shared-dev-num",
-    "gpu.intel.com/xe": "shared-dev-num",
-    "nvidia.com/gpu": "time-slicing",
-}
-
 # The prefetch init container's image: Python's standard library is all the downloader
 # (components/prefetch/hub_download.py) needs, so nothing is installed at start.
 PREFETCH_IMAGE = "docker.io/library/python:3.12.11-slim-bookworm"

@@ -8,9 +8,9 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from .gpus import IMAGE_VARIANTS
+
 _LLAMACPP = re.compile(r"^(?:[a-z0-9.-]+(?::[0-9]+)?/)?ggml-org/llama\.cpp:server(?:-(?!b[0-9]+(?:@|$))(?P<variant>[a-z]+[0-9]*))?(?:-b[0-9]+)?(?:@.*)?$")
-_VARIANTS = {None: "cpu", "cuda": "cuda", "cuda12": "cuda", "cuda13": "cuda", "vulkan": "vulkan", "rocm": "rocm",
-             "intel": "sycl", "musa": "musa"}
 
 
 def backend_of_image(image: str) -> Optional[str]:
@@ -18,7 +18,7 @@ def backend_of_image(image: str) -> Optional[str]:
     match = _LLAMACPP.fullmatch(image)
     if match is None:
         return None
-    return _VARIANTS.get(match["variant"], match["variant"])
+    return IMAGE_VARIANTS.get(match["variant"], match["variant"])
 
 
 # The oldest llama.cpp build whose flags and answers this program is checked against: the contract
@@ -27,8 +27,6 @@ def backend_of_image(image: str) -> Optional[str]:
 OLDEST_TESTED_BUILD = 10729
 _BUILD = re.compile(r"-b(?P<build>[0-9]+)$")
 
-# Which device plugin's GPUs each backend can drive (Vulkan runs on any vendor's card).
-BACKEND_VENDORS = {"cuda": ("nvidia.com/",), "rocm": ("amd.com/",), "sycl": ("gpu.intel.com/",), "musa": ("mthreads.com/",)}
 
 
 def build_of_image(image: str) -> Optional[int]:

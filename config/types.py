@@ -12,7 +12,8 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from .defaults import DEVICE_PLUGIN_SHARING, MODEL_HUB_HOSTS, PREFETCH_IMAGE, PRIVATE_SOURCE_RANGES
+from .defaults import MODEL_HUB_HOSTS, PREFETCH_IMAGE, PRIVATE_SOURCE_RANGES
+from .gpus import DEVICE_PLUGIN_SHARING, GpuBackend
 from .images import backend_of_image
 from .facts import KvCacheType, ModelFacts
 from .gateway import GatewayConfig
@@ -157,7 +158,6 @@ class NamespaceConfig(Strict):
 # --- nodes, storage, start-up --------------------------------------------------------------------
 
 
-GpuBackend = Literal["vulkan", "rocm", "cuda", "sycl", "cpu"]
 
 
 class NodePool(Strict):

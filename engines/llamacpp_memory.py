@@ -12,7 +12,8 @@ from common.quantity import GIB, MIB, parse_quantity
 from planning.memory import BACKEND_OVERHEAD, DISCRETE_HOST_GIB, VRAM_CONTEXT_GIB, MemoryEstimate, VramEstimate
 
 if TYPE_CHECKING:
-    from config.types import GpuBackend, ModelFacts, ModelServer
+    from config.gpus import GpuBackend
+    from config.types import ModelFacts, ModelServer
 
 # Bits per weight of common GGUF quantisations (llama.cpp's quantize table, averaged over tensors).
 BITS_PER_WEIGHT: dict[str, float] = {

@@ -9,27 +9,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from common.quantity import GIB, parse_quantity
+from config.gpus import BACKEND_OVERHEAD
 
 if TYPE_CHECKING:
-    from config.types import GpuBackend, ModelServer
-
-# Memory the backend holds on top of the weights, per GiB of weights, counted against the pod.
-BACKEND_OVERHEAD: dict[str, float] = {
-    # Vulkan allocates the iGPU's working set from system RAM and it is charged to the pod's
-    # cgroup: the seed measured 7.54 GiB RSS for 5.2 GiB of weights (x1.45).
-    "vulkan": 7.54 / 5.2 - 1,
-    # HIP maps the weights into GTT, which amdgpu does not charge to the memcg; the node pays for
-    # them all the same. Compute buffers on top: a 10% margin, not a measurement.
-    "rocm": 0.10,
-    # Weights are counted as node memory, as on every unified-memory node this program targets;
-    # compute buffers on top: a 10% margin, not a measurement.
-    "cuda": 0.10,
-    # mmap'd weights are page cache charged to the pod; compute buffers on top: a 10% margin.
-    "cpu": 0.10,
-    # Intel's SYCL build on an iGPU: allocations come from system RAM like Vulkan's, but no
-    # measurement exists here; a 10% margin, not a measurement.
-    "sycl": 0.10,
-}
+    from config.gpus import GpuBackend
+    from config.types import ModelServer
 
 # A discrete GPU holds, besides what the engine puts there, the runtime's context (~0.3-0.5 GiB).
 # A margin, not a measurement.

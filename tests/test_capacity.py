@@ -15,7 +15,7 @@ from planning.capacity import _place, decode_bound_tok_s
 from engines import engine_of
 from plane import plan_capacity as plan
 from planning.catalog import facts_for
-from planning.memory import BACKEND_OVERHEAD
+from config.gpus import BACKEND_OVERHEAD
 from engines.llamacpp_memory import llamacpp_estimate as estimate_memory
 from plane import parse_stack
 from config.types import ModelFacts

@@ -14,7 +14,8 @@ from config import ConfigError
 from conftest import homelab_plain_values, plain_values, run_values
 from engines.base import Engine, Problem
 from plane import parse_stack, plan_capacity
-from planning.memory import BACKEND_OVERHEAD, Estimate, MemoryEstimate
+from config.gpus import BACKEND_OVERHEAD
+from planning.memory import Estimate, MemoryEstimate
 
 GIB = 2**30
 
