@@ -13,8 +13,35 @@ GIB = 2**30
 MIB = 2**20
 
 
+class Quantity(str):
+    """A quantity as written (``24Gi``: what is rendered, unchanged) and its value, parsed once when the
+    config is validated (config/values.py Memory and Cpu); what the plan reads downstream."""
+
+    __slots__ = ("value",)
+    value: Decimal  # base units: bytes, or cores
+
+    def __new__(cls, text: str) -> "Quantity":
+        made = super().__new__(cls, text)
+        made.value = _parse(text)
+        return made
+
+    @property
+    def gib(self) -> float:
+        return float(self.value / GIB)
+
+    def __reduce__(self):  # pickles and copies as itself
+        return (Quantity, (str(self),))
+
+
 def parse_quantity(text: str) -> Decimal:
-    """The value of a quantity such as ``24Gi`` or ``500m`` in base units (bytes, cores)."""
+    """The value of a quantity such as ``24Gi`` or ``500m`` in base units (bytes, cores): a validated
+    config's are parsed already (Quantity)."""
+    if isinstance(text, Quantity):
+        return text.value
+    return _parse(text)
+
+
+def _parse(text: str) -> Decimal:
     match = _QUANTITY.fullmatch(text)
     if match is None:
         raise ValueError(f"{text!r} is not a Kubernetes quantity (examples: 24Gi, 512Mi, 500m, 2)")

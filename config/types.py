@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from .defaults import MODEL_HUB_HOSTS, PREFETCH_IMAGE, PRIVATE_SOURCE_RANGES
 from .gpus import DEVICE_PLUGIN_SHARING, GpuBackend
 from .images import backend_of_image
-from .facts import KvCacheType, ModelFacts
+from .facts import ModelFacts  # noqa: F401 - the config's types are imported from here
 from .gateway import GatewayConfig
 from .model_settings import OWN, ModelSettings
 from .on_demand import OnDemand
@@ -24,7 +24,6 @@ from .values import (
     Args,
     Cidr,
     ConfigKey,
-    ContextTokens,
     Cpu,
     DnsLabel,
     DnsName,
@@ -33,16 +32,13 @@ from .values import (
     HfRepo,
     Hostname,
     HttpPath,
-    LayerCount,
     Labels,
     Memory,
-    MicroBatch,
     Number,
     PinnedImage,
     Reason,
     RepoId,
     ResourceName,
-    Slots,
     Strict,
 )
 

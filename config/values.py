@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from common.quantity import parse_quantity
+from common.quantity import Quantity, parse_quantity
 from common.constants import PINNED_IMAGE
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -32,17 +32,17 @@ def matches(pattern: re.Pattern[str], what: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-def _memory(value: str) -> str:
+def _memory(value: str) -> Quantity:
     parse_quantity(value)
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti)", value):
         raise ValueError(f"{value!r}: write memory with a binary suffix, e.g. 24Gi or 512Mi")
-    return value
+    return Quantity(value)
 
 
-def _cpu(value: str) -> str:
+def _cpu(value: str) -> Quantity:
     if not re.fullmatch(r"([0-9]+m|[0-9]+(\.[0-9]+)?)", value):
         raise ValueError(f"{value!r} is not a CPU quantity (examples: 500m, 2)")
-    return value
+    return Quantity(value)
 
 
 def _labels(value: dict[str, str]) -> dict[str, str]:

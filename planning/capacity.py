@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from common.errors import CapacityError
-from common.quantity import GIB, gib, parse_quantity
+from common.quantity import Quantity, gib
 
 from .memory import Estimate, MemoryEstimate, OnRequest, VramEstimate
 from .residency import KEEPER_MEMORY_REQUEST, Residency, ResidentModel, limit_gib, plan_residency, summed_estimate, summed_vram
@@ -77,7 +77,7 @@ class ServerPlan:
     @property
     def need_gib(self) -> float:
         """What one replica holds on its node: the estimate, or the request if that is larger."""
-        return max(self.estimate.total_gib, float(parse_quantity(self.memory_request)) / GIB)
+        return max(self.estimate.total_gib, gib(self.memory_request))
 
 
 @dataclass(frozen=True)
@@ -170,12 +170,12 @@ class CapacityPlan:
 
 
 def node_offers_gib(pool: "NodePool") -> float:
-    return float(parse_quantity(pool.allocatable) - parse_quantity(pool.reserved)) / GIB
+    return gib(pool.allocatable) - gib(pool.reserved)
 
 
 def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", estimate: Estimate) -> ServerPlan:
     pool = stack.node_pools[model.node_pool]
-    limit = model.resources.memory_limit or f"{ceil_gib(estimate.memory.total_gib * (1 + LIMIT_HEADROOM))}Gi"
+    limit = model.resources.memory_limit or Quantity(f"{ceil_gib(estimate.memory.total_gib * (1 + LIMIT_HEADROOM))}Gi")
     # Derived request = limit: a GPU server cannot shed memory, so it gets Guaranteed memory.
     request = model.resources.memory_request or limit
     return ServerPlan(
@@ -213,11 +213,11 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
         ))
     beside = [s for s in planned.values() if s.node_pool == model.node_pool]
     ram_budget = (node_offers_gib(pool) - sum(s.need_gib * s.replicas for s in beside)
-                  - float(parse_quantity(KEEPER_MEMORY_REQUEST)) / GIB)
+                  - gib(KEEPER_MEMORY_REQUEST))
     vram_budget = None
     if any(m.vram is not None for m in resident) and pool.vram is not None:
         # Time-sliced cards are shared with the pool's other GPU servers, which the plan may put on the same card.
-        vram_budget = float(parse_quantity(pool.vram)) / GIB - GPU_FREE_TARGET_GIB - sum(
+        vram_budget = gib(pool.vram) - GPU_FREE_TARGET_GIB - sum(
             s.vram.total_gib for s in beside if s.vram is not None)
     others = f", beside {', '.join(s.name for s in beside)}" if beside else ""
     residency, problems = plan_residency(on_request.path, on_request.max_loaded, resident, ram_budget,
@@ -226,15 +226,15 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
         return None, problems
     worst = residency.worst()
     estimate = summed_estimate(worst)
-    limit = model.resources.memory_limit or f"{limit_gib(worst)}Gi"
-    weights = f"{ceil_gib(sum(m.weights_gib for m in resident) * 10) / 10}Gi"
+    limit = model.resources.memory_limit or Quantity(f"{limit_gib(worst)}Gi")
+    weights = Quantity(f"{ceil_gib(sum(m.weights_gib for m in resident) * 10) / 10}Gi")
     return ServerPlan(
         key=key, name=model.name, workload=model.workload_name, node_pool=model.node_pool,
         replicas=model.workload.replicas, one_per_node=model.workload.one_per_node, estimate=estimate,
         memory_request=model.resources.memory_request or limit, memory_limit=limit,
         # The init container fetches every model first; the router then answers once it listens, and
         # each model loads when first asked (its swap cost, listed per model).
-        budget=startup_budget("0.1Gi", stack.startup, prefetched=True, downloaded=weights), weights=weights,
+        budget=startup_budget(Quantity("0.1Gi"), stack.startup, prefetched=True, downloaded=weights), weights=weights,
         decode_bound_tok_s=None, decode_predicted_tok_s=None, vram=summed_vram(residency.worst_vram()),
         residency=residency,
     ), []
@@ -254,7 +254,7 @@ def _place(stack: "StackConfig", servers: dict[str, ServerPlan]) -> tuple[list[N
             if s.node_pool == pool_key
             for _ in range(s.replicas)
         ]
-        vram_gib = float(parse_quantity(pool.vram)) / GIB if pool.vram is not None else None
+        vram_gib = gib(pool.vram) if pool.vram is not None else None
         gpus: list[list[list[tuple[str, float]]]] = [
             [[] for _ in range(pool.gpus_per_node if vram_gib is not None else 0)] for _ in range(pool.nodes)
         ]
@@ -390,7 +390,7 @@ def _vram_problems(key: str, model: "ModelServer", server: ServerPlan, pool: "No
     vram = server.vram
     if vram is None or pool.vram is None:
         return []
-    card = float(parse_quantity(pool.vram)) / GIB
+    card = gib(pool.vram)
     if vram.total_gib <= card:
         return []
     # -ngl N offloads the output layer and N-1 blocks: the blocks that fit, plus one.
@@ -406,7 +406,7 @@ def _vram_problems(key: str, model: "ModelServer", server: ServerPlan, pool: "No
 
 
 def _limit_problems(key: str, model: "ModelServer", server: ServerPlan) -> list[Problem]:
-    limit_gib = float(parse_quantity(server.memory_limit)) / GIB
+    limit_gib = gib(server.memory_limit)
     if limit_gib < server.estimate.total_gib and model.resources.accepted_risk is None:
         return [(
             f"models.{key}.resources.memory_limit",

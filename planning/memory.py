@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from common.quantity import GIB, parse_quantity
+from common.quantity import GIB, Quantity, gib, parse_quantity
 from config.gpus import BACKEND_OVERHEAD
 
 if TYPE_CHECKING:
@@ -86,16 +86,16 @@ class VramEstimate:
 
 def discrete_resident(resident_memory: str, model: "ModelServer") -> tuple[MemoryEstimate, VramEstimate]:
     """Another engine on a discrete GPU: what it is measured to lock is on the GPU."""
-    resident = float(parse_quantity(resident_memory)) / GIB
+    resident = gib(resident_memory)
     ram = MemoryEstimate(weights_gib=0.0, kv_gib=0.0, recurrent_gib=0.0, overhead_gib=DISCRETE_HOST_GIB, host_caches_gib=0.0)
     vram = VramEstimate(layers_offloaded=1, layers=1, weights_gib=resident, kv_gib=0.0, recurrent_gib=0.0,
                         reserve_gib=VRAM_CONTEXT_GIB)
     return ram, vram
 
 
-def weights_quantity(size_bytes: float) -> str:
+def weights_quantity(size_bytes: float) -> Quantity:
     """A download's size as the plan writes it: GiB rounded up to a tenth (never 0)."""
-    return f"{max(1, math.ceil(size_bytes / GIB * 10 - 1e-9)) / 10}Gi"
+    return Quantity(f"{max(1, math.ceil(size_bytes / GIB * 10 - 1e-9)) / 10}Gi")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from common.quantity import Quantity
+
 from .memory import MemoryEstimate, VramEstimate
 
 Problem = tuple[str, str]
@@ -22,7 +24,7 @@ Problem = tuple[str, str]
 ROUTER_HOST_GIB = 0.25
 # The router pod's keeper sidecar (components/prefetch): its memory request, taken from the node's
 # RAM before the models' residency is planned.
-KEEPER_MEMORY_REQUEST = "64Mi"
+KEEPER_MEMORY_REQUEST = Quantity("64Mi")
 
 
 @dataclass(frozen=True)

@@ -252,3 +252,27 @@ def test_a_request_below_the_estimate_is_warned_about(homelab_values):
     assert warning.startswith("models.chat.resources.memory_request 24Gi is below the estimate of")
     homelab_values["models"]["chat"]["resources"]["memory_request"] = None
     assert [line for line in run_values(homelab_values).logs if "memory_request" in line] == []
+
+
+def test_quantities_are_parsed_once_where_they_are_made(monkeypatch):
+    """Config quantities are parsed at validation (config/values.py makes each a Quantity) and the plan's
+    own when it makes them: planning every shipped stack parses no quantity string handed to it."""
+    import sys
+
+    import common.quantity as quantity
+    from conftest import STACKS, plain_values
+
+    stacks = [parse_stack(plain_values(stack)) for stack in STACKS]
+    assert isinstance(HOMELAB.node_pools["iris-xe"].allocatable, quantity.Quantity)
+    original = quantity._parse
+    reparsed: list[str] = []
+
+    def parse(text):
+        if sys._getframe(1).f_code.co_name != "__new__":
+            reparsed.append(text)
+        return original(text)
+
+    monkeypatch.setattr(quantity, "_parse", parse)
+    for stack in stacks:
+        plan(stack)
+    assert reparsed == []
