@@ -8,23 +8,23 @@ from typing import Any, Mapping, Optional
 
 import config
 from config.types import StackConfig
-from engines import engine_of, stack_problems
+from engines import engine_of, engine_problems
 from planning import capacity
 
 
 def parse_stack(raw: Mapping[str, Any]) -> StackConfig:
     """A stack's config values, validated with every engine's checks; raises ConfigError."""
-    return config.parse_stack(raw, stack_problems)
+    return config.validate_values(raw, engine_problems)
 
 
 def load_stack() -> StackConfig:
     """The running Pulumi stack's config, validated with every engine's checks."""
-    return config.load_stack(stack_problems)
+    return config.read_config(engine_problems)
 
 
 def plan_capacity(stack: StackConfig) -> capacity.CapacityPlan:
     """The capacity plan, each server's memory estimated by its engine; raises CapacityError."""
-    return capacity.plan_capacity(stack, lambda model, pool, path: engine_of(model).estimate(model, pool, path))
+    return capacity.plan_stack(stack, lambda model, pool, path: engine_of(model).estimate(model, pool, path))
 
 
 # The stack output that carries config.history.snapshot() from one update to the next.

@@ -65,7 +65,7 @@ def client_keys(gw: GatewayConfig, secret: SecretReader) -> dict[str, pulumi.Out
             keys[client] = secret(settings.key_config)
         elif gw.master_key_config:
             keys[client] = secret(gw.master_key_config).apply(lambda value, c=client: derived_client_key(value, c))
-        else:  # refused by GatewayConfig.problems
+        else:  # refused by config.checks.gateway_problems
             raise ValueError(f"gateway client {client}: no key_config and no master_key_config")
     return keys
 
@@ -292,7 +292,7 @@ class InferenceGateway(pulumi.ComponentResource):
                 prefix = "/v1"
             else:
                 remote = tier.remote
-                if remote is None:  # refused by GatewayConfig.problems
+                if remote is None:  # refused by config.checks.gateway_problems
                     raise ValueError(f"tier {tier_name}: neither local nor remote")
                 endpoint = {"fqdn": {"hostname": remote.host, "port": remote.port}}
                 prefix = remote.prefix

@@ -206,7 +206,7 @@ class ModelServerBase(pulumi.ComponentResource):
     def _ingress(self, name: str, args: ModelServerArgs) -> k8s.networking.v1.Ingress:
         model, exposure, cluster = args.model, args.model.exposure, args.cluster
         controller = cluster.ingress
-        if exposure is None or controller is None:  # refused by StackConfig.problems
+        if exposure is None or controller is None:  # refused by config.checks.stack_problems
             raise ValueError(f"{model.name}: exposure needs exposure settings and an ingress controller")
         ours = program_annotations(cluster.cert_manager_issuer, controller.kind, exposure, args.namespace, model.name)
         depends: list[pulumi.Resource] = [self.service]

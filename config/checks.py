@@ -1,5 +1,5 @@
 """Checks between fields, which no single field's type can express (after kind's validate.go):
-each returns ``(config path, message with the fix)`` pairs; ``validation.parse_stack`` runs
+each returns ``(config path, message with the fix)`` pairs; ``validation.validate_values`` runs
 ``stack_problems`` once, with each engine's own checks (handed in: config never imports engines)."""
 
 from __future__ import annotations

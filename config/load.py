@@ -13,7 +13,7 @@ from common.errors import ConfigError
 from .checks import image_suggestions
 from .gateway import GatewayConfig
 from .types import TOP_LEVEL_KEYS, Problem, StackConfig
-from .validation import EngineChecks, parse_stack, path_part
+from .validation import EngineChecks, path_part, validate_values
 
 
 def read_pulumi_config() -> tuple[dict[str, Any], set[str]]:
@@ -106,7 +106,7 @@ def tailnet_name_problems(gateway: Optional[GatewayConfig], stack: str, project_
     return problems
 
 
-def load_stack(engine_checks: EngineChecks) -> StackConfig:
+def read_config(engine_checks: EngineChecks) -> StackConfig:
     """Read and validate the running stack's config (with each engine's checks, handed in)."""
     if not secrets_mutable():
         import pulumi
@@ -117,7 +117,7 @@ def load_stack(engine_checks: EngineChecks) -> StackConfig:
         )
     values, secret_keys = read_pulumi_config()
     structured = {k: v for k, v in values.items() if k in TOP_LEVEL_KEYS}
-    stack = parse_stack(structured, engine_checks)
+    stack = validate_values(structured, engine_checks)
     problems = _secret_key_problems(stack, values, secret_keys)
     import pulumi
 

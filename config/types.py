@@ -3,7 +3,7 @@ key in the project's namespace (``inference-plane:models``, ``inference-plane:cl
 ``pulumi config set --path 'models.chat.ctx_size' 16384`` reaches any field.
 
 Every field says what it is for in its ``description`` (docs/configuration.md's reference is generated from
-these). Checks between fields live in ``checks.py``; ``validation.parse_stack`` runs them once.
+these). Checks between fields live in ``checks.py``; ``validation.validate_values`` runs them once.
 """
 
 from __future__ import annotations

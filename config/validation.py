@@ -15,7 +15,7 @@ from common.errors import ConfigError
 from .checks import stack_problems
 from .types import Problem, StackConfig
 
-# Each engine's checks of its own settings (engines.stack_problems), handed in by the caller:
+# Each engine's checks of its own settings (engines.engine_problems), handed in by the caller:
 # config sits below the engines and never imports them.
 EngineChecks = Callable[[StackConfig], list[Problem]]
 
@@ -121,7 +121,7 @@ def _null_ok(error: Mapping[str, Any]) -> str:
     return ", or null" if field is not None and type(None) in typing.get_args(field.annotation) else ""
 
 
-def parse_stack(raw: Mapping[str, Any], engine_checks: EngineChecks) -> StackConfig:
+def validate_values(raw: Mapping[str, Any], engine_checks: EngineChecks) -> StackConfig:
     """Validate a stack's config values (top-level key -> decoded value): the fields, the checks
     between them and every engine's checks, reported together; raise ConfigError."""
     try:

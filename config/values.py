@@ -1,5 +1,5 @@
-"""Value types: what a single field may hold. Relations between fields live on the models
-(types.py); reading Pulumi config lives in load.py."""
+"""Value types: what a single field may hold. Relations between fields live in checks.py; reading
+Pulumi config lives in load.py."""
 
 from __future__ import annotations
 

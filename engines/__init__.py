@@ -55,7 +55,7 @@ def weights_flags() -> dict[str, str]:
     return {flag: long for engine in ENGINES.values() for flag, long in engine.weights_flags.items()}
 
 
-def stack_problems(stack: "StackConfig") -> list[Problem]:
+def engine_problems(stack: "StackConfig") -> list[Problem]:
     """What each server's engine says of its settings, and the checks between servers that depend on
     what an engine can do (run by config validation with the field checks, one report)."""
     problems: list[Problem] = []
@@ -98,5 +98,5 @@ def stack_problems(stack: "StackConfig") -> list[Problem]:
     return problems
 
 
-__all__ = ["ENGINES", "Credentials", "Engine", "LlamaCpp", "LlamaCppRouter", "OpenAICompatible", "engine_of", "stack_problems",
+__all__ = ["ENGINES", "Credentials", "Engine", "LlamaCpp", "LlamaCppRouter", "OpenAICompatible", "engine_of", "engine_problems",
            "weights_flags"]

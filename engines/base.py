@@ -65,7 +65,7 @@ class Engine(ABC):
     # The config's `engine:` value that selects this engine, and the settings block it reads (a
     # field of the server: `openai`, `on_demand`); None: its settings are the server's own fields.
     # engines.engine_of picks the engine whose block is set, else the one without a block; any other
-    # engine's block on a server is refused (engines.stack_problems), whatever the engines are.
+    # engine's block on a server is refused (engines.engine_problems), whatever the engines are.
     config_name: ClassVar[str]
     settings_block: ClassVar[Optional[str]] = None
     # Whether the server's own container downloads its weights (and so is given the hub token).

@@ -302,7 +302,7 @@ def _place(stack: "StackConfig", servers: dict[str, ServerPlan]) -> tuple[list[N
     return nodes, problems
 
 
-def plan_capacity(stack: "StackConfig", estimate: Estimator) -> CapacityPlan:
+def plan_stack(stack: "StackConfig", estimate: Estimator) -> CapacityPlan:
     """The capacity plan for a stack, each server's memory estimated by its engine; raises
     CapacityError (path, numbers, remedy) if it does not fit."""
     problems: list[Problem] = []
