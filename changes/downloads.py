@@ -134,7 +134,8 @@ def _library_edits(ctx: _Context, starts: Sequence[_Start]) -> None:
         if swapped:
             parts.append("fetches new weights for " + ", ".join(
                 f"{m} ({old.library[m][1]} -> {source}, {gib:g} GiB)" for m, (gib, source) in sorted(swapped.items()))
-                + " (its child, if loaded, is unloaded at the reload and loads the new weights when next asked)")
+                + " (once fetched, the keeper unloads its child if loaded, cutting a request in flight on it; the "
+                "next request loads the new weights)")
         if removed:
             parts.append(f"drops {', '.join(removed)} (unloaded if loaded; its files stay in the cache)")
         how = ("the pod restarts in this update (above): every loaded model unloads and the init container fetches first"

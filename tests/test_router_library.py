@@ -355,3 +355,45 @@ def wait_for_models(router, names, log_path: Path, seconds: float = 60) -> None:
     while sorted(router.statuses()) != sorted(names) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert sorted(router.statuses()) == sorted(names), log_path.read_text()
+
+
+def test_weights_changed_under_the_same_file_name_are_loaded_anew(binary, rendered, tmp_path):
+    """A repo swap that keeps the file name: the router's reload compares only the section's settings
+    and would keep the child on the old weights; the keeper unloads it, and the next request loads the
+    new file (a new child)."""
+    names = rendered["names"]
+    target = names[1]
+    repos = tiny_repos(rendered, tmp_path, names)
+    repo, tag = rendered["library"][target].rsplit(":", 1)
+    (file_name,) = [f for f in repos[repo] if f.endswith(".gguf")]
+    vocab = source_dir() / "models" / "ggml-vocab-llama-spm.gguf"
+    other = write_tiny_model(vocab, tmp_path / "other.gguf", seed=99).read_bytes()
+    assert other != repos[repo][file_name]
+    repos["org/Other-GGUF"] = {file_name: other, "README.md": b"x"}
+    root = tmp_path / "pod"
+    write_files(rendered, root)
+    with hub_repos(repos) as endpoint:
+        assert run_library(rendered["init"], root, endpoint).returncode == 0
+        env = env_under(rendered["container"]["env"], root)
+        with start_router(binary, served_preset(rendered, root).read_text(), rendered["container"]["args"], {},
+                          TEST_KEY, env=env) as router:
+            settled(router, rendered)
+            assert router.chat(target).status == 200
+            old_children = set(router.children())
+            write_files(rendered, root, {**rendered["library"], target: f"org/Other-GGUF:{tag}"})
+            log_path = tmp_path / "keeper.log"
+            keeper = start_keeper(rendered, root, endpoint, router, log_path)
+            try:
+                deadline = time.monotonic() + 60
+                while "new weights under the same file names: unloaded" not in log_path.read_text():
+                    assert time.monotonic() < deadline, log_path.read_text()
+                    time.sleep(0.5)
+            finally:
+                keeper.kill()
+                keeper.wait()
+            linked = library_folder(rendered, root) / target / file_name
+            assert linked.read_bytes() == other
+            assert router.statuses()[target] == "unloaded"
+            assert router.chat(target).status == 200
+            # A new child for it (the others, e.g. the model loaded at start, keep theirs).
+            assert set(router.children()) != old_children and len(router.children()) == len(old_children)

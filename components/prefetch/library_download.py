@@ -190,10 +190,13 @@ def library():
             print(f"prefetch: {entry} is no longer listed: removed from the router's folder", flush=True)
             path = os.path.join(folder, entry)
             shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
-    missing = {}
+    missing, changed = {}, []
     for name, repo_tag in models.items():
+        before = _files(os.path.join(folder, name))
         try:
             fetch_model(name, repo_tag, endpoint, token, os.environ["HUB_CACHE"], folder)
+            if before and _files(os.path.join(folder, name)) != before:
+                changed.append(name)
         except (Refused, Unreachable, SystemExit, OSError, http.client.HTTPException, ValueError) as error:
             why = str(getattr(error, "code", None) or error).removeprefix("prefetch: ")
             missing[name] = f"refused: {why}" if isinstance(error, Refused) else why
@@ -202,7 +205,15 @@ def library():
     _write_served_preset(served)
     with open(os.path.join(folder, ".status.json"), "w") as status:
         json.dump({"served": served, "missing": missing, "at": int(time.time())}, status)
-    return missing
+    return missing, changed
+
+
+def _files(folder):
+    """A model's files as linked: each name and the blob it points at (a new commit or repo with the
+    same file names points at other blobs)."""
+    if not os.path.isdir(folder):
+        return None
+    return sorted((entry, os.path.realpath(os.path.join(folder, entry))) for entry in os.listdir(folder))
 
 
 def _write_served_preset(served):
@@ -224,7 +235,7 @@ def _write_served_preset(served):
 
 def fill():
     """The init container: the router starts with what could be fetched, unless that is nothing."""
-    missing = library()
+    missing, _ = library()
     listed = json.loads(_read(os.environ["HF_LIBRARY"]))
     if len(missing) == len(listed):
         sys.exit("prefetch: no listed model could be fetched, so the router would serve nothing: "
@@ -242,11 +253,28 @@ def _state():
     return hashlib.sha256(_read(os.environ["HF_LIBRARY"]) + b"\0" + _read(os.environ["PRESET"])).hexdigest()
 
 
+def _auth():
+    if not os.environ.get("ROUTER_AUTH_FILE"):
+        return {}
+    return {"Authorization": "Bearer " + _read(os.environ["ROUTER_AUTH_FILE"]).decode().splitlines()[0].strip()}
+
+
+def _unload(name):
+    """A model whose files changed under the same names: the router compares only a section's settings
+    (server-models.cpp), so its child would serve the old weights until evicted; unloaded, its next
+    request loads the new ones (a request on it in flight is cut)."""
+    base = os.environ["RELOAD_URL"].split("/models", 1)[0]
+    request = urllib.request.Request(base + "/models/unload", data=json.dumps({"model": name}).encode(),
+                                     headers={**_auth(), "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30):
+            print(f"keeper: {name}: new weights under the same file names: unloaded, its next request loads them", flush=True)
+    except urllib.error.HTTPError as error:  # 400: not running, so its next load reads the new files anyway
+        print(f"keeper: {name}: new weights under the same file names (not running: {error.code})", flush=True)
+
+
 def _reload():
-    headers = {}
-    if os.environ.get("ROUTER_AUTH_FILE"):
-        headers["Authorization"] = "Bearer " + _read(os.environ["ROUTER_AUTH_FILE"]).decode().splitlines()[0].strip()
-    request = urllib.request.Request(os.environ["RELOAD_URL"], headers=headers)
+    request = urllib.request.Request(os.environ["RELOAD_URL"], headers=_auth())
     with urllib.request.urlopen(request, timeout=30) as answer:
         listed = sorted(m["id"] for m in json.load(answer)["data"])
     print(f"keeper: the router re-read its preset: {', '.join(listed)}", flush=True)
@@ -273,8 +301,10 @@ def keep():
                 time.sleep(seconds)
                 continue
             print("keeper: applying the library and its preset" + (" (changed)" if applied else " (at start)"), flush=True)
-            missing = library()
+            missing, changed = library()
             _reload()
+            for name in changed:
+                _unload(name)
             if not missing:
                 applied = now
                 continue
