@@ -55,9 +55,20 @@ class Residency:
     def worst_vram(self) -> list[ResidentModel]:
         return _largest(self.models, self.max_loaded, lambda m: m.vram_gib)
 
+    def fill(self) -> dict[str, float]:
+        """The share of the budget (VRAM where the models use a card, else RAM) that a full resident set
+        holds: the smallest max_loaded models (worst), the average over every such set (typical), the
+        largest (best: never above 1, the plan's guarantee)."""
+        sizes = sorted((m.vram_gib if self.vram_budget_gib is not None else m.ram_gib) for m in self.models)
+        budget = self.vram_budget_gib if self.vram_budget_gib is not None else self.ram_budget_gib
+        count = min(self.max_loaded, len(sizes))
+        return {"worst": sum(sizes[:count]) / budget, "typical": count * sum(sizes) / len(sizes) / budget,
+                "best": sum(sizes[-count:]) / budget}
+
     def to_dict(self) -> dict:
         return {
             "max_loaded": self.max_loaded,
+            "fill": self.fill(),
             "ram_budget_gib": self.ram_budget_gib,
             "vram_budget_gib": self.vram_budget_gib,
             "models": {m.name: {"pinned": m.pinned, "source": m.source, "ram_gib": m.ram_gib, "vram_gib": m.vram_gib,

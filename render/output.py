@@ -155,6 +155,32 @@ def plan_tables(plan: dict | None) -> list[str]:
     for row in [header, *rows]:
         cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
         lines.append("    " + "  ".join(cells).rstrip())
+    for server in plan["servers"].values():
+        lines += residency_lines(server)
+    return lines
+
+
+def residency_lines(server: dict) -> list[str]:
+    """A router's residency: how many of its models stay loaded, how full a resident set keeps the budget,
+    and each model's share, swap and speed (plan.json has the rest)."""
+    residency = server.get("residency")
+    if not residency:
+        return []
+    models, fill = residency["models"], residency["fill"]
+    on_card = residency["vram_budget_gib"] is not None
+    budget = residency["vram_budget_gib"] if on_card else residency["ram_budget_gib"]
+    lines = [f"  models on demand, {server['name']}: any {residency['max_loaded']} of {len(models)} resident (none "
+             f"assumed: llama.cpp's router evicts the least recently used); a full set holds {fill['worst']:.0%}-"
+             f"{fill['best']:.0%} of the {budget:.1f} GiB {'VRAM' if on_card else 'RAM'} budget (typical {fill['typical']:.0%})"]
+    header = ["model", "VRAM" if on_card else "RAM", "RAM", "load", "decode ~ empty/half/full ctx"]
+    rows = [[name, f"{m['vram_gib' if on_card else 'ram_gib']:.1f}", f"{m['ram_gib']:.1f}", f"{m['load_seconds']} s",
+             predicted_cell(m.get("decode_predicted_tok_s"))] for name, m in models.items()]
+    if not on_card:
+        header, rows = [h for i, h in enumerate(header) if i != 2], [[c for i, c in enumerate(r) if i != 2] for r in rows]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("    " + "  ".join(cells).rstrip())
     return lines
 
 

@@ -149,3 +149,21 @@ def test_more_room_allows_more_resident_models():
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert int(args[args.index("--models-max") + 1]) > 2
     assert run.outputs["capacity_plan"]["servers"]["library"]["residency"]["vram_budget_gib"] == 47
+
+
+def test_the_fill_of_a_full_resident_set_is_said_from_every_set_the_router_can_reach():
+    """Worst, typical and best share of the VRAM budget over every set of max_loaded models (counted here
+    by enumeration); the best is within the budget, and the render's summary says the same figures."""
+    run, _, _ = rendered(config())
+    plan = run.outputs["capacity_plan"]["servers"]["library"]["residency"]
+    budget, limit = plan["vram_budget_gib"], plan["max_loaded"]
+    shares = [sum(m["vram_gib"] for m in s) / budget for s in itertools.combinations(plan["models"].values(), limit)]
+    assert plan["fill"]["worst"] == pytest.approx(min(shares), abs=0.01)
+    assert plan["fill"]["typical"] == pytest.approx(sum(shares) / len(shares), abs=0.01)
+    assert plan["fill"]["best"] == pytest.approx(max(shares), abs=0.01) and max(shares) <= 1
+    from render.output import residency_lines
+
+    (line, *rows) = residency_lines(run.outputs["capacity_plan"]["servers"]["library"])
+    assert (f"any {limit} of 5 resident" in line and f"holds {min(shares):.0%}-{max(shares):.0%} of the 23.0 GiB VRAM "
+            f"budget (typical {sum(shares) / len(shares):.0%})" in line)
+    assert [r.split()[0] for r in rows[1:]] == list(plan["models"])
