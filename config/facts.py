@@ -11,6 +11,16 @@ from .values import doc, Number, Positive, Strict
 KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
+class Projector(Strict):
+    """A vision projector as llama.cpp holds it (measured: tests/test_projector_oracle.py)."""
+
+    weights_mib: Annotated[Number, Field(gt=0)] = doc("Its weights as loaded (the mmproj file's tensors).")
+    compute_mib: Annotated[Number, Field(ge=0)] = doc(
+        "The compute buffer llama.cpp reserves for it at load with flash attention, its default on CPU and CUDA.")
+    compute_no_fa_mib: Optional[Annotated[Number, Field(ge=0)]] = doc(
+        "The same without flash attention, counted on the other backends; null: compute_mib.", default=None)
+
+
 class ModelFacts(Strict):
     """What the memory model needs to know about a model's architecture."""
 
@@ -58,6 +68,10 @@ class ModelFacts(Strict):
     bits_per_weight: Optional[Annotated[Number, Field(gt=0, le=32)]] = doc(
         "Overrides the quant's table value (checkpoints that are not GGUF).", default=None
     )
+    mmproj: Optional[Projector] = doc(
+        "The vision projector the repo ships (mmproj-*.gguf): llama.cpp fetches and loads it beside the model, on the "
+        "GPU when the model offloads, so the plan counts it. null: none, and a router's downloader fetches none even "
+        "where the repo has one.", default=None)
     pooling: Optional[Literal["none", "mean", "cls", "last", "rank"]] = doc(
         "Embedding models: how token vectors are pooled into one (the GGUF's pooling_type). mean and cls need the "
         "whole input in one micro-batch: llama.cpp refuses a longer input (HTTP 500).",

@@ -4,11 +4,12 @@ from the pinned release (tests/test_llama_contract.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import TYPE_CHECKING, Optional
 
 from common.constants import EMBEDDINGS_PATH, LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, METRICS_TOKEN_KEY
-from common.quantity import parse_quantity
+from common.quantity import GIB, MIB, parse_quantity
 from planning.catalog import facts_for, repo_of
 from planning.memory import Estimate, weights_quantity
 
@@ -25,6 +26,7 @@ from .llamacpp_memory import (
 )
 
 if TYPE_CHECKING:
+    from config.facts import Projector
     from config.types import ModelFacts, ModelServer, NodePool
     from planning.capacity import ServerPlan
 
@@ -88,6 +90,14 @@ def shared_flags(model: "ModelServer", key_file: str | None) -> list[str]:
 def key_file(model: "ModelServer") -> str | None:
     """--api-key-file: the key Secret's file, when the server takes a key."""
     return f"{API_KEY_DIR}/{model.api_key.secret_key}" if model.api_key is not None else None
+
+
+def projector_gib(projector: "Projector", backend: str) -> tuple[float, float]:
+    """(weights, compute buffer) of a vision projector: flash attention on, its default, where the
+    backend has it for the projector's heads (CPU, CUDA: measured and read in ggml-cuda/fattn.cu); the
+    larger buffer without it elsewhere (not measured there: the safe side)."""
+    compute = projector.compute_mib if backend in ("cpu", "cuda") else (projector.compute_no_fa_mib or projector.compute_mib)
+    return projector.weights_mib * MIB / GIB, compute * MIB / GIB
 
 
 class LlamaCpp(Engine):
@@ -201,11 +211,24 @@ class LlamaCpp(Engine):
         backend = model.backend_on(pool) if model.uses_gpu(pool) else "cpu"
         decode = predict_tok_s(model, facts, pool, backend, discrete,
                                {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size})
+        download = weights_bytes(model, facts)
+        if facts.mmproj is not None:
+            # The projector: llama.cpp fetches it with the model and loads it on the GPU when the model
+            # offloads (mmproj_use_gpu, common/common.h), else in the node's memory; its weights and the
+            # compute buffer it reserves at load (planning/catalog.yaml, measured by the projector oracle).
+            weights, compute = projector_gib(facts.mmproj, backend)
+            if vram is not None:
+                vram = dataclasses.replace(vram, weights_gib=vram.weights_gib + weights, reserve_gib=vram.reserve_gib + compute)
+            else:
+                memory = dataclasses.replace(memory, weights_gib=memory.weights_gib + weights,
+                                             overhead_gib=memory.overhead_gib + compute)
+            download += facts.mmproj.weights_mib * MIB
         return Estimate(
             memory=memory, vram=vram,
-            weights=model.weights or weights_quantity(weights_bytes(model, facts)),
+            weights=model.weights or weights_quantity(download),
             read_per_token=layout(model, facts).read_per_token(discrete),
             decode_predicted_tok_s=decode,
+            multimodal=facts.mmproj is not None,
         ), problems
 
     def _plan_problems(self, path: str, model: "ModelServer", facts: Optional["ModelFacts"]) -> list[Problem]:

@@ -32,6 +32,7 @@ import json
 from typing import TYPE_CHECKING, Optional
 
 from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, ROUTER_CLIENT_PATHS, ROUTER_PRESET_FLAG, SCRATCH
+from planning.catalog import facts_for
 from planning.memory import OnRequest, OnRequestModel
 
 from .base import Credentials, Engine, Library, Problem, Scrape
@@ -69,9 +70,15 @@ def library_dir(model: "ModelServer", mount_path: str) -> str:
     return f"{mount_path}/{LIBRARY_FOLDER}/{model.name}"
 
 
-def library(model: "ModelServer") -> dict[str, str]:
-    """What the init container fetches: each public name and its org/repo:TAG."""
-    return {name: entry.hf_repo for name, entry in model.on_demand.models.items()}
+def library(model: "ModelServer") -> dict[str, dict]:
+    """What the init container fetches: each public name, its org/repo:TAG, and whether its vision
+    projector is fetched too: only where the plan counts one (facts.mmproj), since llama.cpp loads any
+    mmproj file in the model's folder (common/preset.cpp), and `no-mmproj` does not stop it there."""
+    fetched = {}
+    for name, entry in model.on_demand.models.items():
+        facts = facts_for(model.as_single(name))
+        fetched[name] = {"hf_repo": entry.hf_repo, "mmproj": facts is not None and facts.mmproj is not None}
+    return fetched
 
 
 def library_json(model: "ModelServer") -> str:

@@ -209,7 +209,7 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
             name=entry.name, pinned=entry.pinned, ram_gib=plan.estimate.total_gib * (1 + LIMIT_HEADROOM),
             vram_gib=vram_gib, weights_gib=gib(plan.weights), load_seconds=plan.budget.load_seconds,
             decode_predicted_tok_s=plan.decode_predicted_tok_s, estimate=plan.estimate, vram=plan.vram,
-            source=entry.source,
+            source=entry.source, multimodal=entry.estimate.multimodal,
         ))
     beside = [s for s in planned.values() if s.node_pool == model.node_pool]
     ram_budget = (node_offers_gib(pool) - sum(s.need_gib * s.replicas for s in beside)

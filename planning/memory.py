@@ -108,6 +108,7 @@ class Estimate:
     weights: str  # the download, as a quantity (configured, or derived from the architecture)
     read_per_token: Optional[tuple[float, float]]  # bytes from VRAM, bytes from the node's memory; None: unknown
     decode_predicted_tok_s: Optional[dict[str, float]]  # context empty, half and full; None: not predicted
+    multimodal: bool = False  # a vision projector is loaded beside the model (counted in the figures above)
 
 
 @dataclass(frozen=True)

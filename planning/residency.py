@@ -39,6 +39,7 @@ class ResidentModel:
     estimate: MemoryEstimate
     vram: Optional[VramEstimate]
     source: str = ""  # the weights it loads (org/repo:TAG): a change refetches them
+    multimodal: bool = False  # its vision projector is loaded with it (and counted)
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class Residency:
             "fill": self.fill(),
             "ram_budget_gib": self.ram_budget_gib,
             "vram_budget_gib": self.vram_budget_gib,
-            "models": {m.name: {"pinned": m.pinned, "source": m.source, "ram_gib": m.ram_gib, "vram_gib": m.vram_gib,
+            "models": {m.name: {"pinned": m.pinned, "multimodal": m.multimodal, "source": m.source, "ram_gib": m.ram_gib, "vram_gib": m.vram_gib,
                                 "weights_gib": m.weights_gib, "load_seconds": m.load_seconds,
                                 "decode_predicted_tok_s": m.decode_predicted_tok_s} for m in self.models},
         }

@@ -44,13 +44,17 @@ from real_shape_mmproj import expected_mmproj_bytes, write_mmproj, write_text_sh
 from server import free_port  # noqa: E402
 
 # The figures the planner counts for the projector that ggml-org/gemma-3-12b-it-GGUF ships
-# (mmproj-model-f16.gguf) and its also-repos: planning/catalog.yaml should carry these (MiB, as
-# llama-server b10729 logs them on the CPU). Weights: the whole F16 file's tensors. Compute: the
-# buffer reserved for one 896 x 896 image with flash attention on (the default, `auto`, on CPU and CUDA).
-MEASURED_GEMMA3_MMPROJ_WEIGHTS_MIB = 814.60
-MEASURED_GEMMA3_MMPROJ_COMPUTE_MIB = 121.25
+# (mmproj-model-f16.gguf) and its also-repos, as planning/catalog.yaml carries them (MiB; llama-server
+# b10729 measured them on the CPU: weights 814.60, compute 121.25 with flash attention, 1132.00 without).
+# Weights: the whole F16 file's tensors. Compute: the buffer reserved for one 896 x 896 image with flash
+# attention on (the default, `auto`, on CPU and CUDA).
+from planning.catalog import lookup  # noqa: E402
+
+_PROJECTOR = lookup("ggml-org/gemma-3-12b-it-GGUF").mmproj
+MEASURED_GEMMA3_MMPROJ_WEIGHTS_MIB = _PROJECTOR.weights_mib
+MEASURED_GEMMA3_MMPROJ_COMPUTE_MIB = _PROJECTOR.compute_mib
 # With flash attention off (`--flash-attn off`, or a backend without it): the compute buffer alone.
-MEASURED_GEMMA3_MMPROJ_COMPUTE_NO_FA_MIB = 1132.00
+MEASURED_GEMMA3_MMPROJ_COMPUTE_NO_FA_MIB = _PROJECTOR.compute_no_fa_mib
 TOLERANCE = 0.10
 
 MODEL_SIZE = re.compile(r"load_hparams: model size: +(?P<mib>[0-9.]+) MiB")

@@ -12,7 +12,8 @@ import copy
 import pulumi
 import pytest
 
-from conftest import run_stack_file, stack_file_config
+from common.quantity import gib
+from conftest import plain_values, run_stack_file, stack_file_config
 from render.manifests import manifests
 
 STACK = "rtx3090-library"
@@ -78,7 +79,7 @@ def test_each_preset_section_is_the_single_model_command_line_and_the_router_kee
     for name, keys in sections.items():
         single = engine_of(server.as_single(name)).args(server.as_single(name))
         # The download is the init container's (library.json); the section keeps every other flag.
-        assert "hf-repo" not in keys and fetched[name] == single[single.index("--hf-repo") + 1]
+        assert "hf-repo" not in keys and fetched[name]["hf_repo"] == single[single.index("--hf-repo") + 1]
         assert keys["ctx-size"] == single[single.index("--ctx-size") + 1]
         # The router's flags win over a section's (server-models.cpp:548-552): none is repeated there.
         assert not {"host", "port", "api-key-file", "metrics"} & set(keys)
@@ -167,3 +168,33 @@ def test_the_fill_of_a_full_resident_set_is_said_from_every_set_the_router_can_r
     assert (f"any {limit} of 5 resident" in line and f"holds {min(shares):.0%}-{max(shares):.0%} of the 23.0 GiB VRAM "
             f"budget (typical {sum(shares) / len(shares):.0%})" in line)
     assert [r.split()[0] for r in rows[1:]] == list(plan["models"])
+
+
+def test_a_vision_projector_is_counted_where_llama_cpp_loads_it():
+    """gemma-3-12b ships an mmproj that llama.cpp loads beside it, on the GPU when the model offloads:
+    its weights and its compute buffer (flash attention on CUDA; the larger buffer where not known) are in
+    the VRAM figure, the download grows by the file, and the plan says the model is multimodal."""
+    from engines import engine_of
+    from planning.catalog import facts_for
+    from plane import parse_stack
+
+    stack = parse_stack(plain_values(STACK))
+    server = stack.models["library"]
+    pool = stack.node_pools[server.node_pool]
+    gemma = server.as_single("gemma-3-12b")
+    facts = facts_for(gemma)
+    text_only = gemma.model_copy(update={"facts": facts.model_copy(update={"mmproj": None})})
+    engine = engine_of(gemma)
+    with_projector, _ = engine.estimate(gemma, pool, "p")
+    without, _ = engine.estimate(text_only, pool, "p")
+    assert with_projector.multimodal and not without.multimodal
+    assert with_projector.vram.total_gib - without.vram.total_gib == pytest.approx((814.6 + 121.25) / 1024, abs=1e-6)
+    assert with_projector.memory.total_gib == pytest.approx(without.memory.total_gib)
+    assert gib(with_projector.weights) - gib(without.weights) == pytest.approx(814.6 / 1024, abs=0.1)
+    vulkan = pool.model_copy(update={"vram": None, "gpu_resource": "gpu.intel.com/i915", "backend": "vulkan"})
+    on_igpu, _ = engine.estimate(gemma.model_copy(update={"image": "ghcr.io/ggml-org/llama.cpp:server-vulkan-b10731"}), vulkan, "p")
+    plain, _ = engine.estimate(text_only.model_copy(update={"image": "ghcr.io/ggml-org/llama.cpp:server-vulkan-b10731"}), vulkan, "p")
+    assert on_igpu.memory.total_gib - plain.memory.total_gib == pytest.approx((814.6 + 1132.0) / 1024, abs=1e-6)
+    run, _, _ = rendered(config())
+    models = run.outputs["capacity_plan"]["servers"]["library"]["residency"]["models"]
+    assert {name for name, m in models.items() if m["multimodal"]} == {"gemma-3-12b"}

@@ -63,7 +63,10 @@ def rendered() -> dict:
     container, keeper = pod["containers"]
     return {"init": init, "container": container, "keeper": keeper, "pod": pod, "files": config_map["data"],
             "init_env": {e["name"]: e["value"] for e in init["env"]},
-            "preset": config_map["data"]["models.ini"], "library": json.loads(config_map["data"]["library.json"]),
+            "preset": config_map["data"]["models.ini"],
+            # name -> org/repo:TAG (the rendered entries also say whether the projector is fetched).
+            "library": {n: e["hf_repo"] for n, e in json.loads(config_map["data"]["library.json"]).items()},
+            "mmproj": {n: e["mmproj"] for n, e in json.loads(config_map["data"]["library.json"]).items()},
             "names": list(model.on_demand.models)}
 
 
@@ -131,6 +134,29 @@ def test_the_files_fetched_are_the_files_llama_server_fetches(binary, rendered, 
     folder = library_folder(rendered, tmp_path / "pod") / "multi"
     assert sorted(p.name for p in folder.glob("*.gguf")) == sorted(p.rsplit("/", 1)[-1] for p in fetched(ours))
     assert all(p.resolve().is_file() for p in folder.glob("*.gguf"))
+
+
+def test_a_projector_is_fetched_only_where_the_plan_counts_one(binary, rendered, tmp_path):
+    """llama.cpp loads any mmproj file in a model's folder; the rendered library says which models'
+    projectors the plan counted (gemma-3-12b's, from the catalog), and only those are fetched: a text-only
+    entry gets what llama-server -hf fetches less the projector."""
+    assert rendered["mmproj"] == {name: name == "gemma-3-12b" for name in rendered["names"]}
+    repo = "org/Multi-GGUF"
+    server_log: list[str] = []
+    with hub_repos({repo: DECOYS}, log=server_log) as endpoint:
+        llama_server_fetches(binary, repo, "Q4_K_M", endpoint, tmp_path / "server")
+    projector = {p for p in fetched(server_log) if "mmproj" in p}
+    assert len(projector) == 1
+    for counted in (True, False):
+        ours: list[str] = []
+        root = tmp_path / f"pod-{counted}"
+        write_files(rendered, root, {"multi": {"hf_repo": f"{repo}:Q4_K_M", "mmproj": counted}})
+        with hub_repos({repo: DECOYS}, log=ours) as endpoint:
+            assert run_library(rendered["init"], root, endpoint).returncode == 0
+        expected = fetched(server_log) if counted else fetched(server_log) - projector
+        assert fetched(ours) == expected
+        names = {p.name for p in (library_folder(rendered, root) / "multi").glob("*.gguf")}
+        assert any("mmproj" in n for n in names) == counted
 
 
 def test_a_tag_no_file_matches_stops_the_start_naming_the_files_there_are(rendered, tmp_path):

@@ -10,7 +10,7 @@ servers share the blobs) and linked as ``$LIBRARY_DIR/<name>/<file>``: the folde
 with --models-dir, each subfolder one model named as clients name it. Folders of models no longer
 listed are removed, so the router can load nothing the plan did not count. A model whose folder is
 complete (``.complete`` lists its files and sizes) starts without the Hub when the Hub is down.
-Environment: HF_LIBRARY (a file of JSON: name -> org/repo:TAG), HUB_CACHE, LIBRARY_DIR; optional
+Environment: HF_LIBRARY (a file of JSON: name -> {hf_repo: org/repo:TAG, mmproj: bool}), HUB_CACHE, LIBRARY_DIR; optional
 HF_ENDPOINT, HF_TOKEN.
 
 Keeper mode (``KEEP_SECONDS`` set; the router's sidecar): once at its start (the ConfigMap may have
@@ -61,7 +61,7 @@ def _bits(path):
     return int(digits.group(0)) if digits else 0
 
 
-def select(files, tag):
+def select(files, tag, mmproj=True):
     """The paths llama.cpp's downloader takes for repo:tag: the first model file matching the tag
     (a shard only as its first), its shards, and the closest mmproj sibling (find_best_model,
     get_split_files, find_best_sibling)."""
@@ -78,7 +78,7 @@ def select(files, tag):
     prefix, _, _, count = _split(primary)
     chosen = [p for p in paths if p.endswith(".gguf") and _split(p)[0] == prefix and _split(p)[3] == count] if count > 1 else [primary]
     model_dir, bits, best = primary.split("/")[:-1], _bits(primary), None
-    for p in paths:
+    for p in paths if mmproj else ():
         if not p.endswith(".gguf") or "mmproj" not in p:
             continue
         sibling_dir = p.split("/")[:-1]
@@ -103,7 +103,7 @@ def _complete(folder):
     return None
 
 
-def fetch_model(name, repo_tag, endpoint, token, hub_cache, library):
+def fetch_model(name, repo_tag, endpoint, token, hub_cache, library, mmproj=True):
     """One model into the hub layout, then linked as <library>/<name>/: the links are made only
     once every file is complete, so the router never sees half a model."""
     repo, _, tag = repo_tag.rpartition(":")
@@ -122,7 +122,7 @@ def fetch_model(name, repo_tag, endpoint, token, hub_cache, library):
     wanted = {item["path"]: item for item in files}
     os.makedirs(os.path.join(root, "blobs"), exist_ok=True)
     blobs = {}
-    for path in select(files, tag):
+    for path in select(files, tag, mmproj):
         item = wanted[path]
         lfs = item.get("lfs") or {}
         size = lfs.get("size", item.get("size"))
@@ -191,10 +191,13 @@ def library():
             path = os.path.join(folder, entry)
             shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
     missing, changed = {}, []
-    for name, repo_tag in models.items():
+    for name, entry in models.items():
+        # {"hf_repo": "org/repo:TAG", "mmproj": false}: without the projector the plan did not count (a
+        # plain "org/repo:TAG": everything llama.cpp's --hf-repo would fetch).
+        repo_tag, mmproj = (entry, True) if isinstance(entry, str) else (entry["hf_repo"], entry.get("mmproj", True))
         before = _files(os.path.join(folder, name))
         try:
-            fetch_model(name, repo_tag, endpoint, token, os.environ["HUB_CACHE"], folder)
+            fetch_model(name, repo_tag, endpoint, token, os.environ["HUB_CACHE"], folder, mmproj)
             if before and _files(os.path.join(folder, name)) != before:
                 changed.append(name)
         except (Refused, Unreachable, SystemExit, OSError, http.client.HTTPException, ValueError) as error:
