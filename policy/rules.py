@@ -265,19 +265,23 @@ def _service_fqdns(resources: list[Props], component: str) -> dict[str, Props]:
     return out
 
 
-def keyed_services(resources: list[Props]) -> set[str]:
-    """Services whose pods mount an API key (the volume the program names api-key)."""
+def _services_of(resources: list[Props], pods: Callable[[Mapping[str, Any]], bool]) -> set[str]:
+    """Services that select the pods of a workload whose pod spec passes ``pods``."""
     kinds = _by_kind(resources)
-    keyed = set()
+    found = set()
     for service in kinds.get("Service", []):
         selector = (service.get("spec") or {}).get("selector") or {}
         for workload in kinds.get("Deployment", []) + kinds.get("StatefulSet", []):
             template = (workload.get("spec") or {}).get("template") or {}
             labels = (template.get("metadata") or {}).get("labels") or {}
-            if selector and selector.items() <= labels.items() and any(
-                    v.get("name") == API_KEY_VOLUME for v in (template.get("spec") or {}).get("volumes") or []):
-                keyed.add(_meta(service).get("name"))
-    return keyed
+            if selector and selector.items() <= labels.items() and pods(template.get("spec") or {}):
+                found.add(_meta(service).get("name"))
+    return found
+
+
+def keyed_services(resources: list[Props]) -> set[str]:
+    """Services whose pods mount an API key (the volume the program names api-key)."""
+    return _services_of(resources, lambda spec: any(v.get("name") == API_KEY_VOLUME for v in spec.get("volumes") or []))
 
 
 def router_management_not_exposed(resources: list[Props], report: Report, config: Mapping) -> None:
@@ -285,15 +289,7 @@ def router_management_not_exposed(resources: list[Props], report: Report, config
     /models/unload, DELETE /models) answers any key holder: an Ingress to a router routes only the exact
     inference and listing paths."""
     kinds = _by_kind(resources)
-    routers: set[str] = set()
-    for service in kinds.get("Service", []):
-        selector = (service.get("spec") or {}).get("selector") or {}
-        for workload in kinds.get("Deployment", []) + kinds.get("StatefulSet", []):
-            template = (workload.get("spec") or {}).get("template") or {}
-            labels = (template.get("metadata") or {}).get("labels") or {}
-            if selector and selector.items() <= labels.items() and any(
-                    ROUTER_PRESET_FLAG in (c.get("args") or []) for c in containers(template.get("spec") or {})):
-                routers.add(_meta(service).get("name"))
+    routers = _services_of(resources, lambda spec: any(ROUTER_PRESET_FLAG in (c.get("args") or []) for c in containers(spec)))
     for ingress in kinds.get("Ingress", []):
         for rule in (ingress.get("spec") or {}).get("rules") or []:
             for path in (rule.get("http") or {}).get("paths") or []:
