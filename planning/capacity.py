@@ -13,7 +13,7 @@ from common.quantity import Quantity, gib
 
 from .memory import Estimate, MemoryEstimate, OnRequest, VramEstimate
 from .residency import KEEPER_MEMORY_REQUEST, Residency, ResidentModel, limit_gib, plan_residency, summed_estimate, summed_vram
-from .startup import StartupBudget, startup_budget
+from .startup import StartupBudget, startup_budget, swap_seconds
 
 if TYPE_CHECKING:
     from config.types import ModelServer, NodePool, StackConfig
@@ -207,7 +207,8 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
         vram_gib = plan.vram.total_gib if plan.vram is not None else 0.0
         resident.append(ResidentModel(
             name=entry.name, pinned=entry.pinned, ram_gib=plan.estimate.total_gib * (1 + LIMIT_HEADROOM),
-            vram_gib=vram_gib, weights_gib=gib(plan.weights), load_seconds=plan.budget.load_seconds,
+            vram_gib=vram_gib, weights_gib=gib(plan.weights),
+            swap_seconds=swap_seconds(plan.weights, plan.vram.weights_gib if plan.vram is not None else 0.0, stack.startup),
             decode_predicted_tok_s=plan.decode_predicted_tok_s, estimate=plan.estimate, vram=plan.vram,
             source=entry.source, multimodal=entry.estimate.multimodal,
         ))

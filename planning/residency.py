@@ -34,7 +34,7 @@ class ResidentModel:
     ram_gib: float  # what the child holds in the pod's memory (its estimate with the limit's headroom)
     vram_gib: float  # on the router's GPU; 0 without one
     weights_gib: float
-    load_seconds: float  # from the cache at the stack's load rate: the cost of a swap
+    swap_seconds: dict[str, float]  # a swap's predicted cost, warm (page cache) and cold (off the volume)
     decode_predicted_tok_s: Optional[dict[str, float]]
     estimate: MemoryEstimate
     vram: Optional[VramEstimate]
@@ -73,7 +73,7 @@ class Residency:
             "ram_budget_gib": self.ram_budget_gib,
             "vram_budget_gib": self.vram_budget_gib,
             "models": {m.name: {"pinned": m.pinned, "multimodal": m.multimodal, "source": m.source, "ram_gib": m.ram_gib, "vram_gib": m.vram_gib,
-                                "weights_gib": m.weights_gib, "load_seconds": m.load_seconds,
+                                "weights_gib": m.weights_gib, "swap_seconds": m.swap_seconds,
                                 "decode_predicted_tok_s": m.decode_predicted_tok_s} for m in self.models},
         }
 

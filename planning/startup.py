@@ -95,3 +95,19 @@ def rollout_waits(budget: StartupBudget, kind: str, replicas: int) -> tuple[int,
         return budget.wait_seconds, budget.wait_seconds
     create = budget.wait_seconds + (replicas - 1) * budget.download_seconds
     return create, replicas * budget.wait_seconds
+
+
+# A model swapped in by a router (planning/residency.py): a prediction, not a budget. A child's start
+# (process, backend and context set-up, compute buffers) and the upload of what goes to the GPU; the
+# weights kept in system RAM are mapped, not copied. Warm: the files are in the node's page cache (a
+# model used since the node's memory last needed the pages); cold: read off the cache volume at the
+# stack's load rate first. Fitted to llama.cpp b10729's CUDA children on an H200 (bench/router_soak.py).
+SWAP_START_SECONDS = 1.2
+PAGE_CACHE_UPLOAD_GIB_PER_S = 5.3
+
+
+def swap_seconds(weights: str, gpu_gib: float, startup: "Startup") -> dict[str, float]:
+    """Predicted seconds from the request that loads a model to its load's end, warm and cold."""
+    upload = gpu_gib / PAGE_CACHE_UPLOAD_GIB_PER_S
+    read = float(parse_quantity(weights)) / MIB / startup.load_mib_per_s
+    return {"warm": round(SWAP_START_SECONDS + upload, 1), "cold": round(SWAP_START_SECONDS + max(upload, read), 1)}

@@ -172,8 +172,9 @@ def residency_lines(server: dict) -> list[str]:
     lines = [f"  models on demand, {server['name']}: any {residency['max_loaded']} of {len(models)} resident (none "
              f"assumed: llama.cpp's router evicts the least recently used); a full set holds {fill['worst']:.0%}-"
              f"{fill['best']:.0%} of the {budget:.1f} GiB {'VRAM' if on_card else 'RAM'} budget (typical {fill['typical']:.0%})"]
-    header = ["model", "VRAM" if on_card else "RAM", "RAM", "load", "decode ~ empty/half/full ctx"]
-    rows = [[name + (" (vision)" if m.get("multimodal") else ""), f"{m['vram_gib' if on_card else 'ram_gib']:.1f}", f"{m['ram_gib']:.1f}", f"{m['load_seconds']} s",
+    header = ["model", "VRAM" if on_card else "RAM", "RAM", "swap warm/cold", "decode ~ empty/half/full ctx"]
+    rows = [[name + (" (vision)" if m.get("multimodal") else ""), f"{m['vram_gib' if on_card else 'ram_gib']:.1f}", f"{m['ram_gib']:.1f}",
+             f"{m['swap_seconds']['warm']:g}/{m['swap_seconds']['cold']:g} s",
              predicted_cell(m.get("decode_predicted_tok_s"))] for name, m in models.items()]
     if not on_card:
         header, rows = [h for i, h in enumerate(header) if i != 2], [[c for i, c in enumerate(r) if i != 2] for r in rows]
