@@ -378,6 +378,9 @@ def test_the_routers_ingress_passes_every_inference_path_it_serves_and_none_of_i
             else:
                 answer = router.post(path, bodies.get(path, {"model": name, "messages": messages, "max_tokens": 1}))
             assert answer.status != 404, (path, answer.body[:200])
+        # A client behind the Ingress sees each model's state at /v1/models (docs/models-on-demand.md).
+        listed = {m["id"]: m["status"]["value"] for m in router.get("/v1/models").json()["data"]}
+        assert set(listed) == set(models) and listed[name] == "loaded"
         # What the Ingress keeps out is real: any key holder may load and unload models here.
         assert router.post("/models/unload", {"model": name}).status == 200
         router.wait_status(name, ("unloaded",))
