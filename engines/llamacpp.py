@@ -14,6 +14,7 @@ from planning.catalog import facts_for, repo_of
 from planning.memory import Estimate, weights_quantity
 
 from .base import Credentials, Engine, Problem
+from .llamacpp_flags import extra_args_problems
 from .llamacpp_speed import predict_tok_s
 from .llamacpp_memory import (
     DEFAULT_UBATCH,
@@ -53,9 +54,6 @@ GENERATED_FLAGS = frozenset({
     "--batch-size", "-b", "--n-cpu-moe", "-ncmoe", "--cpu-moe", "-cmoe", "--split-mode", "-sm", "--tensor-split", "-ts",
     "--main-gpu", "-mg",
 })
-# Placements the planner cannot see: a user's tensor overrides move weights between devices behind
-# its back (the same regexes --n-cpu-moe writes); cpu_moe_layers and gpus say it in planned terms.
-UNPLANNED_FLAGS = frozenset({"--override-tensor", "-ot", "--no-kv-offload", "-nkvo"})
 # common/common.h (b10729): n_batch 2048. llama.cpp clamps the micro-batch to the batch
 # (src/llama-context.cpp: n_ubatch = min(n_batch, n_ubatch)), so a larger ubatch needs --batch-size.
 DEFAULT_BATCH = 2048
@@ -145,15 +143,7 @@ class LlamaCpp(Engine):
         problems += self._cors_problems(model, path)
         if model.ubatch_size is not None and model.ubatch_size > model.ctx_size:
             problems.append((f"{path}.ubatch_size", f"{model.ubatch_size} exceeds ctx_size {model.ctx_size}"))
-        for index, arg in enumerate(model.extra_args):
-            flag = arg.split("=", 1)[0]
-            if flag in GENERATED_FLAGS:
-                problems.append(
-                    (f"{path}.extra_args[{index}]", f"{arg} is generated from a typed field; set that field instead")
-                )
-            elif flag in UNPLANNED_FLAGS:
-                problems.append((f"{path}.extra_args[{index}]", f"{arg} moves weights or KV between devices where the "
-                                 "plan cannot see it; use cpu_moe_layers (experts in RAM) or gpus (several cards)"))
+        problems += extra_args_problems(list(model.extra_args), f"{path}.extra_args", GENERATED_FLAGS)
         problems += self._placement_problems(model, path, pool)
         return problems
 

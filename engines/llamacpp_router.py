@@ -29,6 +29,7 @@ Each model's section is exactly the command line a single-model server of it wou
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Optional
 
 from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, ROUTER_CLIENT_PATHS, ROUTER_PRESET_FLAG, SCRATCH
@@ -37,6 +38,7 @@ from planning.memory import OnRequest, OnRequestModel
 
 from .base import Credentials, Engine, Library, Problem, Scrape
 from .llamacpp import LlamaCpp, key_file, shared_flags
+from .llamacpp_flags import ALLOWED
 
 if TYPE_CHECKING:
     from config.types import ModelServer, NodePool
@@ -97,18 +99,27 @@ ROUTER_LEVEL_FLAGS = frozenset({"--host", "--port", "--api-key-file", "--metrics
 
 def preset_sections(single_args: list[str]) -> list[tuple[str, str]]:
     """One model's single-model command line as (key, value) preset lines, minus the router's flags
-    and the download (the model's library folder holds its files)."""
+    and the download (the model's library folder holds its files). A preset key is any of the flag's
+    names without its dashes (common/preset.cpp get_map_key_opt); a value-less flag is `key = true`."""
     lines: list[tuple[str, str]] = []
     index = 0
     while index < len(single_args):
-        flag = single_args[index]
-        has_value = index + 1 < len(single_args) and not single_args[index + 1].startswith("--")
-        value = single_args[index + 1] if has_value else "true"
-        index += 2 if has_value else 1
+        flag, _, inline = single_args[index].partition("=")
+        if inline:
+            value, index = inline, index + 1
+        else:
+            following = single_args[index + 1] if index + 1 < len(single_args) else None
+            takes = ALLOWED.get(flag, following is not None and not following.startswith("--"))
+            value, index = (following, index + 2) if takes and following is not None else ("true", index + 1)
         if flag in ROUTER_LEVEL_FLAGS or flag.lstrip("-") in LIBRARY_KEYS:
             continue
         lines.append((flag.lstrip("-"), value))
     return lines
+
+
+# What llama.cpp's preset parser cannot carry in a value (common/preset.cpp): whitespace then ; or #
+# starts a comment, and the whitespace around a value is dropped.
+_PRESET_CUT = re.compile(r"[ \t][;#]|^\s|\s$")
 
 
 def preset_ini(model: "ModelServer", single_args) -> str:
@@ -157,6 +168,11 @@ class LlamaCppRouter(Engine):
             problems.append((f"{path}.on_demand", "on-demand models are chat models: an embedding server serves one"))
         if model.workload.replicas > 1 or model.workload.kind != "Deployment":
             problems.append((f"{path}.workload", "a router runs as one Deployment replica on the shared cache"))
+        for index, arg in enumerate(model.extra_args):
+            if _PRESET_CUT.search(arg):
+                problems.append((f"{path}.extra_args[{index}]", f"{arg!r}: the router writes it into its preset file, "
+                                 "whose parser drops the spaces around a value and reads ' ;' or ' #' as a comment; "
+                                 "write it without them"))
         for name in model.on_demand.models:
             for where, message in CHILD.config_problems(model.as_single(name), path, pool):
                 problems.append((where.replace(path, f"{path}.on_demand.models.{name}", 1), message))

@@ -223,3 +223,31 @@ def test_every_llamacpp_server_says_which_origins_may_call_it(homelab_values, ke
     homelab_values["models"][key]["cors_origins"] = None
     with pytest.raises(ConfigError, match=rf"models\.{key}\.cors_origins: without it llama-server echoes any Origin"):
         parse_stack(homelab_values)
+
+
+@pytest.mark.parametrize("args, where, says", [
+    (["--temp", "0.7\n[evil]"], "models.chat.extra_args[1]", "holds a control character"),
+    (["--jinja\nctx-size = 262144"], "models.chat.extra_args[0]", "holds a control character"),
+    (["--model-url", "https://example.org/x.gguf"], "models.chat.extra_args[0]", "loads weights the plan does not count"),
+    (["--path", "/"], "models.chat.extra_args[0]", "serves files from the container to every key holder"),
+    (["--rpc", "10.0.0.5:50052"], "models.chat.extra_args[0]", "offloads layers to another host"),
+    (["--mlock"], "models.chat.extra_args[0]", "mlock needs a capability the pod drops"),
+    (["--flash-attn", "off"], "models.chat.extra_args[0]", "changes what llama.cpp allocates where"),
+    (["--slot-save-path", "/tmp"], "models.chat.extra_args[0]", "writes or changes the server's state"),
+    (["--made-up-flag"], "models.chat.extra_args[0]", "is not among the flags extra_args may set"),
+    (["0.7"], "models.chat.extra_args[0]", "is not a flag"),
+    (["--temp"], "models.chat.extra_args[0]", "takes a value: put it in the next item"),
+    (["--jinja=yes"], "models.chat.extra_args[0]", "takes no value"),
+])
+def test_extra_args_are_a_closed_list_of_single_argv_elements(homelab_values, args, where, says):
+    """Only flags that move nothing the plan, the policies or the pod depend on; each item one clean argv
+    element (a newline would write lines of its own into a router's preset)."""
+    homelab_values["models"]["chat"]["extra_args"] = args
+    (problem,) = [p for p in rejection(homelab_values).problems if p[0].startswith("models.chat.extra_args")]
+    assert problem[0] == where and says in problem[1]
+
+
+def test_allowed_extra_args_render_as_given(homelab_values):
+    args = ["--jinja", "--temp=0.6", "-s", "-1", "--reasoning-budget", "0", "--chat-template-kwargs", '{"enable_thinking":false}']
+    homelab_values["models"]["chat"]["extra_args"] = args
+    assert list(parse_stack(homelab_values).models["chat"].extra_args) == args

@@ -356,3 +356,34 @@ def test_a_start_cut_short_mid_download_resumes_where_it_stopped(binary, models,
     # The bytes come from the CDN (the Hub's resolve URL redirects there): one request, for the rest.
     assert [line.split(" ", 2)[2] for line in log if line.startswith("GET /cdn/")] == [f"Range: bytes={fetched}-"], log
     assert snapshot.read_bytes() == gguf.read_bytes()
+
+
+def test_every_flag_extra_args_may_set_is_one_the_pinned_build_knows(binary):
+    """The extra_args allowlist names flags of llama-server b10729 itself (its --help), each spelling."""
+    import re
+    import subprocess
+
+    from engines.llamacpp_flags import ALLOWED
+
+    help_text = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60).stdout
+    known = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][a-zA-Z0-9-]*)", help_text))
+    assert sorted(flag for flag in ALLOWED if flag not in known) == []
+
+
+def test_allowed_extra_args_in_every_form_start_a_router_from_its_preset(binary, tmp_path):
+    """A router carries extra_args in its preset file: inline `--flag=value`, short spellings, a negative
+    value and JSON survive llama.cpp's preset parser (an unknown key would stop the router at start) and
+    reach the child, which answers."""
+    sys.path.insert(0, str(ROOT / "tests" / "contract"))
+    from router import start_router
+
+    from engines.llamacpp_router import preset_sections
+
+    extra = ["--jinja", "--temp=0.6", "-s", "-1", "--reasoning-budget", "0", "--chat-template-kwargs",
+             '{"enable_thinking":false}', "-lv", "3"]
+    lines = "".join(f"{key} = {value}\n" for key, value in preset_sections(["--ctx-size", "512", "--threads", "1", *extra]))
+    assert "temp = 0.6\n" in lines and "s = -1\n" in lines and "jinja = true\n" in lines
+    vocab = source_dir() / "models" / "ggml-vocab-llama-spm.gguf"
+    model = write_tiny_model(vocab, tmp_path / "m.gguf", seed=3)
+    with start_router(binary, "[m]\n" + lines, ["--models-preset", "x", "--models-max", "1"], {"m": model}) as router:
+        assert router.chat("m").status == 200

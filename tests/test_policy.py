@@ -275,12 +275,14 @@ def test_gateway_without_api_keys_or_required_mtls(strix_files):
 
 
 def test_render_fails_on_a_policy_violation_and_writes_nothing(tmp_path):
-    values = stack_values("homelab")
-    values["models"]["chat"]["extra_args"] = ["--hf-token", "hf_do_not_do_this"]
+    """llama.cpp's extra_args refuse such a flag at validation; another engine's own args are its own, so
+    the policy is what stops a credential on its command line."""
+    values = stack_values("strix-halo")
+    values["models"]["flash"]["openai"]["args"] += ["--hf-token", "hf_do_not_do_this"]
     config = {f"inference-plane:{k}": v for k, v in values.items()}
     (tmp_path / "Pulumi.leaky.yaml").write_text(yaml.safe_dump({"config": config}))
-    with pytest.raises(RenderError, match=r"policy no-inline-credentials violated by deployment_ai_llama-server.yaml: "
-                                          r"container llama-server: a credential on the command line"):
+    with pytest.raises(RenderError, match=r"policy no-inline-credentials violated by statefulset_shikanime_halogen-flash.yaml: "
+                                          r"container halogen-flash: a credential on the command line"):
         render_stack("leaky", tmp_path / "out", project_dir=tmp_path)
     assert not (tmp_path / "out").exists()
 
