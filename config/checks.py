@@ -5,13 +5,17 @@ each returns ``(config path, message with the fix)`` pairs; ``validation.validat
 from __future__ import annotations
 
 import difflib
+import ipaddress
 from typing import Optional
 
+from common.constants import TAILSCALE_CLASS
 from common.quantity import parse_quantity
+
+from .defaults import PRIVATE_SOURCE_RANGES
 
 from .gpus import BACKEND_VENDORS, BACKENDS, image_choices
 from .images import OLDEST_TESTED_BUILD, backend_of_image, build_of_image, cpu_image
-from .ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, program_annotations
+from .ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, annotation_refusal, program_annotations
 from .gateway import GatewayConfig
 from .types import (
     SYSTEM_NAMESPACES,
@@ -287,12 +291,39 @@ def stack_problems(stack: StackConfig) -> list[Problem]:
     problems += hub_egress_problems(stack.namespace.model_hub_egress, "namespace.model_hub_egress")
     problems += _egress_expressible(stack)
     problems += _exposure_problems(stack)
+    problems += _acknowledged(stack)
     problems += certificate_problems(stack)
     for pool_key, pool in stack.node_pools.items():
         problems += node_pool_problems(pool, f"node_pools.{pool_key}")
     problems += _gpu_demand(stack)
     if stack.gateway is not None:
         problems += gateway_problems(stack.gateway, stack.models)
+    return problems
+
+
+def public_ranges(ranges) -> list[str]:
+    """The ranges that admit addresses outside private (RFC 1918), CGNAT and unique-local space."""
+    private = [ipaddress.ip_network(r) for r in PRIVATE_SOURCE_RANGES]
+    return [r for r in ranges or [] if not any(
+        ipaddress.ip_network(r).version == p.version and ipaddress.ip_network(r).subnet_of(p) for p in private)]
+
+
+def _acknowledged(stack: StackConfig) -> list[Problem]:
+    """What opens the plane wider than its defaults needs a reason, which the summary repeats."""
+    problems: list[Problem] = []
+    for key, model in stack.models.items():
+        public = public_ranges(model.exposure.source_ranges) if model.exposure is not None else []
+        if public and model.exposure.public_reason is None:
+            problems.append((f"models.{key}.exposure.source_ranges", f"{', '.join(public)} admits addresses on the "
+                             "internet; narrow it to your LAN's ranges, or set exposure.public_reason with why"))
+    if stack.namespace.pod_security != "restricted" and stack.namespace.pod_security_reason is None:
+        problems.append(("namespace.pod_security", f"{stack.namespace.pod_security} admits privileged pods the model "
+                         "servers never need; use restricted, or set namespace.pod_security_reason with why"))
+    gateway = stack.gateway
+    if gateway is not None and gateway.load_balancer_class != TAILSCALE_CLASS and gateway.load_balancer_reason is None:
+        problems.append(("gateway.load_balancer_class", f"{gateway.load_balancer_class} may give the gateway an address "
+                         "outside the tailnet (a cloud load balancer faces the internet); use tailscale, or set "
+                         "gateway.load_balancer_reason with who can reach it"))
     return problems
 
 
@@ -380,6 +411,9 @@ def _exposure_problems(stack: StackConfig) -> list[Problem]:
                     f"the program sets {ours[name]!r} here (from cluster.cert_manager_issuer, or exposure's "
                     "timeout_seconds / max_body for long streamed answers); remove it, or change those settings",
                 ))
+            elif name not in ours and annotation_refusal(name) is not None:
+                problems.append((where, f"{annotation_refusal(name)}; remove it (config/ingress.py lists what the "
+                                 "program keeps for itself)"))
             if stack.cluster.public_dns_label and name == stack.cluster.public_dns_label:
                 problems.append((f"models.{key}.exposure.annotations.{name}", "would publish the API on the internet; remove it"))
     return problems

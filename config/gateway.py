@@ -104,6 +104,9 @@ class GatewayConfig(Strict):
     load_balancer_class: Annotated[str, Field(min_length=1)] = doc(
         "The Envoy Service's load-balancer class: tailscale keeps it on the tailnet, never a public LB.", default="tailscale"
     )
+    load_balancer_reason: Optional[Annotated[str, Field(min_length=10, max_length=500)]] = doc(
+        "Required for any class but tailscale (a cloud or LAN load balancer may give the gateway an address anyone "
+        "reaches): who can reach it, and why that is wanted (said in the summary).", default=None)
     envoy_namespace: DnsLabel = doc("Where Envoy Gateway runs the Envoy pods.", default="envoy-gateway-system")
     client_ca_secret: Optional[DnsName] = doc(
         "Secret or ConfigMap with ca.crt: clients must present a certificate it signed. null: no mTLS.", default=None

@@ -4,6 +4,7 @@ traefik fd5a576d pkg/provider/kubernetes/ingress), summarised in docs/exposure.m
 
 from __future__ import annotations
 
+import fnmatch
 from typing import TYPE_CHECKING
 
 from common.quantity import MIB, parse_quantity
@@ -18,6 +19,43 @@ TRAEFIK_MIDDLEWARES = "traefik.ingress.kubernetes.io/router.middlewares"
 # ingress-nginx's allowlist under both its names (the newer one is read first,
 # internal/ingress/annotations/ipallowlist): only exposure.source_ranges may set them.
 SOURCE_RANGE_ANNOTATIONS = (f"{NGINX}/whitelist-source-range", f"{NGINX}/allowlist-source-range")
+
+
+# Annotations a stack may not add (exposure.annotations), each with why: what they change is a promise
+# the plan, the policies or the summary make from typed settings. Matched on the whole key, or on a
+# prefix ending in '*'. Anything else is allowed, and the render's summary lists it.
+REFUSED_ANNOTATIONS: tuple[tuple[str, str], ...] = (
+    # TLS: every Ingress terminates TLS with a certificate from cluster.cert_manager_issuer.
+    (f"{NGINX}/ssl-redirect", "turns off the redirect to TLS (keys would cross plain HTTP)"),
+    (f"{NGINX}/force-ssl-redirect", "changes how TLS is enforced"),
+    (f"{NGINX}/ssl-passthrough", "hands TLS to the backend, which has no certificate"),
+    (f"{NGINX}/backend-protocol", "changes the protocol to the server"),
+    (f"{NGINX}/ssl-*", "changes TLS"),
+    (f"{NGINX}/auth-tls-*", "changes client-certificate TLS"),
+    ("traefik.ingress.kubernetes.io/router.tls*", "changes TLS"),
+    ("cert-manager.io/*", "changes the certificate (its issuer is cluster.cert_manager_issuer)"),
+    # CORS is the server's own cors_origins (one origin, or localhost).
+    (f"{NGINX}/enable-cors", "answers browsers' CORS at the controller, past the server's cors_origins"),
+    (f"{NGINX}/cors-*", "answers browsers' CORS at the controller, past the server's cors_origins"),
+    # Snippets are raw controller configuration.
+    (f"{NGINX}/*-snippet", "injects raw controller configuration the policies cannot read"),
+    # Paths, hosts and the entry point: what reaches the server.
+    (f"{NGINX}/rewrite-target", "rewrites the exact paths the Ingress admits into others (a router's model management)"),
+    (f"{NGINX}/use-regex", "turns the admitted paths into patterns"),
+    (f"{NGINX}/app-root", "redirects / elsewhere"),
+    (f"{NGINX}/server-alias", "answers more host names than exposure.host"),
+    ("traefik.ingress.kubernetes.io/router.pathmatcher", "changes how the admitted paths match"),
+    ("traefik.ingress.kubernetes.io/router.entrypoints", "changes the entry point the Ingress listens on"),
+    ("traefik.ingress.kubernetes.io/router.priority", "can put this route ahead of the source check"),
+    ("kubernetes.io/ingress.class", "picks another controller (cluster.ingress.class_name)"),
+    # Publication: no public DNS record is made (docs/exposure.md).
+    ("external-dns.alpha.kubernetes.io/*", "publishes a DNS record for the API"),
+)
+
+
+def annotation_refusal(name: str) -> str | None:
+    """Why a stack may not set this Ingress annotation, or None."""
+    return next((why for pattern, why in REFUSED_ANNOTATIONS if fnmatch.fnmatchcase(name, pattern)), None)
 
 
 def source_middleware(server: str) -> str:

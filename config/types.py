@@ -148,6 +148,10 @@ class NamespaceConfig(Strict):
         "Pod Security level enforced: the pods need no privilege, the GPU comes in through the device-plugin API.",
         default="restricted",
     )
+    pod_security_reason: Optional[Annotated[str, Field(min_length=10, max_length=500)]] = doc(
+        "Required for a level below restricted: why the namespace admits more privileged pods (said in the summary).",
+        default=None,
+    )
     model_hub_egress: ModelHubEgress = doc("Egress for weight downloads.", default=ModelHubEgress())
 
 
@@ -370,8 +374,12 @@ class Exposure(Strict):
         default=3600,
     )
     max_body: Memory = doc("Largest request body (long chat histories, pasted documents).", default="64Mi")
+    public_reason: Optional[Annotated[str, Field(min_length=10, max_length=500)]] = doc(
+        "Required when source_ranges admit addresses outside private (RFC 1918), CGNAT and unique-local space: why "
+        "this API may be reached from the internet (the summary then says so, with the reason).", default=None)
     annotations: dict[Annotated[str, Field(max_length=253)], Annotated[str, Field(max_length=4096)]] = doc(
-        "More Ingress annotations. Those the program sets for streaming win; a different value for one of them is refused.",
+        "More Ingress annotations, listed in the summary. Those the program sets win (a different value is refused), and "
+        "so are those that would change TLS, CORS, paths, hosts, the entry point or DNS publication (config/ingress.py).",
         default={},
     )
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from common.constants import COMPONENT_LABEL, ENVOY_OWNING_GATEWAY_LABEL, NAME_LABEL, service_fqdn
+from common.constants import COMPONENT_LABEL, ENVOY_OWNING_GATEWAY_LABEL, NAME_LABEL, TAILSCALE_CLASS, service_fqdn
+from config.checks import public_ranges
 from config.ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES
 from config.types import StackConfig
 from policy.rules import keyed_services
@@ -115,6 +116,9 @@ def reach_lines(objects: list[dict], stack: StackConfig) -> list[str]:
         keyed = keyed_services(objects)
         lines.append(f"  who may reach each server (the policy of namespace {namespace} admits only "
                      f"{'; '.join(_peer_text(p, namespace) for p in peers) or 'nothing'}; everything else is denied):")
+        if namespace == stack.namespace.name and stack.namespace.pod_security != "restricted":
+            lines.append(f"    Pod Security {stack.namespace.pod_security}, not restricted: "
+                         f"{stack.namespace.pod_security_reason}")
         for service in (s for s in servers if s["metadata"]["namespace"] == namespace):
             lines.append(f"    {service['metadata']['name']:<16} " + "; ".join(_reach(service, objects, peers, keyed, stack)))
     return lines
@@ -130,18 +134,28 @@ def _reach(service: dict, objects: list[dict], peers: list[Peer], keyed: set[str
             continue
         host = ingress["spec"]["rules"][0]["host"]
         sources = _sources(ingress, objects)
-        who = f"LAN clients in {', '.join(sources)}" if sources else "any client the controller serves"
+        model = next((m for m in stack.models.values() if m.name == name), None)
+        exposure = model.exposure if model is not None else None
+        if sources and public_ranges(sources):
+            reason = exposure.public_reason if exposure is not None else None
+            who = f"clients on the internet ({', '.join(sources)}" + (f"; {reason}" if reason else "") + ")"
+        else:
+            who = f"LAN clients in {', '.join(sources)}" if sources else "any client the controller serves"
         controller = cluster.ingress
         through = "an ingress controller the config does not describe"
         if controller is not None:
             through = f"{controller.kind} pods in {controller.namespace}"
             if not _admits(peers, controller.namespace, dict(controller.pod_labels)):
                 through += " - BLOCKED: the policy does not admit them; fix cluster.ingress"
-        ways.append(f"{who} at https://{host} through {through}")
+        own = sorted(exposure.annotations) if exposure is not None else []
+        ways.append(f"{who} at https://{host} through {through}" + (f" (your annotations: {', '.join(own)})" if own else ""))
     for gateway, names in _gateway_routes(service, objects):
         envoy = {ENVOY_OWNING_GATEWAY_LABEL: gateway["metadata"]["name"], NAME_LABEL: "envoy"}
         hosts = sorted({listener.get("hostname", "*") for listener in gateway["spec"].get("listeners") or []})
         text = f"gateway clients at https://{', '.join(hosts)} for {', '.join(names)}"
+        if stack.gateway is not None and stack.gateway.load_balancer_class != TAILSCALE_CLASS:
+            text += (f" (its Service has load-balancer class {stack.gateway.load_balancer_class}: "
+                     f"{stack.gateway.load_balancer_reason})")
         # Where Envoy Gateway runs this gateway's Envoy pods: the configured namespace, these labels.
         envoy_namespace = stack.gateway.envoy_namespace if stack.gateway is not None else "envoy-gateway-system"
         if not _admits(peers, envoy_namespace, envoy):
