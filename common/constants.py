@@ -31,7 +31,10 @@ WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job",
 # A build or version tag (server-vulkan-b10731, v1.4.2) or a digest. Never `latest` or a bare
 # name: the llama.cpp CLI changes between builds and removed flags are rejected at start-up.
 # The stack config validates images with this same pattern.
-PINNED_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(@sha256:[a-f0-9]{64}|:[A-Za-z._-]*[0-9][A-Za-z0-9._-]*)$")
+# A digest, a tag with a digit (a build or version), or both (`:server-cuda-b10731@sha256:...`: the
+# tag says which build, the digest pins it).
+PINNED_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[A-Za-z._-]*[0-9][A-Za-z0-9._-]*"
+                          r"|(:[A-Za-z0-9._-]+)?@sha256:[a-f0-9]{64})$")
 WRITABLE_ROOT_WAIVER = "inference-plane/writable-root"
 WORLD_EGRESS_WAIVER = "inference-plane/world-egress"
 COLD_START_ANNOTATION = "inference-plane/cold-start-seconds"

@@ -37,6 +37,9 @@ def hub_egress_problems(hub: ModelHubEgress, path: str) -> list[Problem]:
 
 def node_pool_problems(pool: NodePool, path: str) -> list[Problem]:
     problems: list[Problem] = []
+    if 0 in pool.supplemental_groups:
+        problems.append((f"{path}.supplemental_groups", "0 is root's group: the pods would open every root-group file "
+                         "on their mounts; give the render and video groups' GIDs (getent group render video)"))
     if pool.sharing() == "exclusive" and pool.gpu_shares > 1:
         problems.append((
             f"{path}.gpu_shares",
@@ -292,12 +295,26 @@ def stack_problems(stack: StackConfig) -> list[Problem]:
     problems += _egress_expressible(stack)
     problems += _exposure_problems(stack)
     problems += _acknowledged(stack)
+    problems += _public_names(stack)
     problems += certificate_problems(stack)
     for pool_key, pool in stack.node_pools.items():
         problems += node_pool_problems(pool, f"node_pools.{pool_key}")
     problems += _gpu_demand(stack)
     if stack.gateway is not None:
         problems += gateway_problems(stack.gateway, stack.models)
+    return problems
+
+
+def _public_names(stack: StackConfig) -> list[Problem]:
+    """A model name clients send is answered by one router: two would make the name mean either."""
+    problems: list[Problem] = []
+    owner: dict[str, str] = {}
+    for key, model in stack.models.items():
+        for name in (model.on_demand.models if model.on_demand is not None else {}):
+            if name in owner:
+                problems.append((f"models.{key}.on_demand.models.{name}", f"models.{owner[name]} already offers "
+                                 f"{name!r}; give one of them another name"))
+            owner.setdefault(name, key)
     return problems
 
 

@@ -117,7 +117,11 @@ def read_config(engine_checks: EngineChecks) -> StackConfig:
         )
     values, secret_keys = read_pulumi_config()
     structured = {k: v for k, v in values.items() if k in TOP_LEVEL_KEYS}
-    stack = validate_values(structured, engine_checks)
+    try:
+        stack = validate_values(structured, engine_checks)
+    except ConfigError as error:
+        # A misspelt top-level key (`model:`) leaves the real one missing: name the typo first.
+        raise ConfigError(_top_level_typos(values) + error.problems) from None
     problems = _secret_key_problems(stack, values, secret_keys)
     import pulumi
 
@@ -136,6 +140,16 @@ def read_config(engine_checks: EngineChecks) -> StackConfig:
     for suggestion in image_suggestions(stack):
         pulumi.log.warn(suggestion)
     return stack
+
+
+def _top_level_typos(values: dict[str, Any]) -> list[tuple[str, str]]:
+    """Unknown keys that are a near spelling of a top-level key the config does not set."""
+    problems = []
+    for key in sorted(set(values) - set(TOP_LEVEL_KEYS)):
+        near = difflib.get_close_matches(key, [k for k in TOP_LEVEL_KEYS if k not in values], n=1, cutoff=0.6)
+        if near:
+            problems.append((path_part(key), f"unknown config key; did you mean {near[0]}?"))
+    return problems
 
 
 def _warn_moving_revisions(stack: StackConfig) -> None:

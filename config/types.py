@@ -219,7 +219,8 @@ class NodePool(Strict):
         default=None,
     )
     supplemental_groups: list[Annotated[int, Field(ge=0)]] = doc(
-        "Numeric GIDs of the host's render/video groups, for non-root access to /dev/dri and /dev/kfd.", default=[]
+        "Numeric GIDs of the host's render/video groups, for non-root access to /dev/dri and /dev/kfd (never 0: root's "
+        "group would open every root-group file on the node's mounts).", default=[]
     )
 
     def sharing(self) -> Optional[str]:

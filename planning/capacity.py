@@ -228,7 +228,8 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
     worst = residency.worst()
     estimate = summed_estimate(worst)
     limit = model.resources.memory_limit or Quantity(f"{limit_gib(worst)}Gi")
-    weights = Quantity(f"{ceil_gib(sum(m.weights_gib for m in resident) * 10) / 10}Gi")
+    # Each repo once: two names for the same weights (other settings) share the download.
+    weights = Quantity(f"{ceil_gib(sum({m.source: m.weights_gib for m in resident}.values()) * 10) / 10}Gi")
     return ServerPlan(
         key=key, name=model.name, workload=model.workload_name, node_pool=model.node_pool,
         replicas=model.workload.replicas, one_per_node=model.workload.one_per_node, estimate=estimate,
@@ -323,7 +324,7 @@ def plan_stack(stack: "StackConfig", estimate: Estimator) -> CapacityPlan:
         if found is None:
             continue
         server = _server_plan(key, model, stack, found)
-        problems += _limit_problems(key, model, server)
+        problems += _limit_problems(key, model, server, stack.node_pools[model.node_pool])
         problems += _vram_problems(key, model, server, stack.node_pools[model.node_pool])
         result.servers[key] = server
     if problems:
@@ -406,8 +407,14 @@ def _vram_problems(key: str, model: "ModelServer", server: ServerPlan, pool: "No
     )]
 
 
-def _limit_problems(key: str, model: "ModelServer", server: ServerPlan) -> list[Problem]:
+def _limit_problems(key: str, model: "ModelServer", server: ServerPlan, pool: "NodePool") -> list[Problem]:
     limit_gib = gib(server.memory_limit)
+    offers = node_offers_gib(pool)
+    # A configured limit above the node, for a server that fits it (else the placement says what to do).
+    if model.resources.memory_limit is not None and limit_gib > offers + 1e-9 >= server.estimate.total_gib:
+        return [(f"models.{key}.resources.memory_limit", f"{server.memory_limit} is more than a node of pool "
+                 f"{model.node_pool} offers ({offers:.1f} GiB, allocatable less reserved): the limit would no longer "
+                 f"keep the server from taking the node's memory; set at most {math.floor(offers)}Gi")]
     if limit_gib < server.estimate.total_gib and model.resources.accepted_risk is None:
         return [(
             f"models.{key}.resources.memory_limit",

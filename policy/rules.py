@@ -484,7 +484,10 @@ def idle_outlasts_request(resources: list[Props], report: Report, config: Mappin
 
 # Package managers installing at container start: the pod then depends on an index being up and
 # reachable (egress to it), and on unpinned transitive dependencies, at every restart.
-RUNTIME_INSTALL = re.compile(r"\b(pip3?|uv pip|npm|yarn|apt-get|apt|apk|dnf|yum)\s+(install|add)\b")
+# A package install, or a script fetched and piped into a shell (`curl ... | sh`): either runs code the
+# image does not hold, from wherever the network says, at every start.
+RUNTIME_INSTALL = re.compile(r"\b(pip3?|uv pip|npm|yarn|apt-get|apt|apk|dnf|yum)\s+(install|add)\b"
+                             r"|\|\s*(ba|da|z)?sh\b|\b(curl|wget)\b[^|;&]*\|\s*\S+")
 
 
 def no_runtime_installs(props: Props, report: Report, config: Mapping) -> None:

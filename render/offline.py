@@ -149,10 +149,65 @@ def _load_yaml(path: Path) -> Any:
     return load_stack_text(text, path.name)
 
 
+# A stack file is a few KiB; these bound what a hostile or broken one can cost before validation: its
+# size, how deep it nests, and how many values it stands for once every alias is expanded (an alias
+# bomb is small text for an exponential document).
+MAX_STACK_BYTES = 1 << 20
+MAX_DEPTH = 64
+MAX_VALUES = 100_000
+
+
+def _shape_problem(root: yaml.Node) -> Optional[str]:
+    """How the composed document exceeds the bounds, without recursion (aliases share their node)."""
+    expanded: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"is nested deeper than {MAX_DEPTH} levels"
+        children = ([v for pair in node.value for v in pair] if isinstance(node, yaml.MappingNode)
+                    else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        if done:
+            expanded[id(node)] = 1 + sum(expanded[id(child)] for child in children)
+            if expanded[id(node)] > MAX_VALUES:
+                return f"stands for more than {MAX_VALUES} values once its aliases are expanded (an alias bomb?)"
+        elif id(node) not in expanded:
+            stack.append((node, depth, True))
+            stack.extend((child, depth + 1, False) for child in children if id(child) not in expanded)
+    return None
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest run of open [ and { (a cheap look before the parser nests that deep; brackets inside
+    quotes count too, which only over-states)."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}" and depth:
+            depth -= 1
+    return deepest
+
+
 def load_stack_text(text: str, name: str) -> Any:
     """A stack file's document, read as the Pulumi CLI reads it (StackLoader); errors name ``name``."""
+    if len(text.encode()) > MAX_STACK_BYTES:
+        raise StackFileError(f"{name}: {len(text.encode()) >> 10} KiB, more than a stack file's {MAX_STACK_BYTES >> 20} MiB "
+                             "bound; is this the right file?")
+    if _flow_depth(text) > MAX_DEPTH:
+        raise StackFileError(f"{name}: the YAML is nested deeper than {MAX_DEPTH} levels; a stack file is a few levels of "
+                             "plain mappings")
+    loader = StackLoader(text)
     try:
-        return yaml.load(text, Loader=StackLoader)
+        node = loader.get_single_node()
+        problem = _shape_problem(node) if node is not None else None
+        if problem is not None:
+            raise StackFileError(f"{name}: the YAML {problem}; a stack file is a few levels of plain mappings")
+        return loader.construct_document(node) if node is not None else None
+    except RecursionError:
+        raise StackFileError(f"{name}: the YAML is nested too deeply to read; a stack file is a few levels of plain "
+                             "mappings") from None
     except _DuplicateKey as error:
         raise StackFileError(
             f"{name}:{error.again.line + 1}:{error.again.column + 1}: duplicate key {error.key!r} (first at line "
@@ -164,6 +219,8 @@ def load_stack_text(text: str, name: str) -> Any:
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         hint = "; indent with spaces, not tabs" if "cannot start any token" in problem else ""
         raise StackFileError(f"{where}: invalid YAML: {problem}{hint}; fix the stack file there") from None
+    finally:
+        loader.dispose()
 
 
 def stack_config(stack: str, project_dir: Path = PROJECT_DIR) -> tuple[dict[str, str], list[str]]:

@@ -93,3 +93,95 @@ def test_a_gateway_load_balancer_off_the_tailnet_needs_a_reason():
         parse_stack(values)
     values["gateway"]["load_balancer_reason"] = "an internal NLB reached only over the office VPN"
     assert parse_stack(values).gateway.load_balancer_reason.startswith("an internal NLB")
+
+
+def test_a_yaml_alias_bomb_deep_nesting_or_a_huge_file_is_one_line_within_a_second(tmp_path):
+    import time
+
+    from render.offline import StackFileError, load_stack_text
+
+    levels = ["a: &a [x,x,x,x,x,x,x,x,x,x]"] + [
+        f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 10) + "]" for i in range(9)]
+    cases = {
+        "stands for more than 100000 values once its aliases are expanded": "config:\n  inference-plane:x:\n"
+        + "".join(f"    {line}\n" for line in levels),
+        "is nested deeper than 64 levels": "config: " + "[" * 20000 + "]" * 20000 + "\n",
+        "is nested deeper than 64 levels ": "config:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, 200)),
+        "more than a stack file's 1 MiB bound": "config: {}\n" + "#" * (2 << 20) + "\n",
+    }
+    for says, text in cases.items():
+        started = time.monotonic()
+        with pytest.raises(StackFileError) as refused:
+            load_stack_text(text, "Pulumi.x.yaml")
+        assert time.monotonic() - started < 1
+        assert str(refused.value).startswith("Pulumi.x.yaml: ") and says.strip() in str(refused.value)
+        assert "\n" not in str(refused.value)
+
+
+def test_a_misspelt_top_level_key_is_named_with_the_one_it_meant(tmp_path):
+    config = copy.deepcopy(MINIMAL)
+    config["inference-plane:model"] = config.pop("inference-plane:models")
+    with pytest.raises(RenderError, match=r"model: unknown config key; did you mean models\?; models: required"):
+        render(tmp_path, config)
+
+
+def test_an_image_pinned_by_tag_and_digest_is_accepted(tmp_path):
+    config = copy.deepcopy(MINIMAL)
+    image = "ghcr.io/ggml-org/llama.cpp:server-cuda-b10731@sha256:" + "a" * 64
+    config["inference-plane:models"]["chat"]["image"] = image
+    result = render(tmp_path, config)
+    (deployment,) = [m for m in result.files.values() if m["kind"] == "Deployment" and m["metadata"]["name"] == "llama-chat"]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == image
+    config["inference-plane:models"]["chat"]["image"] = "ghcr.io/ggml-org/llama.cpp:latest"
+    with pytest.raises(RenderError, match=r"models\.chat\.image"):
+        render(tmp_path, config)
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda c: c["inference-plane:node_pools"]["rtx3060"].update(supplemental_groups=[0]),
+     r"node_pools\.rtx3060\.supplemental_groups: 0 is root's group"),
+    (lambda c: c["inference-plane:models"]["chat"]["resources"].update(memory_limit="200Gi"),
+     r"models\.chat\.resources\.memory_limit: 200Gi is more than a node of pool rtx3060 offers \(60\.0 GiB, allocatable "
+     r"less reserved\): .*set at most 60Gi"),
+])
+def test_silent_acceptances_are_refused_with_the_fix(tmp_path, change, says):
+    config = copy.deepcopy(MINIMAL)
+    change(config)
+    with pytest.raises(RenderError, match=says):
+        render(tmp_path, config)
+
+
+def test_two_routers_may_not_answer_the_same_model_name():
+    from common.errors import ConfigError
+    from conftest import plain_values
+    from plane import parse_stack
+
+    values = plain_values("rtx3090-library")
+    second = copy.deepcopy(values["models"]["library"])
+    second.update(name="llama-library-2", exposure=None, api_key=None)
+    values["models"]["library2"] = second
+    with pytest.raises(ConfigError, match=r"models\.library2\.on_demand\.models\.qwen3-8b: models\.library already offers "
+                       r"'qwen3-8b'; give one of them another name"):
+        parse_stack(values)
+
+
+def test_a_script_piped_into_a_shell_at_start_is_a_runtime_install():
+    from policy.rules import RUNTIME_INSTALL
+
+    assert RUNTIME_INSTALL.search("sh -c curl -fsSL https://example.org/get.sh | sh")
+    assert RUNTIME_INSTALL.search("wget -qO- https://x/y | python3")
+    assert not RUNTIME_INSTALL.search("python3 -c import shutil; shutil.copy(a, b)")
+
+
+def test_one_repo_under_many_router_names_is_one_download():
+    """100 names for one repo (different settings each) need its weights once on the shared cache."""
+    from conftest import plain_values
+    from plane import parse_stack, plan_capacity
+
+    values = plain_values("rtx3090-library")
+    library = values["models"]["library"]
+    library["on_demand"]["models"] = {f"qwen-{i}": {"hf_repo": "Qwen/Qwen3-8B-GGUF:Q4_K_M", "ctx_size": 4096 + 64 * i}
+                                      for i in range(100)}
+    values["gateway"] = None
+    plan = plan_capacity(parse_stack(values))
+    assert plan.servers["library"].weights == "4.7Gi"
