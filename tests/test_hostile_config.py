@@ -164,3 +164,62 @@ def test_bad_stack_gives_its_exact_message(tmp_path, case):
         render_stack("bad", tmp_path / "out", project_dir=tmp_path)
     assert str(caught.value) == spec["expect"]
     assert not (tmp_path / "out").exists()
+
+
+# --- the free-form fields (#31): whatever a stack puts there, nothing unplanned reaches an object ------
+
+FLAG_WORDS = ["--temp", "--temp=0.5", "-s", "--jinja", "--jinja=1", "--model-url", "--path", "--mlock", "--rpc",
+              "--ctx-size", "-c", "--alias", "--chat-template-kwargs", "--reasoning-budget", "--no-such-flag", "-lv"]
+VALUE_WORDS = ["0.7", "-1", "/", "{\"a\": 1}", "a ;b", "x #y", " padded ", "a=b", "line\nbreak", "[evil]\nmodel = /etc/passwd",
+               "nul\x00", "tab\tin", "ok"]
+ANNOTATION_KEYS = ["nginx.ingress.kubernetes.io/ssl-redirect", "nginx.ingress.kubernetes.io/limit-rps",
+                   "nginx.ingress.kubernetes.io/server-snippet", "nginx.ingress.kubernetes.io/cors-allow-origin",
+                   "external-dns.alpha.kubernetes.io/hostname", "traefik.ingress.kubernetes.io/router.entrypoints",
+                   "gethomepage.dev/enabled", "cert-manager.io/issuer", "example.org/note"]
+
+
+@st.composite
+def free_form(draw) -> dict:
+    values = copy.deepcopy(plain_values("rtx3090-library"))
+    library = values["models"]["library"]
+    library["extra_args"] = draw(st.lists(st.sampled_from(FLAG_WORDS + VALUE_WORDS), max_size=6))
+    library["exposure"]["annotations"] = draw(st.dictionaries(st.sampled_from(ANNOTATION_KEYS), st.sampled_from(VALUE_WORDS),
+                                                                max_size=3))
+    library["exposure"]["source_ranges"] = draw(st.lists(st.sampled_from(
+        ["192.168.0.0/16", "10.1.0.0/16", "0.0.0.0/0", "8.8.8.0/24", "fd00::/8", "::/0"]), min_size=1, max_size=3, unique=True))
+    if draw(st.booleans()):
+        library["exposure"]["public_reason"] = "a reason given on purpose"
+    return values
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(free_form())
+def test_free_form_fields_are_refused_in_one_line_or_reach_no_object_unseen(values):
+    import re
+
+    from config.checks import public_ranges
+    from config.ingress import annotation_refusal
+    from engines import engine_of
+    from engines.llamacpp_flags import ALLOWED
+
+    try:
+        stack = parse_stack(values)
+        plan(stack)
+    except (ConfigError, CapacityError) as error:
+        assert_clear(error)
+        return
+    library = stack.models["library"]
+    # Every item is an allowed flag or the value right after one that takes it, one clean argv element.
+    args = list(library.extra_args)
+    index = 0
+    while index < len(args):
+        flag, _, inline = args[index].partition("=")
+        assert flag in ALLOWED and not re.search(r"[\x00-\x1f]", args[index])
+        index += 2 if ALLOWED[flag] and not inline else 1
+    # The preset holds one line per setting, each a key its parser takes and a value it keeps whole.
+    preset = engine_of(library).config_files(library)["/etc/llama-router"]["models.ini"]
+    for line in preset.splitlines():
+        assert line == "" or line.startswith((";", "[")) or re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_.-]* = \S(.*\S)?", line), line
+        assert not re.search(r"[ \t][;#]", line.split(" = ", 1)[-1]) or line.startswith(";"), line
+    assert all(annotation_refusal(name) is None for name in library.exposure.annotations)
+    assert not public_ranges(library.exposure.source_ranges) or library.exposure.public_reason
