@@ -37,6 +37,9 @@ def hub_egress_problems(hub: ModelHubEgress, path: str) -> list[Problem]:
 
 def node_pool_problems(pool: NodePool, path: str) -> list[Problem]:
     problems: list[Problem] = []
+    if pool.reserved.value >= pool.allocatable.value:
+        problems.append((f"{path}.reserved", f"{pool.reserved} leaves nothing of allocatable {pool.allocatable} for the "
+                         "model servers (reserved is what other pods on the node take out of allocatable); lower it"))
     if 0 in pool.supplemental_groups:
         problems.append((f"{path}.supplemental_groups", "0 is root's group: the pods would open every root-group file "
                          "on their mounts; give the render and video groups' GIDs (getent group render video)"))

@@ -284,8 +284,15 @@ def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> Rend
         raise RenderError(str(error), exit_code=2) from None
     try:
         files = manifests(run)
-        validate_all(files.items(), run.config.cluster.kubernetes_version)
     except (ManifestError, ValueError) as error:
+        raise RenderError(f"invalid manifest: {error}") from None
+    try:
+        validate_all(files.items(), run.config.cluster.kubernetes_version)
+    except ManifestError as error:
+        # A version the schemas do not cover is the stack file's; anything else a manifest's.
+        where = f"Pulumi.{stack}.yaml: " if str(error).startswith("cluster.kubernetes_version") else "invalid manifest: "
+        raise RenderError(f"{where}{error}", exit_code=2 if where.startswith("Pulumi.") else 1) from None
+    except ValueError as error:
         raise RenderError(f"invalid manifest: {error}") from None
     violations = run_rules(list(files.items()), policy_config(run))
     if violations:

@@ -42,8 +42,10 @@ def _core_api(api_version: str) -> str:
 def _core_schema_dir(k8s_version: str) -> str:
     versions = [v for v in kv.all_versions() if kv.major_minor(v) == k8s_version]
     if not versions:
-        supported = ", ".join(kv.major_minor(v) for v in kv.all_versions())
-        raise ManifestError(f"kubernetes-validate has no schemas for Kubernetes {k8s_version}; supported: {supported}")
+        supported = sorted({kv.major_minor(v) for v in kv.all_versions()}, key=lambda v: tuple(map(int, v.split("."))))
+        raise ManifestError(f"cluster.kubernetes_version: {k8s_version} has no schemas to check the manifests against "
+                            f"(kubernetes-validate knows {supported[0]} to {supported[-1]}); set your cluster's version "
+                            "within them")
     return f"kubernetes-json-schema/v{versions[-1]}-local-strict"
 
 

@@ -185,3 +185,20 @@ def test_one_repo_under_many_router_names_is_one_download():
     values["gateway"] = None
     plan = plan_capacity(parse_stack(values))
     assert plan.servers["library"].weights == "4.7Gi"
+
+
+def test_a_kubernetes_version_without_schemas_names_the_setting(tmp_path):
+    config = copy.deepcopy(MINIMAL)
+    config["inference-plane:cluster"] = {"kubernetes_version": "1.99"}
+    with pytest.raises(RenderError, match=r"^Pulumi\.mybox\.yaml: cluster\.kubernetes_version: 1\.99 has no schemas to "
+                       r"check the manifests against \(kubernetes-validate knows 1\.25 to 1\.\d+\)") as refused:
+        render(tmp_path, config)
+    assert refused.value.exit_code == 2 and not (tmp_path / "out").exists()
+
+
+def test_reserved_memory_at_or_above_allocatable_says_to_lower_it(tmp_path):
+    config = copy.deepcopy(MINIMAL)
+    config["inference-plane:node_pools"]["rtx3060"].update(allocatable="8Gi", reserved="10Gi")
+    with pytest.raises(RenderError, match=r"node_pools\.rtx3060\.reserved: 10Gi leaves nothing of allocatable 8Gi for the "
+                       r"model servers .*lower it"):
+        render(tmp_path, config)

@@ -75,7 +75,7 @@ def test_crd_schema_location_is_overridable(homelab_run, tmp_path, monkeypatch):
 
 def test_unsupported_kubernetes_version_is_an_error(homelab_run):
     namespace = manifests(homelab_run)["namespace_ai.yaml"]
-    with pytest.raises(ManifestError, match="no schemas for Kubernetes 1.12"):
+    with pytest.raises(ManifestError, match="cluster.kubernetes_version: 1.12 has no schemas"):
         validate("ns.yaml", namespace, "1.12")
 
 
