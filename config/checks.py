@@ -37,7 +37,7 @@ def hub_egress_problems(hub: ModelHubEgress, path: str) -> list[Problem]:
 
 def node_pool_problems(pool: NodePool, path: str) -> list[Problem]:
     problems: list[Problem] = []
-    if pool.reserved.value >= pool.allocatable.value:
+    if parse_quantity(pool.reserved) >= parse_quantity(pool.allocatable):
         problems.append((f"{path}.reserved", f"{pool.reserved} leaves nothing of allocatable {pool.allocatable} for the "
                          "model servers (reserved is what other pods on the node take out of allocatable); lower it"))
     if 0 in pool.supplemental_groups:
