@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 CHECKOV_VENV := .venv-checkov
 
-.PHONY: render test quick bench clean contract docs diff llama
+.PHONY: render test quick bench clean contract docs diff llama promtool
 
 # Rebuilt when the pinned requirements change; a fresh clone builds it on first use.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -38,12 +38,20 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 llama: $(VENV)/.installed
 	@$(BIN)/python tools/build_llama_server.py > /dev/null
 
-test: $(VENV)/.installed $(CHECKOV_VENV)/.installed llama
+# promtool, the rules engine the alert tests run (tests/test_alert_rules.py): Debian's prometheus package,
+# installed once (about 30 s; as root, else through sudo).
+.PHONY: promtool
+promtool:
+	@command -v promtool > /dev/null || { echo "==> installing promtool (Debian's prometheus package)"; \
+		$$( [ "$$(id -u)" = 0 ] || echo sudo ) sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends prometheus > /dev/null'; }
+
+test: $(VENV)/.installed $(CHECKOV_VENV)/.installed llama promtool
 	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -q
 
 # The quick loop: every test but those marked `llama` (they run llama.cpp's own programs; tests/conftest.py
 # marks them), so llama.cpp is neither fetched nor built. `make test` runs them all.
-quick: $(VENV)/.installed $(CHECKOV_VENV)/.installed
+quick: $(VENV)/.installed $(CHECKOV_VENV)/.installed promtool
 	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -q -m "not llama"
 
 clean:
@@ -54,6 +62,15 @@ bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python bench/run.py
 	@echo "==> decode prediction against every recorded measurement (docs/capacity-planning.md: Decode speed)"
 	@$(BIN)/python bench/decode_error.py
+	@if command -v nvidia-smi > /dev/null 2>&1; then $(MAKE) --no-print-directory router-soak; else \
+		echo "==> router soak skipped: no nvidia-smi here (make router-soak on a GPU machine; docs/models-on-demand.md: Measured on a GPU)"; fi
+
+# The real router on a GPU (issue #30 item 7): every shipped router stack's rendered preset and flags over
+# real-shape GGUFs, 200 requests in a seeded random order, nvidia-smi sampled; builds llama-server with
+# CUDA once (cached apart from the CPU build). Results: bench/results/router-soak-<stack>-<key>.json.
+.PHONY: router-soak
+router-soak: $(VENV)/.installed
+	LLAMA_CPP_BACKEND=cuda $(BIN)/python bench/router_soak.py $(ARGS)
 
 # The real llama.cpp contract tests for one stack's servers (builds llama-server once, cached in
 # ~/.cache/inference-plane): `make contract STACK=my-cluster`.

@@ -30,6 +30,12 @@ class MonitoringArgs:
     namespace: str
 
 
+# vmagent's endpoints role (as Prometheus's) labels each address with its readiness.
+NOT_READY_DROP = {"action": "drop", "sourceLabels": ["__meta_kubernetes_endpoint_ready"], "regex": "false"}
+# A container restarted within this window: a crash, never a planned start (which restarts nothing).
+RESTART_WINDOW = "15m"
+
+
 def alert_name(name: str, suffix: str) -> str:
     return "".join(part.capitalize() for part in name.split("-")) + suffix
 
@@ -39,7 +45,8 @@ def _minutes(seconds: int) -> str:
 
 
 def alert_rules(args: MonitoringArgs) -> list[dict]:
-    """Every alert: a server down, not ready past its budget, queuing, and traffic falling back."""
+    """Every alert: a server down (a ready pod not answering its scrape), restarting, not ready past its
+    start-up budget, queuing, and traffic falling back. A planned cold start fires none of them."""
     obs, stack, ns = args.observability, args.stack, args.namespace
     rules: list[dict] = []
     for key, model in stack.models.items():
@@ -57,6 +64,16 @@ def alert_rules(args: MonitoringArgs) -> list[dict]:
                     "annotations": {"summary": f"{model.name} is not answering its metrics scrape"},
                 }
             )
+        rules.append(
+            {
+                "alert": alert_name(model.name, "Restarting"),
+                "expr": f'increase(kube_pod_container_status_restarts_total{{namespace="{ns}", container="{model.name}"}}'
+                        f"[{RESTART_WINDOW}]) > 0",
+                "labels": {"severity": "critical"},
+                "annotations": {"summary": f"{model.name}'s container restarted (a crash, an OOM kill or a failed "
+                                           "liveness probe): each restart is a full model load"},
+            }
+        )
         kind = model.workload.kind
         if kind == "StatefulSet":
             ready = f'kube_statefulset_status_replicas_ready{{namespace="{ns}", statefulset="{model.workload_name}"}}'
@@ -145,7 +162,12 @@ class Monitoring(pulumi.ComponentResource):
             path = engine.metrics_path(model)
             if path is None:
                 continue
-            endpoint: dict = {"port": "http", "path": path, "interval": obs.scrape_interval}
+            # Ready endpoints only: llama.cpp answers 503 on every path, /metrics too, until its model is
+            # loaded (tools/server/server-http.cpp), and the endpoints role lists a starting pod's address
+            # as not ready; scraped, it would read as down for a whole planned cold start (the NotReady
+            # alert covers a start that overruns its budget, Restarting a crash).
+            endpoint: dict = {"port": "http", "path": path, "interval": obs.scrape_interval,
+                              "relabelConfigs": [NOT_READY_DROP]}
             credentials = engine.credentials(model)
             if model.api_key is not None and credentials is not None:
                 # /metrics is behind the API key. A Secret this program writes carries the first key
@@ -159,15 +181,15 @@ class Monitoring(pulumi.ComponentResource):
                     target["params"] = {k: list(v) for k, v in scrape.params.items()}
                 if scrape.labels:
                     # Target labels: every series of this target carries them (the engine's own have none).
-                    target["relabelConfigs"] = [{"action": "replace", "targetLabel": label, "replacement": value}
-                                                for label, value in scrape.labels.items()]
+                    target["relabelConfigs"] = [NOT_READY_DROP] + [
+                        {"action": "replace", "targetLabel": label, "replacement": value} for label, value in scrape.labels.items()]
                 endpoints.append(target)
             k8s.apiextensions.CustomResource(
                 f"{name}-scrape-{model.name}",
                 api_version=VM,
                 kind="VMServiceScrape",
                 metadata={"name": model.name, "namespace": ns, "labels": labels},
-                spec={"selector": {"matchLabels": selector(model.name)}, "endpoints": endpoints},
+                spec={"selector": {"matchLabels": selector(model.name)}, "discoveryRole": "endpoints", "endpoints": endpoints},
                 opts=child,
             )
         if stack.gateway is not None:
