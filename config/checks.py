@@ -299,6 +299,11 @@ def stack_problems(stack: StackConfig) -> list[Problem]:
     problems += _exposure_problems(stack)
     problems += _acknowledged(stack)
     problems += _public_names(stack)
+    if stack.observability is not None and stack.cluster.monitoring is None:
+        # The namespace's policy admits only the peers the config names: no scraper, no series.
+        problems.append(("observability", "scrapes and alerts need a scraper the network policy admits, and "
+                         "cluster.monitoring is null (no monitoring): set cluster.monitoring to the namespace and pod "
+                         "labels of your vmagent, or remove observability"))
     problems += certificate_problems(stack)
     for pool_key, pool in stack.node_pools.items():
         problems += node_pool_problems(pool, f"node_pools.{pool_key}")

@@ -202,3 +202,19 @@ def test_reserved_memory_at_or_above_allocatable_says_to_lower_it(tmp_path):
     with pytest.raises(RenderError, match=r"node_pools\.rtx3060\.reserved: 10Gi leaves nothing of allocatable 8Gi for the "
                        r"model servers .*lower it"):
         render(tmp_path, config)
+
+
+def test_scrapes_the_policy_would_block_are_refused(tmp_path):
+    """With no monitoring namespace, the default-deny policy admits no scraper: the alerts would never
+    get a series. Said in one line rather than rendered."""
+    config = copy.deepcopy(MINIMAL)
+    config["inference-plane:observability"] = {}
+    with pytest.raises(RenderError, match=r"observability: scrapes and alerts need a scraper the network policy admits, "
+                       r"and cluster\.monitoring is null"):
+        render(tmp_path, config)
+    config["inference-plane:cluster"] = {"monitoring": {"namespace": "monitoring",
+                                                        "pod_labels": {"app.kubernetes.io/name": "vmagent"}}}
+    result = render(tmp_path, config)
+    (policy,) = [m for m in result.files.values() if m["kind"] == "NetworkPolicy"]
+    assert any(source.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name") == "monitoring"
+               for rule in policy["spec"]["ingress"] for source in rule["from"])
