@@ -149,6 +149,14 @@ PRESETS: dict[str, Shape] = {
         name="qwen3-32b", arch="qwen3", source="Qwen/Qwen3-32B config.json",
         n_embd=5120, n_layer=64, n_head=64, n_head_kv=8, head_dim=128, n_ff=25600, n_vocab=151936,
         n_ctx_train=40960, rope_theta=1e6, rms_eps=1e-6, quant="Q4_K_M", vocab="qwen2"),
+    # Qwen/Qwen3-14B config.json: hidden_size 5120, num_hidden_layers 40, num_attention_heads 40,
+    # num_key_value_heads 8, head_dim 128, intermediate_size 17408, vocab_size 151936,
+    # max_position_embeddings 40960, rope_theta 1e6, rms_norm_eps 1e-6, tie_word_embeddings false.
+    # Published GGUF: Qwen/Qwen3-14B-GGUF Q4_K_M (9.00 GB; this table's tensors: 8.996 GB).
+    "qwen3-14b": Shape(
+        name="qwen3-14b", arch="qwen3", source="Qwen/Qwen3-14B config.json",
+        n_embd=5120, n_layer=40, n_head=40, n_head_kv=8, head_dim=128, n_ff=17408, n_vocab=151936,
+        n_ctx_train=40960, rope_theta=1e6, rms_eps=1e-6, quant="Q4_K_M", vocab="qwen2"),
     # meta-llama/Llama-3.3-70B-Instruct config.json: hidden_size 8192, num_hidden_layers 80,
     # num_attention_heads 64, num_key_value_heads 8, intermediate_size 28672, vocab_size 128256,
     # max_position_embeddings 131072, rope_theta 500000, rms_norm_eps 1e-5, rope_scaling llama3,
