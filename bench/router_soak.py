@@ -3,7 +3,7 @@ a GPU"): for every shipped stack whose plan has a router (`capacity_plan.servers
 rendered preset and flags over real-shape GGUFs, >= 200 chat requests in a seeded random model order
 (sequential streams, concurrent bursts, streams the client cancels), the card's memory sampled
 throughout. It records the peak VRAM, every load, swap and eviction, every failure, and compares them
-with the plan: the budget, each resident set's planned VRAM, each model's load_seconds.
+with the plan: the budget, each resident set's planned VRAM, each model's swap_seconds (warm, cold).
 
     make router-soak                                   # on a GPU machine: renders, builds CUDA llama-server
     python bench/router_soak.py --spec-out SPEC.json   # render only (needs the project's venv)

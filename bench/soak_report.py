@@ -1,7 +1,7 @@
 """bench/router_soak.py's figures from what it watched: peak VRAM over the idle card against the plan's
 budget, each resident set's peak against the sum of its planned VRAM, each model's own VRAM, every load,
 swap, eviction, child exit and failed request, and each model's swap time (warm, cold) against the
-plan's load_seconds. Standard library only."""
+plan's swap_seconds (warm and cold). Standard library only."""
 
 from __future__ import annotations
 
@@ -94,13 +94,14 @@ def loads(statuses: list[tuple[float, dict]], t0: float) -> list[dict]:
 def swaps(results, cold: list[dict], plan: dict) -> dict:
     """Per model: the first-token time of each sequential request that found its model not running
     (the swap a client waits through: eviction, spawn, load, first token), the warm first-token time
-    of requests to a running model, the cold load, and the plan's load_seconds."""
+    of requests to a running model, the cold load, and the plan's swap_seconds (warm: page cache; cold: disk)."""
     out = {}
     for name, planned in plan["models"].items():
         seq = [r for r in results if r.model == name and r.kind in ("sequential", "cancel") and r.ok and r.first_token_s]
         swap = [r.first_token_s for r in seq if name not in r.resident_before]
         hit = [r.first_token_s for r in seq if name in r.resident_before]
-        row = {"planned_load_seconds": planned.get("load_seconds"), "swaps": len(swap)}
+        predicted = planned.get("swap_seconds") or {}
+        row = {"planned_warm_s": predicted.get("warm"), "planned_cold_s": predicted.get("cold"), "swaps": len(swap)}
         if swap:
             row |= {"swap_median_s": round(statistics.median(swap), 2), "swap_min_s": round(min(swap), 2),
                     "swap_max_s": round(max(swap), 2)}
@@ -112,8 +113,8 @@ def swaps(results, cold: list[dict], plan: dict) -> dict:
                     if isinstance(c.get(phase), dict) and c[phase].get("first_token_s") is not None:
                         row[f"{phase}_empty_card_s"] = round(c[phase]["first_token_s"], 2)
                 row["drop_caches"] = c.get("drop_caches")
-        plan_s = row["planned_load_seconds"]
-        for measured in ("swap_median_s", "warm_empty_card_s", "cold_empty_card_s"):
+        for measured, plan_s in (("swap_median_s", row["planned_warm_s"]), ("warm_empty_card_s", row["planned_warm_s"]),
+                                 ("cold_empty_card_s", row["planned_cold_s"])):
             if plan_s and row.get(measured):
                 ratio = plan_s / row[measured]
                 row[measured.removesuffix("_s") + "_plan_ratio"] = round(ratio, 2)
@@ -229,7 +230,8 @@ def summary_lines(result: dict) -> list[str]:
             planned = row["planned_vram_gib"]
             lines.append(f"  child {name:20} peak {row['peak_gib']:6.2f} GiB, planned {planned if planned is not None else '-'}")
     for name, row in result["swaps"].items():
-        lines.append(f"  swap {name:16} plan {row['planned_load_seconds']} s; traffic median {row.get('swap_median_s')} s "
+        lines.append(f"  swap {name:16} plan {row['planned_warm_s']}/{row['planned_cold_s']} s warm/cold; traffic median "
+                     f"{row.get('swap_median_s')} s "
                      f"(n={row['swaps']}, max {row.get('swap_max_s')}); empty card warm {row.get('warm_empty_card_s')} s, "
                      f"cold {row.get('cold_empty_card_s')} s")
     for f in result["requests"]["failures"][:10]:

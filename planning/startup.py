@@ -101,7 +101,8 @@ def rollout_waits(budget: StartupBudget, kind: str, replicas: int) -> tuple[int,
 # (process, backend and context set-up, compute buffers) and the upload of what goes to the GPU; the
 # weights kept in system RAM are mapped, not copied. Warm: the files are in the node's page cache (a
 # model used since the node's memory last needed the pages); cold: read off the cache volume at the
-# stack's load rate first. Fitted to llama.cpp b10729's CUDA children on an H200 (bench/router_soak.py).
+# stack's load rate first. Fitted to llama.cpp b10729's CUDA children on an H200: warm medians 2.1-3.5 s
+# (bench/results-router-soak-h200.json, made by make router-soak; tests/test_residency.py holds the plan to it).
 SWAP_START_SECONDS = 1.2
 PAGE_CACHE_UPLOAD_GIB_PER_S = 5.3
 

@@ -13,8 +13,9 @@ from router_soak import router_specs, shape_of, traffic  # noqa: E402
 from soak_report import loads, resident_sets, swaps  # noqa: E402
 from soak_watch import Result  # noqa: E402
 
-PLAN = {"vram_budget_gib": 23.0, "models": {"a": {"vram_gib": 6.0, "load_seconds": 4}, "b": {"vram_gib": 10.0, "load_seconds": 6},
-                                            "c": {"vram_gib": 12.0, "load_seconds": 12}}}
+PLAN = {"vram_budget_gib": 23.0, "models": {"a": {"vram_gib": 6.0, "swap_seconds": {"warm": 4, "cold": 4}},
+                                            "b": {"vram_gib": 10.0, "swap_seconds": {"warm": 6, "cold": 9}},
+                                            "c": {"vram_gib": 12.0, "swap_seconds": {"warm": 12, "cold": 20}}}}
 
 
 def test_every_shipped_router_is_found_with_its_rendered_flags_preset_and_plan():

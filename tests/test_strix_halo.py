@@ -136,7 +136,10 @@ def test_routing_table_is_the_seeds(strix_run):
 def test_engine_scraped_every_minute_and_alerted_when_down(strix_run):
     (scrape,) = [s for s in strix_run.find("VMServiceScrape") if s.inputs["metadata"]["name"] == "halogen-flash"]
     (endpoint,) = scrape.inputs["spec"]["endpoints"]
-    assert endpoint == {"port": "http", "path": "/metrics", "interval": "60s"}
+    # Ready endpoints only (a starting pod answers 503 on /metrics: not a server down).
+    assert endpoint == {"port": "http", "path": "/metrics", "interval": "60s", "relabelConfigs": [
+        {"action": "drop", "sourceLabels": ["__meta_kubernetes_endpoint_ready"], "regex": "false"}]}
+    assert scrape.inputs["spec"]["discoveryRole"] == "endpoints"
     assert scrape.inputs["spec"]["selector"]["matchLabels"] == engine(strix_run).inputs["spec"]["selector"]["matchLabels"]
     (rule_set,) = strix_run.find("VMRule")
     rules = {r["alert"]: r for g in rule_set.inputs["spec"]["groups"] for r in g["rules"]}
