@@ -271,9 +271,15 @@ class InferenceGateway(pulumi.ComponentResource):
                 "targetRefs": [gateway_ref],
                 "apiKeyAuth": {
                     "credentialRefs": [{"group": "", "kind": "Secret", "name": secret_name}],
-                    "extractFrom": [{"headers": [gw.api_key_header]}],
-                    # The client's key is stripped before forwarding: it never reaches an engine
-                    # or a provider (providers get their own key from a BackendSecurityPolicy).
+                    # The configured header first, then Authorization: Envoy's api_key_auth takes the
+                    # first header present, strips a leading "Bearer " from any header
+                    # (source/extensions/filters/http/api_key_auth/api_key_auth.cc, KeySources::Source::getKey;
+                    # Envoy 1.38 in Envoy Gateway v1.8.3), and answers 401 without trying the next. So
+                    # OpenAI SDKs, Open WebUI and editor plugins, which send `Authorization: Bearer <key>`,
+                    # work unchanged, and a client sending both is judged by x-api-key.
+                    "extractFrom": [{"headers": list(dict.fromkeys([gw.api_key_header, "authorization"]))}],
+                    # The client's key is stripped before forwarding (both headers): it never reaches an
+                    # engine or a provider (each tier gets its own key from a BackendSecurityPolicy).
                     "sanitize": True,
                     "forwardClientIDHeader": CLIENT_ID_HEADER,
                 },

@@ -120,7 +120,7 @@ def test_no_mtls_when_the_stack_has_no_client_ca(strix):
 def test_api_keys_one_per_client_stripped_before_upstream(strix_run):
     policy = only(strix_run, "SecurityPolicy")["spec"]["apiKeyAuth"]
     assert policy["sanitize"] is True
-    assert policy["extractFrom"] == [{"headers": ["x-api-key"]}]
+    assert policy["extractFrom"] == [{"headers": ["x-api-key", "authorization"]}]
     (secret,) = [s for s in objects(strix_run, "Secret") if s["metadata"]["name"] == "inference-api-keys"]
     keys = secret_value(secret)
     assert set(keys) == {"shikanime", "ci"}
@@ -530,3 +530,28 @@ def test_an_issuer_that_cannot_prove_a_lan_name_is_refused(solver, host, fragmen
     run = run_stack_file("cpu-cluster", config, CPU_SECRETS)
     (ingress,) = [r.inputs for r in run.find("Ingress")]
     assert ingress["spec"]["tls"][0]["hosts"] == [host]
+
+
+def envoy_api_key(extract_from: list[dict], headers: dict[str, str]) -> str | None:
+    """The key Envoy's api_key_auth filter takes from a request (Envoy 1.38, source/extensions/filters/
+    http/api_key_auth/api_key_auth.cc: KeySources in order, the first non-empty one wins, a header's
+    leading "Bearer " is stripped); what the rendered extractFrom makes of a client's headers."""
+    for source in extract_from:
+        for name in source.get("headers", []):
+            value = headers.get(name.lower())
+            if value:
+                return value[len("Bearer "):] if value.startswith("Bearer ") else value
+    return None
+
+
+def test_clients_authenticate_as_openai_clients_do_or_with_x_api_key(strix_run):
+    """OpenAI SDKs and most chat apps can only send `Authorization: Bearer <key>`; both forms reach a
+    client's key through the rendered policy, x-api-key first when both are sent."""
+    policy = only(strix_run, "SecurityPolicy")["spec"]["apiKeyAuth"]
+    (secret,) = [s for s in objects(strix_run, "Secret") if s["metadata"]["name"] == "inference-api-keys"]
+    keys = secret_value(secret)
+    key = keys["ci"]
+    assert envoy_api_key(policy["extractFrom"], {"authorization": f"Bearer {key}"}) == key
+    assert envoy_api_key(policy["extractFrom"], {"x-api-key": key}) == key
+    assert envoy_api_key(policy["extractFrom"], {"x-api-key": key, "authorization": "Bearer sk-dummy"}) == key
+    assert envoy_api_key(policy["extractFrom"], {}) is None

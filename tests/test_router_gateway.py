@@ -111,7 +111,9 @@ def test_each_model_is_scraped_on_its_own_without_loading_it_and_labelled_with_i
     assert [e["params"]["model"] for e in endpoints] == [[n] for n in names]
     for endpoint, name in zip(endpoints, names):
         assert endpoint["params"]["autoload"] == ["false"] and endpoint["path"] == "/metrics"
-        assert endpoint["relabelConfigs"] == [{"action": "replace", "targetLabel": "model", "replacement": name}]
+        assert endpoint["relabelConfigs"] == [
+            {"action": "drop", "sourceLabels": ["__meta_kubernetes_endpoint_ready"], "regex": "false"},
+            {"action": "replace", "targetLabel": "model", "replacement": name}]
         assert endpoint["bearerTokenSecret"]["name"] == "llama-library-api-key"
     (rules,) = objects(run, "VMRule")
     alerts = {r["alert"] for r in rules["spec"]["groups"][0]["rules"]}

@@ -31,7 +31,7 @@ EXPECTED_UPDATES = {
         ("BackendTrafficPolicy", "inference-routes-1"), ("BackendTrafficPolicy", "inference-embedding-routes-1"),
         ("CiliumNetworkPolicy", "default-deny-ingress"), ("Deployment", "llama-cpp"), ("Secret", "llama-cpp-api-key"),
         ("StatefulSet", "halogen-flash"), ("VMRule", "inference-plane"), ("VMServiceScrape", "llama-cpp"),
-        ("VMServiceScrape", "halogen-flash"),
+        ("VMServiceScrape", "halogen-flash"), ("SecurityPolicy", "inference-api-keys"),
         ("Secret", "inference-api-keys"), ("Secret", "inference-llamacpp-credential"), ("Secret", "llama-cpp-provider-key"),
         ("Secret", "nous-provider-key"), ("Secret", "openrouter-provider-key"), ("Secret", "z-ai-provider-key"),
     },
