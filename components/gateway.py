@@ -32,6 +32,7 @@ from .gateway_routes import (
     embedding_routes,
     route_rules,
     split_rules,
+    hashed_rules,
     traffic_policy_spec,
 )
 from .meta import VALUE_NOTES_ANNOTATION, token, value_notes
@@ -377,6 +378,16 @@ class InferenceGateway(pulumi.ComponentResource):
             spec,
             depends_on=[route],
         )
+        hashed = hashed_rules(gw, self._args.stack, rules)
+        if hashed:
+            self._cr(
+                f"{name}-{suffix}-affinity",
+                EG,
+                "BackendTrafficPolicy",
+                self._meta(f"{route_name}-affinity"),
+                traffic_policy_spec(gw, self._args.stack, route_name, rules, status_codes, hashed),
+                depends_on=[route],
+            )
         return route
 
     def _embedding_guard(self, name: str) -> None:

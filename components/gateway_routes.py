@@ -81,23 +81,35 @@ def split_rules(rules: list[dict]) -> list[list[dict]]:
     return [rules[i : i + MAX_RULES_PER_ROUTE] for i in range(0, len(rules), MAX_RULES_PER_ROUTE)] or [[]]
 
 
+def hashed_rules(gw: GatewayConfig, stack: StackConfig, rules: list[dict]) -> list[str]:
+    """The rules session affinity cannot take a fallback from: one tier (no fallback to skip), a local one
+    with more than one replica to choose between."""
+    return [rule["name"] for rule in rules if len(rule["backendRefs"]) == 1
+            and gw.local_replicas({rule["backendRefs"][0]["name"]}, stack.models) > 1]
+
+
 def embedding_routes(gateway: GatewayConfig) -> list[Route]:
     return [r for r in gateway.routes if r.kind == "embedding"]
 
 
 def traffic_policy_spec(gw: GatewayConfig, stack: StackConfig, route_name: str, rules: list[dict],
-                        status_codes: list[int]) -> dict:
-    """One AI route's BackendTrafficPolicy: session affinity where there is a replica to choose,
-    the route's idle limit, and the retry that walks the priorities."""
+                        status_codes: list[int], hashed: Optional[list[str]] = None) -> dict:
+    """One AI route's BackendTrafficPolicy: the route's idle limit and the retry that walks the
+    priorities; with ``hashed`` (rule names), the same for those rules alone plus session affinity.
+    Envoy Gateway (>= v1.6) lets a policy target an HTTPRoute rule by its name (sectionName; AI Gateway
+    v1.1 names each generated rule after the AIGatewayRoute's, ai_gateway_route.go newHTTPRoute), and a
+    rule's policy replaces the route's for that rule instead of merging, so it repeats the retry and
+    the timeout."""
     retry = gw.retry
     tiers = {ref["name"] for rule in rules for ref in rule["backendRefs"]}
     replicas = gw.local_replicas(tiers, stack.models)
-    spec: dict = {"targetRefs": [object_ref("gateway.networking.k8s.io", "HTTPRoute", route_name)]}
-    if replicas > 1:
-        # A conversation stays on the replica that holds its KV cache. Only where there is a
-        # choice of replica: Envoy's hash balancers (Maglev here) ignore the retry's priority
-        # step (envoyproxy/envoy#9042), so a hashed route leaves the local tier only once its
-        # endpoints are gone (not ready), while an unhashed one moves on after its attempts.
+    target = object_ref("gateway.networking.k8s.io", "HTTPRoute", route_name)
+    spec: dict = {"targetRefs": [target] if not hashed else [{**target, "sectionName": rule} for rule in hashed]}
+    if hashed:
+        # A conversation stays on the replica that holds its KV cache, only on a rule with one tier:
+        # Envoy's hash balancers (Maglev here) ignore the retry's priority step (envoyproxy/envoy#9042,
+        # thread_aware_lb_impl.cc never asks determinePriorityLoad), so a hashed rule would leave its
+        # first tier only once all its endpoints are gone, and never reach a remote fallback on a 429/5xx.
         spec["loadBalancer"] = {
             "type": "ConsistentHash",
             "consistentHash": {"type": "Headers", "headers": [{"name": gw.session_header}]},

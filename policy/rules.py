@@ -299,6 +299,27 @@ def router_management_not_exposed(resources: list[Props], report: Report, config
                            f"router {service}, whose model management any key holder could then call")
 
 
+def affinity_keeps_fallback(resources: list[Props], report: Report, config: Mapping) -> None:
+    """A consistent hash on an AI route's rule whose backends span priorities would keep its requests off
+    the fallback: Envoy's hash balancers ignore the retry's priority step (envoyproxy/envoy#9042)."""
+    kinds = _by_kind(resources)
+    routes = {_meta(r).get("name"): r for r in kinds.get("AIGatewayRoute", []) + kinds.get("HTTPRoute", [])}
+    for policy in kinds.get("BackendTrafficPolicy", []):
+        if ((policy.get("spec") or {}).get("loadBalancer") or {}).get("type") != "ConsistentHash":
+            continue
+        for ref in (policy.get("spec") or {}).get("targetRefs") or []:
+            route = routes.get(ref.get("name"))
+            if route is None:
+                continue
+            for rule in (route.get("spec") or {}).get("rules") or []:
+                if ref.get("sectionName") not in (None, rule.get("name")):
+                    continue
+                priorities = {b.get("priority", 0) for b in rule.get("backendRefs") or []}
+                if len(priorities) > 1:
+                    report(f"BackendTrafficPolicy {_meta(policy).get('name')} hashes rule {rule.get('name')} of "
+                           f"{ref.get('name')}, whose fallback (priorities {sorted(priorities)}) a hash never reaches")
+
+
 def embeddings_not_exposed(resources: list[Props], report: Report, config: Mapping) -> None:
     kinds = _by_kind(resources)
     embedding_services = _service_fqdns(resources, "embeddings")
@@ -519,6 +540,8 @@ STACK_RULES = [
          "embeddings path, behind its API key.", embeddings_not_exposed, stack=True),
     Rule("router-management-not-exposed", "A router's Ingress routes only exact inference and listing paths, never its "
          "model management.", router_management_not_exposed, stack=True),
+    Rule("affinity-keeps-fallback", "Session affinity only on AI route rules with no fallback a hash would skip.",
+         affinity_keeps_fallback, stack=True),
     Rule("gateway-requires-auth", "The gateway demands an API key, and a client certificate when mTLS is on.", gateway_requires_auth, stack=True),
     Rule("idle-outlasts-request", "No route idles out before its own request timeout.", idle_outlasts_request, stack=True),
     Rule("tailnet-name-resolves", "A tailnet Gateway's device is named after its listener hostname.", tailnet_name_resolves, stack=True),

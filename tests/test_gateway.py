@@ -168,8 +168,9 @@ def ai_route(run, name: str) -> dict:
     return route
 
 
-def traffic_policy(run, target: str) -> dict:
-    (btp,) = [p for p in objects(run, "BackendTrafficPolicy") if p["spec"]["targetRefs"][0]["name"] == target]
+def traffic_policy(run, name: str) -> dict:
+    """The BackendTrafficPolicy of this name (a route's is named after it; its rules' affinity, <route>-affinity)."""
+    (btp,) = [p for p in objects(run, "BackendTrafficPolicy") if p["metadata"]["name"] == name]
     return btp["spec"]
 
 
@@ -191,18 +192,45 @@ def test_routing_table_priorities_and_overrides(strix_run):
     assert len(exact) == len(rules) - 1
 
 
-def test_traffic_policy_combines_affinity_and_fallback_retry(strix_run):
+def test_traffic_policy_keeps_every_fallback_and_tries_each_replica(strix_run):
     btp = traffic_policy(strix_run, "inference-routes-1")
-    assert btp["loadBalancer"] == {
-        "type": "ConsistentHash",
-        "consistentHash": {"type": "Headers", "headers": [{"name": "x-sks-session-id"}]},
-    }
+    # No hash on a rule with a fallback: a hash balancer ignores the retry's priority step (envoy#9042).
+    assert "loadBalancer" not in btp
     # Both of flash's replicas are tried before a prompt leaves the cluster.
     assert btp["retry"]["numAttemptsPerPriority"] == 2
     assert btp["retry"]["numRetries"] >= 3  # two local replicas, then a remote tier
     assert "retriable-status-codes" in btp["retry"]["retryOn"]["triggers"]
     assert {503, 429} <= set(btp["retry"]["retryOn"]["httpStatusCodes"])
     assert "timeout" not in btp["retry"].get("perRetry", {})  # would cut long generations
+
+
+def test_session_affinity_only_on_rules_with_no_fallback_to_skip():
+    """A rule served by one local tier with two replicas keeps a conversation on one replica: a policy of
+    its own targets that rule by name (sectionName), repeating the route's retry and idle limit (a rule's
+    policy replaces the route's there); the rules with fallbacks keep the plain route policy."""
+    from conftest import run_strix, strix_values
+
+    values = strix_values()
+    (flash,) = [r for r in values["gateway"]["routes"] if r["model"] == "qwen/qwen3.8-flash"]
+    flash["backends"] = [{"tier": "halogen"}]
+    run = run_strix(values)
+    route = traffic_policy(run, "inference-routes-1")
+    affinity = traffic_policy(run, "inference-routes-1-affinity")
+    (ai_route,) = [r for r in objects(run, "AIGatewayRoute") if r["metadata"]["name"] == "inference-routes-1"]
+    names = [rule["name"] for rule in ai_route["spec"]["rules"]]
+    (target,) = affinity["targetRefs"]
+    assert target["kind"] == "HTTPRoute" and target["name"] == "inference-routes-1" and target["sectionName"] in names
+    (hashed,) = [rule for rule in ai_route["spec"]["rules"] if rule["name"] == target["sectionName"]]
+    assert [ref["name"] for ref in hashed["backendRefs"]] == ["halogen"]
+    assert affinity["loadBalancer"]["consistentHash"] == {"type": "Headers", "headers": [{"name": "x-sks-session-id"}]}
+    assert affinity["retry"] == route["retry"] and affinity["timeout"] == route["timeout"]
+    assert "loadBalancer" not in route
+    # The vendored Envoy Gateway schema takes a rule-level target.
+    from render.manifests import manifests
+    from render.validate import validate
+
+    (name, manifest), = [(n, m) for n, m in manifests(run).items() if m["metadata"]["name"] == "inference-routes-1-affinity"]
+    validate(name, manifest, run.config.cluster.kubernetes_version)
 
 
 def local_replicas_behind(run, route: dict) -> list[int]:
@@ -242,7 +270,7 @@ def test_a_failed_local_replica_is_retried_locally_before_the_next_tier(stack):
         btp = traffic_policy(run, route["metadata"]["name"])
         most = max(replicas, default=1)
         assert btp["retry"]["numAttemptsPerPriority"] == most
-        assert ("loadBalancer" in btp) == (most > 1)
+        assert "loadBalancer" not in btp  # affinity only per rule, where no fallback is skipped
         assert "circuitBreaker" not in btp  # its overflow 503 is never retried: no spill, only errors
     if stack == "rtx4090":
         # One card: a failure on it goes straight to OpenRouter (priority 1), no hash in the way.

@@ -73,7 +73,7 @@ def test_pack_has_every_policy_mandatory():
         "pod-security-restricted", "images-pinned", "model-server-budgets", "narrow-egress", "exposure-lan-only",
         "no-inline-credentials", "default-deny", "embeddings-not-exposed", "gateway-requires-auth",
         "hf-cache-on-weights-volume", "tailnet-name-resolves", "idle-outlasts-request", "no-runtime-installs",
-        "router-management-not-exposed",
+        "router-management-not-exposed", "affinity-keeps-fallback",
     }
     assert all(p.enforcement_level.value == "mandatory" for p in POLICIES)
 
@@ -393,3 +393,14 @@ def test_the_old_shape_prefetch_that_pip_installs_at_start_is_caught(strix_files
                        'exec "$PYTHONUSERBASE/bin/hf" download "$HF_REPO"']
     (found,) = resource_violations("no-runtime-installs", manifest)
     assert found.startswith("container prefetch runs `pip install` at start")
+
+
+def test_a_hash_on_a_rule_with_a_fallback_is_a_violation(strix_files):
+    """What strix-halo shipped before: the route-wide hash took every rule's fallback (envoy#9042)."""
+    objects = list(copy.deepcopy(strix_files).values())
+    assert stack_violations("affinity-keeps-fallback", objects) == []
+    policy = next(m for m in objects if m["kind"] == "BackendTrafficPolicy" and m["metadata"]["name"] == "inference-routes-1")
+    policy["spec"]["loadBalancer"] = {"type": "ConsistentHash", "consistentHash": {"type": "Headers",
+                                                                                   "headers": [{"name": "x-sks-session-id"}]}}
+    found = stack_violations("affinity-keeps-fallback", objects)
+    assert found and all("whose fallback (priorities [0, 1" in message for message in found)
