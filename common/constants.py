@@ -37,6 +37,8 @@ PINNED_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[A-Za-z._-]*[0
                           r"|(:[A-Za-z0-9._-]+)?@sha256:[a-f0-9]{64})$")
 WRITABLE_ROOT_WAIVER = "inference-plane/writable-root"
 WORLD_EGRESS_WAIVER = "inference-plane/world-egress"
+# On the gateway's EnvoyProxy: why its Service is not on the tailnet (gateway.load_balancer_reason).
+LOAD_BALANCER_WAIVER = "inference-plane/load-balancer"
 COLD_START_ANNOTATION = "inference-plane/cold-start-seconds"
 HEALTH_ANNOTATION = "inference-plane/health-path"
 MTLS_ANNOTATION = "inference-plane/mtls"

@@ -24,7 +24,7 @@ from common.constants import ENVOY_OWNING_GATEWAY_LABEL, ENVOY_POD_LABELS, PART_
 from config.gateway import GatewayConfig
 from config.types import PodPeer, StackConfig
 from engines import engine_of
-from common.constants import MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAME, tailnet_device
+from common.constants import LOAD_BALANCER_WAIVER, MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAME, tailnet_device
 
 from .gateway_routes import (
     MODEL_HEADER,
@@ -99,7 +99,9 @@ class InferenceGatewayArgs:
 
 
 def _envoy_service(gw: GatewayConfig) -> dict:
-    service: dict = {"type": "LoadBalancer", "loadBalancerClass": gw.load_balancer_class}
+    service: dict = {"type": "LoadBalancer"}
+    if gw.load_balancer_class is not None:
+        service["loadBalancerClass"] = gw.load_balancer_class
     if gw.load_balancer_class == TAILSCALE_CLASS:
         # The tailnet operator names the device after this annotation, else <namespace>-<service>,
         # and Envoy Gateway names the Service envoy-<ns>-<gateway>-<hash>: without it nothing
@@ -138,17 +140,21 @@ class InferenceGateway(pulumi.ComponentResource):
                 {"name": gw.class_name, "labels": dict(self._labels)},
                 {"controllerName": "gateway.envoyproxy.io/gatewayclass-controller"},
             )
+        proxy_meta = self._meta(f"{gw.name}-proxy")
+        if gw.load_balancer_class != TAILSCALE_CLASS:
+            # Off the tailnet on purpose: the reason the config gave, for the policy and the reader.
+            proxy_meta["annotations"] = {LOAD_BALANCER_WAIVER: gw.load_balancer_reason or ""}
         proxy = self._cr(
             f"{name}-proxy",
             EG,
             "EnvoyProxy",
-            self._meta(f"{gw.name}-proxy"),
+            proxy_meta,
             {
                 "provider": {
                     "type": "Kubernetes",
                     "kubernetes": {
-                        # Tailnet-only: the load-balancer class hands the Service to the tailnet
-                        # operator; no cloud or MetalLB controller gives it a public address.
+                        # Tailnet by default: the load-balancer class hands the Service to the tailnet
+                        # operator; a LAN or other class only with load_balancer_reason.
                         "envoyService": _envoy_service(gw)
                     },
                 }

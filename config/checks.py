@@ -346,9 +346,18 @@ def _acknowledged(stack: StackConfig) -> list[Problem]:
                          "servers never need; use restricted, or set namespace.pod_security_reason with why"))
     gateway = stack.gateway
     if gateway is not None and gateway.load_balancer_class != TAILSCALE_CLASS and gateway.load_balancer_reason is None:
-        problems.append(("gateway.load_balancer_class", f"{gateway.load_balancer_class} may give the gateway an address "
-                         "outside the tailnet (a cloud load balancer faces the internet); use tailscale, or set "
-                         "gateway.load_balancer_reason with who can reach it"))
+        what = (f"{gateway.load_balancer_class} may give the gateway an address outside the tailnet (a cloud load "
+                "balancer faces the internet)" if gateway.load_balancer_class is not None else
+                "null gives the gateway the cluster's default load balancer (k3s ServiceLB or MetalLB: an address on "
+                "the LAN; a cloud's: a public one)")
+        problems.append(("gateway.load_balancer_class", f"{what}; set gateway.load_balancer_reason with who can reach "
+                         "it and how its hostname resolves there, or use tailscale"))
+    if gateway is not None and gateway.load_balancer_class == TAILSCALE_CLASS and not gateway.hostname.endswith(".ts.net"):
+        device = gateway.hostname.split(".", 1)[0]
+        problems.append(("gateway.hostname", f"a tailscale gateway answers as the tailnet device {device}.<tailnet>.ts.net "
+                         f"(MagicDNS), which a listener for {gateway.hostname} never matches: set hostname to "
+                         f"{device}.<your tailnet>.ts.net, or load_balancer_class: null (ServiceLB or MetalLB, an address on "
+                         "the LAN) with load_balancer_reason"))
     return problems
 
 

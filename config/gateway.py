@@ -101,12 +101,15 @@ class GatewayConfig(Strict):
     hostname: Hostname = doc("The listener's host name (on the tailnet: the MagicDNS name).")
     port: Annotated[int, Field(ge=1, le=65535)] = doc("The HTTPS listener's port.", default=443)
     tls_secret: DnsName = doc("The Secret cert-manager writes the listener's certificate to.")
-    load_balancer_class: Annotated[str, Field(min_length=1)] = doc(
-        "The Envoy Service's load-balancer class: tailscale keeps it on the tailnet, never a public LB.", default="tailscale"
+    load_balancer_class: Optional[Annotated[str, Field(min_length=1)]] = doc(
+        "The Envoy Service's load-balancer class. tailscale: the Tailscale operator makes it a tailnet device, named "
+        "after hostname's first label, so hostname must be its MagicDNS name (<device>.<tailnet>.ts.net). null: the "
+        "cluster's default load balancer (k3s ServiceLB, MetalLB: an address on the LAN, where hostname must resolve "
+        "to it); any other class: that controller's. Both need load_balancer_reason.", default="tailscale"
     )
     load_balancer_reason: Optional[Annotated[str, Field(min_length=10, max_length=500)]] = doc(
-        "Required for any class but tailscale (a cloud or LAN load balancer may give the gateway an address anyone "
-        "reaches): who can reach it, and why that is wanted (said in the summary).", default=None)
+        "Required unless the class is tailscale (a cloud load balancer faces the internet; ServiceLB or MetalLB "
+        "the LAN): who can reach the gateway, and how its hostname resolves there (said in the summary).", default=None)
     envoy_namespace: DnsLabel = doc("Where Envoy Gateway runs the Envoy pods.", default="envoy-gateway-system")
     client_ca_secret: Optional[DnsName] = doc(
         "Secret or ConfigMap with ca.crt: clients must present a certificate it signed. null: no mTLS.", default=None

@@ -18,6 +18,7 @@ from common.constants import (
     CLUSTER_DOMAIN,
     COLD_START_ANNOTATION,
     HEALTH_ANNOTATION,
+    LOAD_BALANCER_WAIVER,
     LLAMACPP_HEALTH_PATH,
     MODEL_SERVER_COMPONENTS,
     MTLS_ANNOTATION,
@@ -209,8 +210,11 @@ def exposure_lan_only(props: Props, report: Report, config: Mapping) -> None:
         report(f"Service type {props['spec']['type']}: only the gateway's tailnet listener may face out")
     if kind == "EnvoyProxy":
         service = ((((props.get("spec") or {}).get("provider") or {}).get("kubernetes") or {}).get("envoyService") or {})
-        if service.get("type", "LoadBalancer") == "LoadBalancer" and not service.get("loadBalancerClass"):
-            report("the gateway's LoadBalancer has no loadBalancerClass: it would get a public address")
+        off_tailnet = service.get("loadBalancerClass") != TAILSCALE_CLASS
+        if service.get("type", "LoadBalancer") == "LoadBalancer" and off_tailnet and not _annotations(props).get(LOAD_BALANCER_WAIVER):
+            which = f"class {service['loadBalancerClass']}" if service.get("loadBalancerClass") else "no loadBalancerClass"
+            report(f"the gateway's LoadBalancer has {which} and no {LOAD_BALANCER_WAIVER} reason: it could get a "
+                   "public address")
 
 
 def no_inline_credentials(props: Props, report: Report, config: Mapping) -> None:

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from common.constants import TAILSCALE_CLASS
 from policy.rules import containers, pod_spec
 
 SCHEMAS_README = Path(__file__).resolve().parent.parent / "schemas" / "README.md"
@@ -92,6 +93,15 @@ def prerequisites(objects: list[dict[str, Any]]) -> list[tuple[str, str, list[st
             need(f"IngressClass {spec['ingressClassName']}", _label(m), "its controller running")
         if m["kind"] == "Gateway" and ("GatewayClass", spec.get("gatewayClassName")) not in created:
             need(f"GatewayClass {spec.get('gatewayClassName')}", _label(m))
+        if m["kind"] == "EnvoyProxy":
+            service = ((spec.get("provider") or {}).get("kubernetes") or {}).get("envoyService") or {}
+            if service.get("loadBalancerClass") == TAILSCALE_CLASS:
+                need("the Tailscale Kubernetes operator", _label(m),
+                     "it serves loadBalancerClass tailscale; without it the gateway's Service stays Pending")
+            elif service.get("type", "LoadBalancer") == "LoadBalancer":
+                which = service.get("loadBalancerClass")
+                need(f"a LoadBalancer controller{f' for class {which}' if which else ''}", _label(m),
+                     "k3s' ServiceLB or MetalLB on a LAN; without one the gateway's Service stays Pending")
         if m["kind"] == "PersistentVolumeClaim" and spec.get("storageClassName"):
             need(f"StorageClass {spec['storageClassName']}", _label(m))
         for template in spec.get("volumeClaimTemplates") or []:

@@ -218,3 +218,46 @@ def test_scrapes_the_policy_would_block_are_refused(tmp_path):
     (policy,) = [m for m in result.files.values() if m["kind"] == "NetworkPolicy"]
     assert any(source.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name") == "monitoring"
                for rule in policy["spec"]["ingress"] for source in rule["from"])
+
+
+def test_the_library_gateway_answers_on_the_lan_at_the_name_its_listener_serves():
+    """rtx3090-library's gateway listens for ai.lan.example.org: its Envoy Service takes the cluster's
+    default load balancer (k3s ServiceLB: the node's LAN address), not the tailnet (where it would be the
+    device ai.<tailnet>.ts.net, a name the listener never answers); the folder says what must serve it."""
+    from render.manifests import manifests
+    from render.offline import run_stack
+    from render.prerequisites import prerequisites
+    from render.reach import reach_lines
+
+    run = run_stack("rtx3090-library")
+    files = list(manifests(run).values())
+    (proxy,) = [m for m in files if m["kind"] == "EnvoyProxy"]
+    (gateway,) = [m for m in files if m["kind"] == "Gateway"]
+    service = proxy["spec"]["provider"]["kubernetes"]["envoyService"]
+    assert service == {"type": "LoadBalancer"}  # no class: ServiceLB/MetalLB; no tailnet device annotation
+    assert proxy["metadata"]["annotations"]["inference-plane/load-balancer"].startswith("k3s ServiceLB")
+    assert {listener["hostname"] for listener in gateway["spec"]["listeners"]} == {"ai.lan.example.org"}
+    needs = {what for what, _, _ in prerequisites(files)}
+    assert "a LoadBalancer controller" in needs and "the Tailscale Kubernetes operator" not in needs
+    (line,) = [l for l in reach_lines(files, run.config) if l.startswith("    llama-library ")]
+    assert ("gateway clients at https://ai.lan.example.org for qwen3-8b" in line
+            and "(the cluster's default load balancer: k3s ServiceLB on the home LAN" in line)
+
+
+def test_a_tailnet_gateway_must_be_named_as_its_device_and_a_lan_one_needs_a_reason():
+    from common.errors import ConfigError
+    from conftest import plain_values
+    from plane import parse_stack
+
+    values = plain_values("rtx3090-library")
+    values["gateway"]["load_balancer_class"] = "tailscale"
+    values["gateway"].pop("load_balancer_reason")
+    with pytest.raises(ConfigError, match=r"gateway\.hostname: a tailscale gateway answers as the tailnet device "
+                       r"ai\.<tailnet>\.ts\.net \(MagicDNS\), which a listener for ai\.lan\.example\.org never matches"):
+        parse_stack(values)
+    values["gateway"]["load_balancer_class"] = None
+    with pytest.raises(ConfigError, match=r"gateway\.load_balancer_class: null gives the gateway the cluster's default "
+                       r"load balancer .*set gateway\.load_balancer_reason"):
+        parse_stack(values)
+    needs_tailnet = plain_values("rtx4090")
+    assert parse_stack(needs_tailnet).gateway.hostname.endswith(".ts.net")

@@ -188,8 +188,12 @@ def test_gateway_load_balancer_needs_its_tailnet_class(strix_files):
     proxy = copy.deepcopy(strix_files["envoyproxy_shikanime_inference-proxy.yaml"])
     proxy["spec"]["provider"]["kubernetes"]["envoyService"].pop("loadBalancerClass")
     assert resource_violations("exposure-lan-only", proxy) == [
-        "the gateway's LoadBalancer has no loadBalancerClass: it would get a public address"
+        "the gateway's LoadBalancer has no loadBalancerClass and no inference-plane/load-balancer reason: it could get "
+        "a public address"
     ]
+    # Off the tailnet with the reason the config gave (gateway.load_balancer_reason): accepted.
+    proxy["metadata"]["annotations"] = {"inference-plane/load-balancer": "k3s ServiceLB on the home LAN"}
+    assert resource_violations("exposure-lan-only", proxy) == []
 
 
 def test_no_inline_credentials(homelab):

@@ -106,14 +106,15 @@ def test_a_missing_secret_says_how_to_render_without_pulumi_and_that_advice_work
 def test_the_library_stack_needs_exactly_these(tmp_path):
     """A fixed list, written from what the stack deploys (the walk above could share a blind spot with
     the code): the gateway's three CRD groups and cert-manager's, Traefik's Middleware, the CA issuer,
-    the class, runtime class and storage class it names, the card; and the pods its policy lets in."""
+    the class, runtime class and storage class it names, the LAN load balancer its gateway's Service takes
+    (k3s ServiceLB, MetalLB), the card; and the pods its policy lets in."""
     result = render_stack("rtx3090-library", tmp_path / "out")
     text = (result.out / PREREQUISITES_FILE).read_text()
     items = [line[2:].split(" (")[0].split(":")[0] for line in text.splitlines() if line.startswith("- ")]
     assert items == [
         "CRDs of aigateway.envoyproxy.io", "CRDs of cert-manager.io", "CRDs of gateway.envoyproxy.io",
         "CRDs of gateway.networking.k8s.io", "CRDs of traefik.io", "ClusterIssuer lan-ca", "IngressClass traefik",
-        "RuntimeClass nvidia", "StorageClass local-path", "nvidia.com/gpu on the nodes"]
+        "RuntimeClass nvidia", "StorageClass local-path", "a LoadBalancer controller", "nvidia.com/gpu on the nodes"]
     commands = [line.strip() for line in text.splitlines() if line.startswith("    kubectl ")]
     assert commands == [
         "kubectl get pods -n kube-system -l app.kubernetes.io/name=traefik",
