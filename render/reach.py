@@ -153,16 +153,16 @@ def _reach(service: dict, objects: list[dict], peers: list[Peer], keyed: set[str
         envoy = {ENVOY_OWNING_GATEWAY_LABEL: gateway["metadata"]["name"], NAME_LABEL: "envoy"}
         hosts = sorted({listener.get("hostname", "*") for listener in gateway["spec"].get("listeners") or []})
         text = f"gateway clients at https://{', '.join(hosts)} for {', '.join(names)}"
+        # Where Envoy Gateway runs this gateway's Envoy pods: the configured namespace, these labels.
+        envoy_namespace = stack.gateway.envoy_namespace if stack.gateway is not None else "envoy-gateway-system"
+        if not _admits(peers, envoy_namespace, envoy):
+            text += f" - BLOCKED: the policy does not admit the gateway's Envoy pods in {envoy_namespace}"
         if stack.gateway is not None and stack.gateway.load_balancer_class == TAILSCALE_CLASS:
             text += " (the tailnet device of that name, through the Tailscale operator)"
         elif stack.gateway is not None:
             how = (f"load-balancer class {stack.gateway.load_balancer_class}" if stack.gateway.load_balancer_class
                    else "the cluster's default load balancer")
             text += f" ({how}: {stack.gateway.load_balancer_reason})"
-        # Where Envoy Gateway runs this gateway's Envoy pods: the configured namespace, these labels.
-        envoy_namespace = stack.gateway.envoy_namespace if stack.gateway is not None else "envoy-gateway-system"
-        if not _admits(peers, envoy_namespace, envoy):
-            text += f" - BLOCKED: the policy does not admit the gateway's Envoy pods in {envoy_namespace}"
         ways.append(text)
     if not ways:
         ways.append("in-cluster only (no Ingress, no gateway route)")
