@@ -103,7 +103,7 @@ def synthetic_stack(servers: int) -> dict:
                         "size": f"{max(40, servers)}Gi"},  # holds 0.5 GiB per server
         "models": models,
         "gateway": {
-            "hostname": "inference.example.org",
+            "hostname": "inference.tail0a1b2c.ts.net",  # a tailnet gateway is named as its device
             "tls_secret": "inference-tls",
             "master_key_config": "master_key",
             "clients": {"bench": {}},
