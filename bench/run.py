@@ -103,7 +103,10 @@ def synthetic_stack(servers: int) -> dict:
                         "size": f"{max(40, servers)}Gi"},  # holds 0.5 GiB per server
         "models": models,
         "gateway": {
-            "hostname": "inference.tail0a1b2c.ts.net",  # a tailnet gateway is named as its device
+            "hostname": "inference.example.org",
+            # A LAN load balancer: a tailscale gateway must be named as its tailnet device.
+            "load_balancer_class": None,
+            "load_balancer_reason": "the seed cluster's MetalLB on its LAN",
             "tls_secret": "inference-tls",
             "master_key_config": "master_key",
             "clients": {"bench": {}},
