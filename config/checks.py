@@ -492,4 +492,14 @@ def image_suggestions(stack: StackConfig) -> list[str]:
             f"models.{key}.image: {model.image} is built for {backend}, but gpu_layers is 0, so the server runs on the "
             f"CPU and the {backend} image only adds its size to every pull; use {cpu_image(model.image)}"
         )
-    return found
+    return found + _served_twice(stack)
+
+
+def _served_twice(stack: StackConfig) -> list[str]:
+    """The same weights on a single-model server and as a router's model: both are planned (no OOM), but
+    the memory is held twice when both are loaded."""
+    single = {m.hf_repo: key for key, m in stack.models.items() if m.hf_repo is not None and m.on_demand is None}
+    return [f"models.{key}.on_demand.models.{name}: {entry.hf_repo} is also served by models.{single[entry.hf_repo]}; "
+            "both are counted, so both may hold its memory at once: drop one, or route its name to that server"
+            for key, m in stack.models.items() if m.on_demand is not None
+            for name, entry in m.on_demand.models.items() if entry.hf_repo in single]

@@ -34,6 +34,10 @@ class OpenAICompatible(Engine):
 
     def config_problems(self, model: "ModelServer", path: str, pool: Optional["NodePool"]) -> list[Problem]:
         problems: list[Problem] = []
+        for index, arg in enumerate(model.openai.args if model.openai is not None else []):
+            if any(ord(c) < 32 or ord(c) == 127 for c in arg):
+                problems.append((f"{path}.openai.args[{index}]", f"{arg!r} holds a control character; one argument per "
+                                 "list item, without line breaks"))
         if model.openai is None:
             problems.append((f"{path}.openai", "required for engine openai: served_model, resident_memory, args"))
         for field in LLAMACPP_SETTINGS:

@@ -261,3 +261,30 @@ def test_a_tailnet_gateway_must_be_named_as_its_device_and_a_lan_one_needs_a_rea
         parse_stack(values)
     needs_tailnet = plain_values("rtx4090")
     assert parse_stack(needs_tailnet).gateway.hostname.endswith(".ts.net")
+
+
+def test_weights_served_twice_are_warned_about():
+    from config.checks import image_suggestions
+    from conftest import plain_values
+    from plane import parse_stack
+
+    values = plain_values("rtx3090-library")
+    single = copy.deepcopy(values["models"]["library"])
+    del single["on_demand"]
+    single.update(name="llama-qwen", hf_repo="Qwen/Qwen3-8B-GGUF:Q4_K_M", exposure=None, api_key=None, gpu_layers=0,
+                  image="ghcr.io/ggml-org/llama.cpp:server-b10731", backend="cpu")
+    values["models"]["qwen"] = single
+    warnings = image_suggestions(parse_stack(values))
+    assert ("models.library.on_demand.models.qwen3-8b: Qwen/Qwen3-8B-GGUF:Q4_K_M is also served by models.qwen; both "
+            "are counted, so both may hold its memory at once") in " ".join(warnings)
+
+
+def test_another_engines_args_are_single_argv_items():
+    from common.errors import ConfigError
+    from conftest import strix_values
+    from plane import parse_stack
+
+    values = strix_values()
+    values["models"]["flash"]["openai"]["args"] += ["--x\n--y"]
+    with pytest.raises(ConfigError, match=r"models\.flash\.openai\.args\[\d+\]: '--x\\n--y' holds a control character"):
+        parse_stack(values)
