@@ -8,6 +8,7 @@ with llama.cpp's defaults when asked by its cache name (ROUTER_FACTS.md, a), out
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -282,6 +283,20 @@ def start_keeper(rendered: dict, root: Path, endpoint: str, router, log_path: Pa
         return subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True)
 
 
+@contextlib.contextmanager
+def filled_pod(binary, rendered: dict, root: Path, repos: dict):
+    """The pod as it starts: its ConfigMap's files under root, the init container's fetch from the stand-in
+    Hub, and the router on the served preset, its startup models up; yields (hub endpoint, router)."""
+    write_files(rendered, root)
+    with hub_repos(repos) as endpoint:
+        assert run_library(rendered["init"], root, endpoint).returncode == 0
+        env = env_under(rendered["container"]["env"], root)
+        with start_router(binary, served_preset(rendered, root).read_text(), rendered["container"]["args"], {},
+                          TEST_KEY, env=env) as router:
+            settled(router, rendered)
+            yield endpoint, router
+
+
 def section_of(name: str) -> str:
     return f"[{name}]\nthreads = 1\nctx-size = 512\n"
 
@@ -298,42 +313,36 @@ def test_the_keeper_adds_and_removes_models_while_the_others_keep_running(binary
     first_repo = next(iter(repos.values()))
     repos["org/Tiny-Extra-GGUF"] = {"Tiny-Extra-Q4_K_M.gguf": next(v for k, v in first_repo.items() if k.endswith(".gguf"))}
     root = tmp_path / "pod"
-    write_files(rendered, root)
-    with hub_repos(repos) as endpoint:
-        assert run_library(rendered["init"], root, endpoint).returncode == 0
-        env = env_under(rendered["container"]["env"], root)
-        with start_router(binary, served_preset(rendered, root).read_text(), rendered["container"]["args"], {},
-                          TEST_KEY, env=env) as router:
-            settled(router, rendered)
-            assert router.chat(kept).status == 200
-            before = router.children()
-            # Change 1, before the keeper runs: the ConfigMap without the last model.
-            smaller = {n: r for n, r in rendered["library"].items() if n != removed}
-            write_files(rendered, root, smaller, rendered["preset"].split(f"[{removed}]")[0])
-            log_path = tmp_path / "keeper.log"
-            keeper = start_keeper(rendered, root, endpoint, router, log_path)
-            try:
-                wait_for_models(router, smaller, log_path)
-                assert not (library_folder(rendered, root) / removed).exists()
-                # Change 2, while it runs: a model added.
-                write_files(rendered, root, {**smaller, added: "org/Tiny-Extra-GGUF:Q4_K_M"},
-                            rendered["preset"].split(f"[{removed}]")[0] + section_of(added))
-                wait_for_models(router, [*smaller, added], log_path)
-                assert router.children() == before, log_path.read_text()  # the model that answered kept its process
-                assert router.chat(added).status == 200 and router.chat(kept).status == 200
-                # The rendered probe (its heartbeat path moved under root) passes while the keeper runs.
-                probe = [sys.executable if c == "python3" else c.replace("/tmp/", f"{root}/tmp/")
-                         for c in rendered["keeper"]["livenessProbe"]["exec"]["command"]]
-                assert subprocess.run(probe, timeout=30).returncode == 0
-            finally:
-                keeper.kill()
-                keeper.wait()
-            log = log_path.read_text()
-            assert "applying the library and its preset (at start)" in log and "(changed)" in log, log
-            # A keeper that stopped beating fails the probe (the kubelet then restarts it).
-            beat = root / "tmp" / "keeper-heartbeat"
-            os.utime(beat, (time.time() - 1000, time.time() - 1000))
-            assert subprocess.run(probe, timeout=30).returncode == 1
+    with filled_pod(binary, rendered, root, repos) as (endpoint, router):
+        assert router.chat(kept).status == 200
+        before = router.children()
+        # Change 1, before the keeper runs: the ConfigMap without the last model.
+        smaller = {n: r for n, r in rendered["library"].items() if n != removed}
+        write_files(rendered, root, smaller, rendered["preset"].split(f"[{removed}]")[0])
+        log_path = tmp_path / "keeper.log"
+        keeper = start_keeper(rendered, root, endpoint, router, log_path)
+        try:
+            wait_for_models(router, smaller, log_path)
+            assert not (library_folder(rendered, root) / removed).exists()
+            # Change 2, while it runs: a model added.
+            write_files(rendered, root, {**smaller, added: "org/Tiny-Extra-GGUF:Q4_K_M"},
+                        rendered["preset"].split(f"[{removed}]")[0] + section_of(added))
+            wait_for_models(router, [*smaller, added], log_path)
+            assert router.children() == before, log_path.read_text()  # the model that answered kept its process
+            assert router.chat(added).status == 200 and router.chat(kept).status == 200
+            # The rendered probe (its heartbeat path moved under root) passes while the keeper runs.
+            probe = [sys.executable if c == "python3" else c.replace("/tmp/", f"{root}/tmp/")
+                     for c in rendered["keeper"]["livenessProbe"]["exec"]["command"]]
+            assert subprocess.run(probe, timeout=30).returncode == 0
+        finally:
+            keeper.kill()
+            keeper.wait()
+        log = log_path.read_text()
+        assert "applying the library and its preset (at start)" in log and "(changed)" in log, log
+        # A keeper that stopped beating fails the probe (the kubelet then restarts it).
+        beat = root / "tmp" / "keeper-heartbeat"
+        os.utime(beat, (time.time() - 1000, time.time() - 1000))
+        assert subprocess.run(probe, timeout=30).returncode == 1
 
 
 def test_a_model_that_cannot_be_fetched_keeps_none_of_the_others_from_the_router(binary, rendered, tmp_path):
@@ -397,29 +406,23 @@ def test_weights_changed_under_the_same_file_name_are_loaded_anew(binary, render
     assert other != repos[repo][file_name]
     repos["org/Other-GGUF"] = {file_name: other, "README.md": b"x"}
     root = tmp_path / "pod"
-    write_files(rendered, root)
-    with hub_repos(repos) as endpoint:
-        assert run_library(rendered["init"], root, endpoint).returncode == 0
-        env = env_under(rendered["container"]["env"], root)
-        with start_router(binary, served_preset(rendered, root).read_text(), rendered["container"]["args"], {},
-                          TEST_KEY, env=env) as router:
-            settled(router, rendered)
-            assert router.chat(target).status == 200
-            old_children = set(router.children())
-            write_files(rendered, root, {**rendered["library"], target: f"org/Other-GGUF:{tag}"})
-            log_path = tmp_path / "keeper.log"
-            keeper = start_keeper(rendered, root, endpoint, router, log_path)
-            try:
-                deadline = time.monotonic() + 60
-                while "new weights under the same file names: unloaded" not in log_path.read_text():
-                    assert time.monotonic() < deadline, log_path.read_text()
-                    time.sleep(0.5)
-            finally:
-                keeper.kill()
-                keeper.wait()
-            linked = library_folder(rendered, root) / target / file_name
-            assert linked.read_bytes() == other
-            assert router.statuses()[target] == "unloaded"
-            assert router.chat(target).status == 200
-            # A new child for it (the others, e.g. the model loaded at start, keep theirs).
-            assert set(router.children()) != old_children and len(router.children()) == len(old_children)
+    with filled_pod(binary, rendered, root, repos) as (endpoint, router):
+        assert router.chat(target).status == 200
+        old_children = set(router.children())
+        write_files(rendered, root, {**rendered["library"], target: f"org/Other-GGUF:{tag}"})
+        log_path = tmp_path / "keeper.log"
+        keeper = start_keeper(rendered, root, endpoint, router, log_path)
+        try:
+            deadline = time.monotonic() + 60
+            while "new weights under the same file names: unloaded" not in log_path.read_text():
+                assert time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.5)
+        finally:
+            keeper.kill()
+            keeper.wait()
+        linked = library_folder(rendered, root) / target / file_name
+        assert linked.read_bytes() == other
+        assert router.statuses()[target] == "unloaded"
+        assert router.chat(target).status == 200
+        # A new child for it (the others, e.g. the model loaded at start, keep theirs).
+        assert set(router.children()) != old_children and len(router.children()) == len(old_children)
