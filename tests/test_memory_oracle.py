@@ -12,7 +12,6 @@ stay stated margins (docs/capacity-planning.md).
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import time
 from functools import lru_cache
@@ -28,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from build_llama_server import BuildError, build  # noqa: E402
 from common.quantity import MIB, parse_quantity  # noqa: E402
 from real_shape import write_real_shape  # noqa: E402
-from server import free_port  # noqa: E402
+from server import free_port, log_until  # noqa: E402
 
 TOLERANCE = 0.10
 # The published GGUF each shipped hf_repo names, as a real shape (tests/contract/real_shape.py).
@@ -73,18 +72,7 @@ def llama_cpp_reports(args: list[str], model: Path) -> dict[str, float]:
     cmd = [str(binary), "-m", str(model), *kept, "--host", "127.0.0.1", "--port", str(free_port()), "--threads", "2",
            "--no-warmup", "--no-repack", "-lv", "4"]
     log = Path("/tmp") / f"oracle-{model.stem}-{time.monotonic_ns()}.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 240
-            while time.monotonic() < deadline and proc.poll() is None:
-                if "graph splits" in log.read_text(errors="replace"):
-                    break
-                time.sleep(0.2)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-    text = log.read_text(errors="replace")
+    text = log_until(cmd, log, "graph splits", 240)
     log.unlink()
     reports: dict[str, float] = {}
     for match in BUFFER.finditer(text):

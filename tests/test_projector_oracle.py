@@ -29,9 +29,7 @@ real_shape_mmproj.py write_text_shape("gemma-3-12b")) gives the same lines, at 7
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -41,7 +39,7 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
 from real_shape_mmproj import expected_mmproj_bytes, write_mmproj, write_text_shape  # noqa: E402
-from server import free_port  # noqa: E402
+from server import free_port, log_until  # noqa: E402
 
 # The figures the planner counts for the projector that ggml-org/gemma-3-12b-it-GGUF ships
 # (mmproj-model-f16.gguf) and its also-repos, as planning/catalog.yaml carries them (MiB; llama-server
@@ -77,18 +75,7 @@ def projector_report(binary: Path, model: Path, mmproj: Path, flash_attn: str, l
     cmd = [str(binary), "-m", str(model), "--mmproj", str(mmproj), "--flash-attn", flash_attn,
            "--ctx-size", "4096", "--parallel", "1", "--threads", "2", "--no-repack",
            "--host", "127.0.0.1", "--port", str(free_port()), "-lv", "4"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and proc.poll() is None:
-                if LOADED in log.read_text(errors="replace"):
-                    break
-                time.sleep(0.2)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-    text = log.read_text(errors="replace")
+    text = log_until(cmd, log, LOADED, 90)
     assert LOADED in text, f"llama-server did not load the projector: {text[-1500:]}"
     compute: dict[str, float] = {}
     for m in COMPUTE.finditer(text):

@@ -61,6 +61,23 @@ def request(url: str, data: Optional[dict] = None, headers: Optional[dict] = Non
         return Answer(e.code, e.read(), dict(e.headers))
 
 
+def log_until(cmd: list[str], log: Path, marker: str, seconds: float) -> str:
+    """Run a program with its output in ``log`` until ``marker`` appears there (or it exits, or ``seconds``
+    pass), stop it, and return what it logged: for a load report read off llama-server's log."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and proc.poll() is None:
+                if marker in log.read_text(errors="replace"):
+                    break
+                time.sleep(0.2)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return log.read_text(errors="replace")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
