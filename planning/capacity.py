@@ -203,14 +203,15 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
     pool = stack.node_pools[model.node_pool]
     resident: list[ResidentModel] = []
     for entry in on_request.models:
-        plan = _server_plan(key, model, stack, entry.estimate)
-        vram_gib = plan.vram.total_gib if plan.vram is not None else 0.0
+        # Each model as the single-model server it runs as: its engine's estimate, with a limit's headroom.
+        estimate = entry.estimate
         resident.append(ResidentModel(
-            name=entry.name, pinned=entry.pinned, ram_gib=plan.estimate.total_gib * (1 + LIMIT_HEADROOM),
-            vram_gib=vram_gib, weights_gib=gib(plan.weights),
-            swap_seconds=swap_seconds(plan.weights, plan.vram.weights_gib if plan.vram is not None else 0.0, stack.startup),
-            decode_predicted_tok_s=plan.decode_predicted_tok_s, estimate=plan.estimate, vram=plan.vram,
-            source=entry.source, multimodal=entry.estimate.multimodal,
+            name=entry.name, pinned=entry.pinned, ram_gib=estimate.memory.total_gib * (1 + LIMIT_HEADROOM),
+            vram_gib=estimate.vram.total_gib if estimate.vram is not None else 0.0, weights_gib=gib(estimate.weights),
+            swap_seconds=swap_seconds(estimate.weights, estimate.vram.weights_gib if estimate.vram is not None else 0.0,
+                                      stack.startup),
+            decode_predicted_tok_s=estimate.decode_predicted_tok_s, estimate=estimate.memory, vram=estimate.vram,
+            source=entry.source, multimodal=estimate.multimodal,
         ))
     beside = [s for s in planned.values() if s.node_pool == model.node_pool]
     ram_budget = (node_offers_gib(pool) - sum(s.need_gib * s.replicas for s in beside)
