@@ -477,8 +477,9 @@ def _gpu_demand(stack: StackConfig) -> list[Problem]:
     return problems
 
 
-def image_suggestions(stack: StackConfig) -> list[str]:
-    """Warnings, not refusals: a GPU image on a server that offloads nothing runs on the CPU anyway."""
+def config_warnings(stack: StackConfig) -> list[str]:
+    """Warnings, not refusals: a GPU image on a server that offloads nothing (it runs on the CPU anyway), and
+    weights served twice."""
     found = []
     for key, model in stack.models.items():
         backend = backend_of_image(model.image)

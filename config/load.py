@@ -10,7 +10,7 @@ from typing import Any, Optional
 from common.constants import COMMIT_ID, OFFLINE_SECRET_PLACEHOLDER, PROJECT, TAILSCALE_CLASS, tailnet_device
 from common.errors import ConfigError
 
-from .checks import image_suggestions
+from .checks import config_warnings
 from .gateway import GatewayConfig
 from .types import TOP_LEVEL_KEYS, Problem, StackConfig
 from .validation import EngineChecks, path_part, validate_values
@@ -137,7 +137,7 @@ def read_config(engine_checks: EngineChecks) -> StackConfig:
     if problems:
         raise ConfigError(problems)
     _warn_moving_revisions(stack)
-    for suggestion in image_suggestions(stack):
+    for suggestion in config_warnings(stack):
         pulumi.log.warn(suggestion)
     return stack
 

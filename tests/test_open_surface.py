@@ -264,7 +264,7 @@ def test_a_tailnet_gateway_must_be_named_as_its_device_and_a_lan_one_needs_a_rea
 
 
 def test_weights_served_twice_are_warned_about():
-    from config.checks import image_suggestions
+    from config.checks import config_warnings
     from conftest import plain_values
     from plane import parse_stack
 
@@ -274,7 +274,7 @@ def test_weights_served_twice_are_warned_about():
     single.update(name="llama-qwen", hf_repo="Qwen/Qwen3-8B-GGUF:Q4_K_M", exposure=None, api_key=None, gpu_layers=0,
                   image="ghcr.io/ggml-org/llama.cpp:server-b10731", backend="cpu")
     values["models"]["qwen"] = single
-    warnings = image_suggestions(parse_stack(values))
+    warnings = config_warnings(parse_stack(values))
     assert ("models.library.on_demand.models.qwen3-8b: Qwen/Qwen3-8B-GGUF:Q4_K_M is also served by models.qwen; both "
             "are counted, so both may hold its memory at once") in " ".join(warnings)
 
