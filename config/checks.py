@@ -352,6 +352,15 @@ def _acknowledged(stack: StackConfig) -> list[Problem]:
                 "the LAN; a cloud's: a public one)")
         problems.append(("gateway.load_balancer_class", f"{what}; set gateway.load_balancer_reason with who can reach "
                          "it and how its hostname resolves there, or use tailscale"))
+    ingress = stack.cluster.ingress
+    if (gateway is not None and gateway.load_balancer_class is None and gateway.port in (80, 443)
+            and ingress is not None and ingress.namespace == "kube-system"):
+        # k3s' ServiceLB runs a hostPort pod per LoadBalancer port on each node, and its bundled Traefik
+        # (kube-system) holds 80 and 443: a second Service on one of them never gets an address.
+        problems.append(("gateway.port", f"{gateway.port} is taken on k3s' ServiceLB by the ingress controller in "
+                         "kube-system (each LoadBalancer port is one hostPort per node), so the gateway's Service would "
+                         "stay Pending; set another port, e.g. 8443 (clients then use https://"
+                         f"{gateway.hostname}:8443)"))
     if gateway is not None and gateway.load_balancer_class == TAILSCALE_CLASS and not gateway.hostname.endswith(".ts.net"):
         device = gateway.hostname.split(".", 1)[0]
         problems.append(("gateway.hostname", f"a tailscale gateway answers as the tailnet device {device}.<tailnet>.ts.net "

@@ -151,7 +151,8 @@ def _reach(service: dict, objects: list[dict], peers: list[Peer], keyed: set[str
         ways.append(f"{who} at https://{host} through {through}" + (f" (your annotations: {', '.join(own)})" if own else ""))
     for gateway, names in _gateway_routes(service, objects):
         envoy = {ENVOY_OWNING_GATEWAY_LABEL: gateway["metadata"]["name"], NAME_LABEL: "envoy"}
-        hosts = sorted({listener.get("hostname", "*") for listener in gateway["spec"].get("listeners") or []})
+        hosts = sorted({listener.get("hostname", "*") + (f":{listener['port']}" if listener.get("port", 443) != 443 else "")
+                        for listener in gateway["spec"].get("listeners") or []})
         text = f"gateway clients at https://{', '.join(hosts)} for {', '.join(names)}"
         # Where Envoy Gateway runs this gateway's Envoy pods: the configured namespace, these labels.
         envoy_namespace = stack.gateway.envoy_namespace if stack.gateway is not None else "envoy-gateway-system"

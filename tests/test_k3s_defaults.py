@@ -112,7 +112,7 @@ def test_the_gateway_routes_are_read_back_to_the_server_they_reach():
     lines = reach_lines(objects, run.config)
     (library,) = [line for line in lines if line.startswith("    llama-library ")]
     routed = [r["model"] for r in stack_file_config("rtx3090-library")["inference-plane:gateway"]["routes"]]
-    assert f"gateway clients at https://ai.lan.example.org for {', '.join(routed)} (the cluster's default load balancer" in library
+    assert f"gateway clients at https://ai.lan.example.org:8443 for {', '.join(routed)} (the cluster's default load balancer" in library
     # The policy without the gateway's Envoy pods: the route is shown blocked (other peers, such as the
     # namespace's own pods, do not count: they are not where Envoy runs).
     (policy,) = [m for m in objects if m["kind"] == "NetworkPolicy"]

@@ -240,7 +240,8 @@ def test_the_library_gateway_answers_on_the_lan_at_the_name_its_listener_serves(
     needs = {what for what, _, _ in prerequisites(files)}
     assert "a LoadBalancer controller" in needs and "the Tailscale Kubernetes operator" not in needs
     (line,) = [l for l in reach_lines(files, run.config) if l.startswith("    llama-library ")]
-    assert ("gateway clients at https://ai.lan.example.org for qwen3-8b" in line
+    assert {listener["port"] for listener in gateway["spec"]["listeners"]} == {8443}
+    assert ("gateway clients at https://ai.lan.example.org:8443 for qwen3-8b" in line
             and "(the cluster's default load balancer: k3s ServiceLB on the home LAN" in line)
 
 
@@ -287,4 +288,18 @@ def test_another_engines_args_are_single_argv_items():
     values = strix_values()
     values["models"]["flash"]["openai"]["args"] += ["--x\n--y"]
     with pytest.raises(ConfigError, match=r"models\.flash\.openai\.args\[\d+\]: '--x\\n--y' holds a control character"):
+        parse_stack(values)
+
+
+def test_a_lan_gateway_may_not_take_the_port_k3s_traefik_holds_on_servicelb():
+    """ServiceLB gives each LoadBalancer port to one Service per node (a hostPort pod), and k3s' bundled
+    Traefik in kube-system holds 443: a gateway Service on 443 there would stay Pending."""
+    from common.errors import ConfigError
+    from conftest import plain_values
+    from plane import parse_stack
+
+    values = plain_values("rtx3090-library")
+    values["gateway"]["port"] = 443
+    with pytest.raises(ConfigError, match=r"gateway\.port: 443 is taken on k3s' ServiceLB by the ingress controller in "
+                       r"kube-system .*set another port, e\.g\. 8443"):
         parse_stack(values)
