@@ -11,6 +11,7 @@ from config.types import ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
 from planning.capacity import ServerPlan
 
+from .admission import admission_container
 from .meta import selector
 from .prefetch import hub_token_env, library_container, library_keeper, prefetch_container
 from .security import CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH_ENV, SCRATCH_VOLUME
@@ -54,6 +55,14 @@ def _probe(path: str, period: int, **extra: int) -> dict:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, **extra}
 
 
+def _loopback_probe(path: str, port: int, period: int, **extra: int) -> dict:
+    """A server behind an admission proxy listens only on the pod's loopback, which the kubelet's HTTP
+    probes cannot reach: curl inside its container (llama.cpp's server images carry it for their own
+    HEALTHCHECK, .devops/*.Dockerfile)."""
+    return {"exec": {"command": ["curl", "-fsS", "-o", "/dev/null", "--max-time", str(extra.get("timeoutSeconds", 5)),
+                                 f"http://127.0.0.1:{port}{path}"]}, "periodSeconds": period, **extra}
+
+
 def _cache_mount(model: ModelServer, cache: ModelCacheConfig) -> tuple[dict, list[dict]]:
     """Where the weights live for this server: its volume mount and environment."""
     if model.workload.cache_volume is not None:
@@ -85,7 +94,6 @@ def files_mounts(files: ConfigFiles) -> list[dict]:
 
 def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan,
                    files: ConfigFiles) -> dict:
-    budget = plan.budget
     requests: dict[str, str] = {"cpu": model.resources.cpu_request, "memory": plan.memory_request}
     limits: dict[str, str] = {"cpu": model.resources.cpu_limit, "memory": plan.memory_limit}
     if model.uses_gpu(pool):
@@ -100,22 +108,32 @@ def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, 
     env += engine.env(model)
     mounts += files_mounts(files)
     health = engine.health_path(model)
+    admission = engine.admission(model, plan)
+    probe = _probe if admission is None else (
+        lambda path, period, **extra: _loopback_probe(path, admission.server_port, period, **extra))
     return {
         "name": model.name,
         "image": model.image,
         "args": engine.args(model, plan),
         "env": env,
-        "ports": [{"name": "http", "containerPort": model.port, "protocol": "TCP"}],
+        **({"ports": [{"name": "http", "containerPort": model.port, "protocol": "TCP"}]} if admission is None else {}),
         "securityContext": dict(CONTAINER_SECURITY),
         "resources": {"requests": requests, "limits": limits},
+        **server_probes(probe, health, plan),
+        # Generous: a long prompt keeps the server busy, and a restart costs a full model load.
+        "livenessProbe": probe(health, 30, timeoutSeconds=10, failureThreshold=6),
+        "volumeMounts": mounts,
+    }
+
+
+def server_probes(probe, health: str, plan: ServerPlan) -> dict:
+    budget = plan.budget
+    return {
         # Sized for a cold start: the download (unless prefetched) plus the load; then liveness.
-        "startupProbe": _probe(health, budget.probe_period_seconds, failureThreshold=budget.probe_failure_threshold),
+        "startupProbe": probe(health, budget.probe_period_seconds, failureThreshold=budget.probe_failure_threshold),
         # 5 s, not the 1 s default: with every core computing (threads = the CPU limit) the HTTP
         # thread can answer /health late, and a flapping readiness drops the only replica.
-        "readinessProbe": _probe(health, budget.probe_period_seconds, timeoutSeconds=5),
-        # Generous: a long prompt keeps the server busy, and a restart costs a full model load.
-        "livenessProbe": _probe(health, 30, timeoutSeconds=10, failureThreshold=6),
-        "volumeMounts": mounts,
+        "readinessProbe": probe(health, budget.probe_period_seconds, timeoutSeconds=5),
     }
 
 
@@ -149,12 +167,18 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         "securityContext": security,
         "containers": [container_spec(model, pool, cache, plan, files)],
     }
-    library = engine_of(model).library(model, cache.mount_path)
+    engine = engine_of(model)
+    admission = engine.admission(model, plan)
+    if admission is not None:
+        # The pod's port answers through the proxy: the server's readiness, as the Service sees it.
+        spec["containers"].append(admission_container(model, admission, server_probes(_probe, engine.health_path(model), plan)))
+    library = engine.library(model, cache.mount_path)
     if model.prefetch is not None:
         spec["initContainers"] = [prefetch_container(model, cache)]
     elif library is not None:
         spec["initContainers"] = [library_container(model, library, cache, files_mounts(files))]
-        spec["containers"].append(library_keeper(model, library, cache, files_mounts(files)))
+        spec["containers"].append(library_keeper(model, library, cache, files_mounts(files),
+                                                 admission.server_port if admission is not None else model.port))
     for index, folder in enumerate(files.values()):
         # Whole files, never subPath: the kubelet then updates them in place when the ConfigMap changes.
         volumes.append({"name": f"files-{index}", "configMap": {

@@ -1,6 +1,6 @@
 """Models on demand: one llama.cpp server in router mode holding several models, each loaded when a
-request names it and unloaded least-recently-used (``ModelServer.on_demand``). How many may be
-loaded at once is planned from memory (planning/residency.py), never guessed as a count."""
+request names it (``ModelServer.on_demand``). Which may be loaded together is decided by memory, planned
+(planning/residency.py) and held at run time by the admission proxy in the pod (components/admission)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,8 @@ class OnDemandModel(ModelOverrides):
 
     hf_repo: HfRepo = doc("llama.cpp's --hf-repo for this model (org/Model-GGUF:QUANT).")
     pinned: bool = doc(
-        "Loaded when the server starts (load-on-startup), so the first request for it does not wait. Not kept: "
-        "llama.cpp's router has no pin and evicts the least recently used model, this one too; the plan counts it "
-        "like any other model (any max_loaded of them fit).",
+        "Loaded when the server starts (load-on-startup) and kept: the admission proxy never unloads it to make "
+        "room (llama.cpp's router has no pin of its own). Every other model must fit beside the pinned ones.",
         default=False,
     )
 
@@ -32,17 +31,20 @@ class OnDemandModel(ModelOverrides):
 class OnDemand(Strict):
     """Several models behind one server, loaded on request (llama.cpp's router)."""
 
-    models: Annotated[dict[ModelName, OnDemandModel], Field(min_length=2)] = doc(
-        "The models, by the name clients send as \"model\"."
+    # At most 16: the plan checks every set of them that can be resident (2^16 sets).
+    models: Annotated[dict[ModelName, OnDemandModel], Field(min_length=2, max_length=16)] = doc(
+        "The models, by the name clients send as \"model\" (2 to 16; more: a second server)."
     )
-    max_loaded: Optional[Annotated[int, Field(ge=1, le=64)]] = doc(
-        "--models-max; null: planned, the most models such that ANY that many fit the memory beside the node's "
-        "other servers (none assumed resident: the router evicts whichever is least recently used). A larger value "
-        "is refused.",
+    max_loaded: Optional[Annotated[int, Field(ge=1, le=16)]] = doc(
+        "At most this many models resident at once, whatever fits; null: as many as fit. Which fit is decided "
+        "by memory: the admission proxy in the pod loads a model only when the plan's memory of the resident "
+        "models and it fits what the node and its GPU leave the server, unloading the least recently used idle "
+        "model first.",
         default=None,
     )
     downloader_image: PinnedImage = doc(
-        "The image of the init container that fetches the models and of the keeper sidecar (needs python3; nothing "
+        "The image of the init container that fetches the models, of the keeper sidecar and of the admission proxy "
+        "(needs python3; nothing "
         "is installed): a registry mirror's copy on an air-gapped cluster.", default=PREFETCH_IMAGE)
     idle_unload_seconds: Optional[Annotated[int, Field(ge=10, le=86_400)]] = doc(
         "--sleep-idle-seconds: a model idle this long is put to sleep, giving its memory back; null: never.",

@@ -43,6 +43,17 @@ class Library:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """A proxy in the server's pod that decides, before a request reaches it, whether the model the request
+    names may load now, and makes room for it (components/admission). It listens on the server's port;
+    the server itself only on the pod's loopback at ``server_port``."""
+
+    server_port: int
+    plan: Mapping  # what the proxy holds the server to (JSON: budgets, each model's planned memory)
+    image: str  # needs python3; nothing is installed
+
+
+@dataclass(frozen=True)
 class Scrape:
     """One metrics target of a server: labels the scraper adds to its series and the query it sends.
     ``optional``: a failed scrape is expected (a router's model that is not loaded), not a server down."""
@@ -92,6 +103,10 @@ class Engine(ABC):
 
     def library(self, model: "ModelServer", mount_path: str) -> Optional[Library]:
         """The models this server loads by name from the cache volume at ``mount_path``, if any."""
+        return None
+
+    def admission(self, model: "ModelServer", plan: "ServerPlan") -> Optional[Admission]:
+        """The admission proxy in front of the server, if it has one."""
         return None
 
     def config_files(self, model: "ModelServer") -> dict[str, dict[str, str]]:

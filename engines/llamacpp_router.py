@@ -10,7 +10,11 @@ b10729 source and runs are in tests/contract/ROUTER_FACTS.md; the ones relied on
 - a section's keys are llama-server's long flags without their dashes (common/preset.cpp:251-323),
   a value-less flag is `flag = true`; an unknown key stops the router at start;
 - --models-max counts loading, loaded and sleeping models; past it the least recently used idle
-  model is unloaded before the next loads (server-models.cpp:83-101);
+  model is unloaded before the next loads (server-models.cpp:83-101): set to the number of models,
+  so the router never evicts and the admission proxy in front of it (components/admission) decides
+  by memory which model unloads;
+- POST /models/unload stops a child and answers at once; the model reads `loaded` until its child
+  has exited (server-models.cpp:1172-1197), which the proxy waits for before the next loads;
 - there is no pin (common/arg.cpp:4762-4766): `load-on-startup` only loads at start;
 - --sleep-idle-seconds reaches every child, which frees its model and context when idle but
   keeps its process and its place in --models-max;
@@ -29,14 +33,16 @@ Each model's section is exactly the command line a single-model server of it wou
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import TYPE_CHECKING, Optional
 
 from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, ROUTER_CLIENT_PATHS, ROUTER_PRESET_FLAG, SCRATCH
+from common.quantity import gib
 from planning.catalog import facts_for
 from planning.memory import OnRequest, OnRequestModel
 
-from .base import Credentials, Engine, Library, Problem, Scrape
+from .base import Admission, Credentials, Engine, Library, Problem, Scrape
 from .llamacpp import LlamaCpp, key_file, shared_flags
 from .llamacpp_flags import ALLOWED
 
@@ -136,13 +142,22 @@ def preset_ini(model: "ModelServer", single_args) -> str:
     return "\n".join(out)
 
 
-def router_args(model: "ModelServer", max_loaded: int) -> list[str]:
-    """The router's command line: what every child shares, the preset, and the resident limit the
-    capacity plan derived (planning/residency.py)."""
-    args = [ROUTER_PRESET_FLAG, SERVED_PRESET_PATH, "--models-max", str(max_loaded)]
+def router_port(model: "ModelServer") -> int:
+    """Where the router listens on the pod's loopback, behind the admission proxy on the server's port."""
+    return model.port + 1
+
+
+def router_args(model: "ModelServer") -> list[str]:
+    """The router's command line: what every child shares, the preset, and a count that never evicts
+    (every model may be resident as far as the router goes; the admission proxy holds it to memory)."""
+    args = [ROUTER_PRESET_FLAG, SERVED_PRESET_PATH, "--models-max", str(len(model.on_demand.models))]
     if model.on_demand.idle_unload_seconds is not None:
         args += ["--sleep-idle-seconds", str(model.on_demand.idle_unload_seconds)]
-    return args + shared_flags(model, key_file(model)) + list(model.extra_args)
+    shared = shared_flags(model, key_file(model))
+    # Only the proxy (and the keeper) reach the router: the pod's loopback, a port of its own.
+    shared[shared.index("--host") + 1] = "127.0.0.1"
+    shared[shared.index("--port") + 1] = str(router_port(model))
+    return args + shared + list(model.extra_args)
 
 
 # Each child is this engine's server: its flags, checks and memory are asked of it.
@@ -193,9 +208,16 @@ class LlamaCppRouter(Engine):
         return OnRequest(models=tuple(models), max_loaded=model.on_demand.max_loaded, path=f"{path}.on_demand"), []
 
     def args(self, model: "ModelServer", plan: Optional["ServerPlan"] = None) -> list[str]:
-        if plan is None or plan.residency is None:
-            raise ValueError(f"{model.name}: a router's --models-max is planned from memory before the pod is built")
-        return router_args(model, plan.residency.max_loaded)
+        return router_args(model)
+
+    def admission(self, model: "ModelServer", plan: "ServerPlan") -> Optional[Admission]:
+        """The memory-aware admission the plan's residency is held to at run time (planning/residency.py)."""
+        if plan.residency is None:
+            raise ValueError(f"{model.name}: a router's residency is planned from memory before the pod is built")
+        return Admission(server_port=router_port(model),
+                         plan={**plan.residency.admission_plan(math.ceil(gib(plan.memory_limit) - 1e-9)),
+                               "allowed_paths": list(ROUTER_CLIENT_PATHS)},
+                         image=model.on_demand.downloader_image)
 
     def env(self, model: "ModelServer") -> list[dict]:
         return []

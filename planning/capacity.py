@@ -12,7 +12,7 @@ from common.errors import CapacityError
 from common.quantity import Quantity, gib
 
 from .memory import Estimate, MemoryEstimate, OnRequest, VramEstimate
-from .residency import KEEPER_MEMORY_REQUEST, Residency, ResidentModel, limit_gib, plan_residency, summed_estimate, summed_vram
+from .residency import ADMISSION_MEMORY_REQUEST, KEEPER_MEMORY_REQUEST, Residency, ResidentModel, limit_gib, plan_residency, summed_estimate, summed_vram
 from .startup import StartupBudget, startup_budget, swap_seconds
 
 if TYPE_CHECKING:
@@ -215,7 +215,7 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
         ))
     beside = [s for s in planned.values() if s.node_pool == model.node_pool]
     ram_budget = (node_offers_gib(pool) - sum(s.need_gib * s.replicas for s in beside)
-                  - gib(KEEPER_MEMORY_REQUEST))
+                  - gib(KEEPER_MEMORY_REQUEST) - gib(ADMISSION_MEMORY_REQUEST))
     vram_budget = None
     if any(m.vram is not None for m in resident) and pool.vram is not None:
         # Time-sliced cards are shared with the pool's other GPU servers, which the plan may put on the same card.

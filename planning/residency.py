@@ -1,15 +1,19 @@
 """Which on-demand models may be resident together (``models.<key>.on_demand``): planned from
-memory, never guessed as a count. llama.cpp's router bounds residency only by a count
-(--models-max) and evicts the least recently used idle model, whichever it is: b10729 has no pin
-(common/arg.cpp: the option is commented out), and a model loaded at start has the oldest use, so it
-is the first evicted (server-models.cpp pick_victim; measured on a GPU: the 'pinned' model went and
-the two largest stayed). So the planner renders the count that makes an out-of-memory load
-impossible whatever the runtime evicts: the largest N such that ANY N of the models fit what the
-node gives the router, in system RAM and on its GPU. No model is assumed resident; a pinned model
-is only loaded at start."""
+memory, and held to it at run time by the admission proxy in the router's pod (components/admission).
+
+llama.cpp's router bounds residency only by a count (--models-max) and evicts the least recently
+used idle model, whichever it is (b10729 has no pin: common/arg.cpp; measured on a GPU: the model
+loaded at start went first and the two largest stayed). A count that is safe for every set leaves a
+card of mixed sizes half empty (the shipped library: any 2 of 5, a full set 58-99 % of the card). So
+the router's count is the number of its models (it never evicts on its own), and the proxy admits a
+model only when the planned memory of what stays resident plus it fits the budget, unloading the
+least recently used idle models first and never a pinned one. The plan checks every set the proxy
+can reach: each is within the budget by construction; each model fits beside the pinned ones, or it
+is refused; the pod's memory limit is the largest such set's."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -25,6 +29,9 @@ ROUTER_HOST_GIB = 0.25
 # The router pod's keeper sidecar (components/prefetch): its memory request, taken from the node's
 # RAM before the models' residency is planned.
 KEEPER_MEMORY_REQUEST = Quantity("64Mi")
+# The admission proxy beside it (components/admission): ~20 MiB of Python and the request bodies it holds
+# while a model is admitted (each at most 32 MiB).
+ADMISSION_MEMORY_REQUEST = Quantity("64Mi")
 
 
 @dataclass(frozen=True)
@@ -44,31 +51,63 @@ class ResidentModel:
 
 @dataclass(frozen=True)
 class Residency:
-    max_loaded: int
+    cap: Optional[int]  # on_demand.max_loaded: at most this many resident; None: as many as fit
     ram_budget_gib: float
     vram_budget_gib: Optional[float]
     models: tuple[ResidentModel, ...] = field(default_factory=tuple)
 
+    def within(self, resident) -> bool:
+        """What the admission proxy checks before a model loads: the set's RAM (as the pod's limit, a
+        whole GiB) and its VRAM within the budgets, and no more models than the cap."""
+        vram = sum(m.vram_gib for m in resident)
+        return (limit_gib(list(resident)) <= self.ram_budget_gib + 1e-9
+                and (self.vram_budget_gib is None or vram <= self.vram_budget_gib + 1e-9)
+                and (self.cap is None or len(resident) <= self.cap))
+
+    def reachable(self) -> list[tuple[ResidentModel, ...]]:
+        """Every set of models the proxy can leave resident: the pinned ones (loaded at start, never
+        unloaded to make room) and any others, within the budgets."""
+        pinned = tuple(m for m in self.models if m.pinned)
+        others = [m for m in self.models if not m.pinned]
+        return [pinned + extra for count in range(len(others) + 1)
+                for extra in itertools.combinations(others, count) if self.within(pinned + extra)]
+
+    def full(self) -> list[tuple[ResidentModel, ...]]:
+        """The reachable sets beside which no other model fits: where a request for another model
+        unloads one first."""
+        return [s for s in self.reachable() if not any(self.within(s + (m,)) for m in self.models if m not in s)]
+
     def worst(self) -> list[ResidentModel]:
-        """The resident set that holds the most system RAM: the largest N models."""
-        return _largest(self.models, self.max_loaded, lambda m: m.ram_gib)
+        """The reachable set that holds the most system RAM: what the pod's memory limit is sized for."""
+        return list(max(self.reachable(), key=lambda s: (sum(m.ram_gib for m in s), len(s))))
 
     def worst_vram(self) -> list[ResidentModel]:
-        return _largest(self.models, self.max_loaded, lambda m: m.vram_gib)
+        return list(max(self.reachable(), key=lambda s: (sum(m.vram_gib for m in s), len(s))))
+
+    @property
+    def most_resident(self) -> int:
+        return max(len(s) for s in self.reachable())
 
     def fill(self) -> dict[str, float]:
         """The share of the budget (VRAM where the models use a card, else RAM) that a full resident set
-        holds: the smallest max_loaded models (worst), the average over every such set (typical), the
-        largest (best: never above 1, the plan's guarantee)."""
-        sizes = sorted((m.vram_gib if self.vram_budget_gib is not None else m.ram_gib) for m in self.models)
-        budget = self.vram_budget_gib if self.vram_budget_gib is not None else self.ram_budget_gib
-        count = min(self.max_loaded, len(sizes))
-        return {"worst": sum(sizes[:count]) / budget, "typical": count * sum(sizes) / len(sizes) / budget,
-                "best": sum(sizes[-count:]) / budget}
+        holds, over every full set the proxy can reach: the emptiest (worst), their mean (typical), the
+        fullest (best: never above 1, the plan's guarantee)."""
+        on_card = self.vram_budget_gib is not None
+        budget = self.vram_budget_gib if on_card else self.ram_budget_gib
+        shares = [sum(m.vram_gib if on_card else m.ram_gib for m in s) / budget for s in self.full()]
+        return {"worst": min(shares), "typical": sum(shares) / len(shares), "best": max(shares)}
+
+    def admission_plan(self, ram_limit_gib: int) -> dict:
+        """What the admission proxy holds the router to (components/admission/proxy.py reads it)."""
+        return {"vram_budget_gib": self.vram_budget_gib, "ram_limit_gib": ram_limit_gib, "host_gib": ROUTER_HOST_GIB,
+                "max_loaded": self.cap,
+                "models": {m.name: {"vram_gib": m.vram_gib, "ram_gib": m.ram_gib, "pinned": m.pinned} for m in self.models}}
 
     def to_dict(self) -> dict:
         return {
-            "max_loaded": self.max_loaded,
+            "admission": "memory",
+            "max_loaded": self.cap,
+            "most_resident": self.most_resident,
             "fill": self.fill(),
             "ram_budget_gib": self.ram_budget_gib,
             "vram_budget_gib": self.vram_budget_gib,
@@ -78,53 +117,34 @@ class Residency:
         }
 
 
-def _largest(models, count: int, size) -> list[ResidentModel]:
-    return sorted(models, key=lambda m: (-size(m), m.name))[:count]
-
-
-def plan_residency(path: str, wanted: Optional[int], models: list[ResidentModel], ram_budget_gib: float,
+def plan_residency(path: str, cap: Optional[int], models: list[ResidentModel], ram_budget_gib: float,
                    vram_budget_gib: Optional[float], others: str) -> tuple[Optional[Residency], list[Problem]]:
-    """The largest safe --models-max, or the problems that make every count unsafe. ``path``: the
-    server's on_demand block; ``wanted``: the max_loaded it asks for (None: planned). ``others`` says
-    what else the budgets were reduced by, for the messages."""
-
-    def within(ram_set: list[ResidentModel], vram_set: list[ResidentModel]) -> bool:
-        # RAM as the pod's limit, rounded up to a whole GiB: what the node must give.
-        vram = sum(m.vram_gib for m in vram_set)
-        return limit_gib(ram_set) <= ram_budget_gib + 1e-9 and (vram_budget_gib is None or vram <= vram_budget_gib + 1e-9)
-
-    def fits(count: int) -> bool:
-        return within(_largest(models, count, lambda m: m.ram_gib), _largest(models, count, lambda m: m.vram_gib))
-
+    """The residency the admission proxy will hold, or the problems that make a model unloadable.
+    ``path``: the server's on_demand block; ``cap``: the max_loaded it asks for (None: as many as fit).
+    ``others`` says what else the budgets were reduced by, for the messages."""
+    residency = Residency(cap=cap, ram_budget_gib=ram_budget_gib, vram_budget_gib=vram_budget_gib, models=tuple(models))
+    pinned = [m for m in models if m.pinned]
+    if cap is not None and len(pinned) > cap:
+        return None, [(f"{path}.models", f"{len(pinned)} models are pinned (loaded at start and kept: "
+                       f"{', '.join(m.name for m in pinned)}) but max_loaded is {cap}; pin at most {cap} or raise max_loaded")]
+    if not residency.within(pinned):
+        return None, [(f"{path}.models", f"the pinned models {', '.join(m.name for m in pinned)} (loaded at start and kept) "
+                       f"need {sum(m.ram_gib for m in pinned) + ROUTER_HOST_GIB:.1f} GiB of RAM and "
+                       f"{sum(m.vram_gib for m in pinned):.1f} GiB of VRAM together, the router has "
+                       f"{_budget(ram_budget_gib, vram_budget_gib)}{others}; pin fewer")]
     problems: list[Problem] = []
-    # Each model must fit alone: otherwise a request for it can never be served.
+    # Each model must fit beside the pinned ones: otherwise a request for it can never be served.
     for m in models:
-        if not within([m], [m]):
-            problems.append((f"{path}.models.{m.name}", f"can never be loaded: it needs {m.ram_gib:.1f} GiB of RAM "
-                             f"and {m.vram_gib:.1f} GiB of VRAM ({_needs(m)}), the router has "
-                             f"{_budget(ram_budget_gib, vram_budget_gib)}{others}; use a smaller quant or ctx_size, fewer "
-                             "gpu_layers or more cpu_moe_layers, or remove it"))
+        if m.pinned or residency.within(pinned + [m]):
+            continue
+        beside = f" beside the pinned {', '.join(p.name for p in pinned)}" if pinned else ""
+        problems.append((f"{path}.models.{m.name}", f"can never be loaded{beside}: it needs {m.ram_gib:.1f} GiB of RAM "
+                         f"and {m.vram_gib:.1f} GiB of VRAM ({_needs(m)}), the router has "
+                         f"{_budget(ram_budget_gib, vram_budget_gib)}{others}; use a smaller quant or ctx_size, fewer "
+                         f"gpu_layers or more cpu_moe_layers, {'pin fewer models, ' if pinned else ''}or remove it"))
     if problems:
         return None, problems
-    safe = 1
-    while safe < len(models) and fits(safe + 1):
-        safe += 1
-    pinned = [m.name for m in models if m.pinned]
-    if len(pinned) > (wanted or safe):
-        # Loaded at start one after another: past the limit the router evicts the first again.
-        problems.append((f"{path}.models", f"{len(pinned)} models are pinned (loaded at start: {', '.join(pinned)}) but "
-                         f"only {wanted or safe} may be resident at once; pin at most {wanted or safe}"))
-        return None, problems
-    if wanted is not None and wanted > safe:
-        by_ram = _largest(models, wanted, lambda m: m.ram_gib)
-        # The set that breaks a budget: the VRAM-largest one when the RAM-largest fits.
-        largest = by_ram if limit_gib(by_ram) > ram_budget_gib + 1e-9 else _largest(models, wanted, lambda m: m.vram_gib)
-        return None, [(f"{path}.max_loaded", f"{wanted} is not safe: {', '.join(m.name for m in largest)} loaded together "
-                       f"need {sum(m.ram_gib for m in largest) + ROUTER_HOST_GIB:.1f} GiB of RAM and "
-                       f"{sum(m.vram_gib for m in largest):.1f} GiB of VRAM, the router has "
-                       f"{_budget(ram_budget_gib, vram_budget_gib)}{others}; remove it (planned: {safe})")]
-    return Residency(max_loaded=wanted or safe, ram_budget_gib=ram_budget_gib, vram_budget_gib=vram_budget_gib,
-                     models=tuple(models)), []
+    return residency, []
 
 
 def _budget(ram: float, vram: Optional[float]) -> str:

@@ -170,7 +170,11 @@ def model_server_budgets(props: Props, report: Report, config: Mapping) -> None:
             f"cold start of {cold_start} s: the pod would be killed while it downloads"
         )
     health = annotations.get(HEALTH_ANNOTATION)
-    readiness = ((server.get("readinessProbe") or {}).get("httpGet") or {}).get("path")
+    # The readiness the Service sees: the container holding the port it targets (a proxy in front of
+    # the server answers the server's health through it).
+    front = next((c for c in spec.get("containers") or [] if any(p.get("name") == "http" for p in c.get("ports") or [])),
+                 server)
+    readiness = ((front.get("readinessProbe") or {}).get("httpGet") or {}).get("path")
     if readiness is None:
         report("no HTTP readiness probe")
     elif health is not None and readiness != health:

@@ -169,9 +169,12 @@ def residency_lines(server: dict) -> list[str]:
     models, fill = residency["models"], residency["fill"]
     on_card = residency["vram_budget_gib"] is not None
     budget = residency["vram_budget_gib"] if on_card else residency["ram_budget_gib"]
-    lines = [f"  models on demand, {server['name']}: any {residency['max_loaded']} of {len(models)} resident (none "
-             f"assumed: llama.cpp's router evicts the least recently used); a full set holds {fill['worst']:.0%}-"
-             f"{fill['best']:.0%} of the {budget:.1f} GiB {'VRAM' if on_card else 'RAM'} budget (typical {fill['typical']:.0%})"]
+    pinned = [name for name, m in models.items() if m["pinned"]]
+    cap = f", at most {residency['max_loaded']}" if residency["max_loaded"] is not None else ""
+    lines = [f"  models on demand, {server['name']}: loaded while they fit the {budget:.1f} GiB {'VRAM' if on_card else 'RAM'} "
+             f"budget (up to {residency['most_resident']} of {len(models)} at once{cap}); to load another, the admission "
+             f"proxy unloads the least recently used idle model{', never ' + ', '.join(pinned) + ' (pinned)' if pinned else ''}; "
+             f"a full set holds {fill['worst']:.0%}-{fill['best']:.0%} of the budget (typical {fill['typical']:.0%})"]
     header = ["model", "VRAM" if on_card else "RAM", "RAM", "swap warm/cold", "decode ~ empty/half/full ctx"]
     rows = [[name + (" (vision)" if m.get("multimodal") else ""), f"{m['vram_gib' if on_card else 'ram_gib']:.1f}", f"{m['ram_gib']:.1f}",
              f"{m['swap_seconds']['warm']:g}/{m['swap_seconds']['cold']:g} s",

@@ -107,14 +107,15 @@ def library_container(model: ModelServer, library: Library, cache: ModelCacheCon
     }
 
 
-def library_keeper(model: ModelServer, library: Library, cache: ModelCacheConfig, file_mounts: list[dict]) -> dict:
+def library_keeper(model: ModelServer, library: Library, cache: ModelCacheConfig, file_mounts: list[dict],
+                   server_port: int) -> dict:
     """A router's sidecar (library_download.py, keeper mode): applies a changed library or preset without a
     restart: fetches new models, removes dropped ones, then has the router re-read its preset."""
     credentials = engine_of(model).credentials(model)
     env = _library_env(library, cache) + [
         {"name": "KEEP_SECONDS", "value": str(KEEP_SECONDS)},
-        # Over the pod's loopback: the server's own port, with its own key.
-        {"name": "RELOAD_URL", "value": f"http://127.0.0.1:{model.port}{library.reload_path}"},
+        # Over the pod's loopback: the server itself (behind any admission proxy), with its own key.
+        {"name": "RELOAD_URL", "value": f"http://127.0.0.1:{server_port}{library.reload_path}"},
     ]
     mounts = [{"name": "models", "mountPath": cache.mount_path}, *file_mounts, SCRATCH_VOLUME]
     if model.api_key is not None and credentials is not None:
