@@ -122,7 +122,7 @@ class ModelServerBase(pulumi.ComponentResource):
             )
 
         self.config_files = None
-        files = engine.config_files(model)
+        files = engine.config_files(model, args.plan)
         template_meta: dict = {"labels": labels(model.name, component)}
         if files:
             # A router's preset and library: applied in place by its keeper (fetch, then the router's

@@ -171,7 +171,8 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
     admission = engine.admission(model, plan)
     if admission is not None:
         # The pod's port answers through the proxy: the server's readiness, as the Service sees it.
-        spec["containers"].append(admission_container(model, admission, server_probes(_probe, engine.health_path(model), plan)))
+        spec["containers"].append(admission_container(model, admission, server_probes(_probe, engine.health_path(model), plan),
+                                                      files_mounts(files)))
     library = engine.library(model, cache.mount_path)
     if model.prefetch is not None:
         spec["initContainers"] = [prefetch_container(model, cache)]

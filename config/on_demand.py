@@ -12,6 +12,9 @@ from .defaults import PREFETCH_IMAGE
 from .model_settings import ModelOverrides
 from .values import HfRepo, PinnedImage, Strict, doc
 
+# The most models one router serves: the plan checks every set of them that can be resident (2^16).
+MAX_MODELS = 16
+
 # A public model name: what a client sends as "model" and the router's preset section.
 ModelName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[a-z0-9][a-z0-9._-]*$")]
 
@@ -31,11 +34,10 @@ class OnDemandModel(ModelOverrides):
 class OnDemand(Strict):
     """Several models behind one server, loaded on request (llama.cpp's router)."""
 
-    # At most 16: the plan checks every set of them that can be resident (2^16 sets).
-    models: Annotated[dict[ModelName, OnDemandModel], Field(min_length=2, max_length=16)] = doc(
-        "The models, by the name clients send as \"model\" (2 to 16; more: a second server)."
+    models: Annotated[dict[ModelName, OnDemandModel], Field(min_length=2, max_length=MAX_MODELS)] = doc(
+        f"The models, by the name clients send as \"model\" (2 to {MAX_MODELS}; more: a second server)."
     )
-    max_loaded: Optional[Annotated[int, Field(ge=1, le=16)]] = doc(
+    max_loaded: Optional[Annotated[int, Field(ge=1, le=MAX_MODELS)]] = doc(
         "At most this many models resident at once, whatever fits; null: as many as fit. Which fit is decided "
         "by memory: the admission proxy in the pod loads a model only when the plan's memory of the resident "
         "models and it fits what the node and its GPU leave the server, unloading the least recently used idle "

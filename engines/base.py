@@ -49,7 +49,8 @@ class Admission:
     the server itself only on the pod's loopback at ``server_port``."""
 
     server_port: int
-    plan: Mapping  # what the proxy holds the server to (JSON: budgets, each model's planned memory)
+    plan_file: str  # what the proxy holds the server to (JSON: budgets, each model's planned memory), one of
+    # the engine's config files: a model added or removed changes the file, not the pod
     image: str  # needs python3; nothing is installed
 
 
@@ -109,8 +110,9 @@ class Engine(ABC):
         """The admission proxy in front of the server, if it has one."""
         return None
 
-    def config_files(self, model: "ModelServer") -> dict[str, dict[str, str]]:
-        """Files the server reads, by mount folder: {file name: content}, mounted from a ConfigMap."""
+    def config_files(self, model: "ModelServer", plan: Optional["ServerPlan"] = None) -> dict[str, dict[str, str]]:
+        """Files the server reads, by mount folder: {file name: content}, mounted from a ConfigMap; those
+        written from the plan only when it is given."""
         return {}
 
     @abstractmethod

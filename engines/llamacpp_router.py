@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Optional
 
 from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, ROUTER_CLIENT_PATHS, ROUTER_PRESET_FLAG, SCRATCH
 from common.quantity import gib
+from config.on_demand import MAX_MODELS
 from planning.catalog import facts_for
 from planning.memory import OnRequest, OnRequestModel
 
@@ -62,6 +63,8 @@ SERVED_PRESET_PATH = f"{SCRATCH}/llama-router/{PRESET_FILE}"
 # Beside it, the models to fetch (name -> org/repo:TAG), read by the init container and the keeper.
 LIBRARY_FILE = "library.json"
 LIBRARY_PATH = f"{PRESET_DIR}/{LIBRARY_FILE}"
+# And what the admission proxy holds the router to (planning/residency.py Residency.admission_plan).
+ADMISSION_FILE = "admission.json"
 
 # The router's models, one subfolder per public name, inside the cache volume (beside the hub
 # layout the blobs live in): filled before the router starts (components/prefetch, library mode).
@@ -148,9 +151,11 @@ def router_port(model: "ModelServer") -> int:
 
 
 def router_args(model: "ModelServer") -> list[str]:
-    """The router's command line: what every child shares, the preset, and a count that never evicts
-    (every model may be resident as far as the router goes; the admission proxy holds it to memory)."""
-    args = [ROUTER_PRESET_FLAG, SERVED_PRESET_PATH, "--models-max", str(len(model.on_demand.models))]
+    """The router's command line: what every child shares, the preset, and a count no library reaches (the
+    router never evicts; the admission proxy holds it to memory). A constant, so a model added restarts
+    nothing; not 0 ("no limit" when evicting), which b10729 refuses at start beside a load-on-startup model
+    ("number of models to load on startup (1) exceeds models_max (0)", seen running it)."""
+    args = [ROUTER_PRESET_FLAG, SERVED_PRESET_PATH, "--models-max", str(MAX_MODELS)]
     if model.on_demand.idle_unload_seconds is not None:
         args += ["--sleep-idle-seconds", str(model.on_demand.idle_unload_seconds)]
     shared = shared_flags(model, key_file(model))
@@ -214,17 +219,21 @@ class LlamaCppRouter(Engine):
         """The memory-aware admission the plan's residency is held to at run time (planning/residency.py)."""
         if plan.residency is None:
             raise ValueError(f"{model.name}: a router's residency is planned from memory before the pod is built")
-        return Admission(server_port=router_port(model),
-                         plan={**plan.residency.admission_plan(math.ceil(gib(plan.memory_limit) - 1e-9)),
-                               "allowed_paths": list(ROUTER_CLIENT_PATHS)},
+        return Admission(server_port=router_port(model), plan_file=f"{PRESET_DIR}/{ADMISSION_FILE}",
                          image=model.on_demand.downloader_image)
 
     def env(self, model: "ModelServer") -> list[dict]:
         return []
 
-    def config_files(self, model: "ModelServer") -> dict[str, dict[str, str]]:
-        """The preset and the list its init container and keeper fetch, mounted from a ConfigMap."""
-        return {PRESET_DIR: {PRESET_FILE: preset_ini(model, CHILD.args), LIBRARY_FILE: library_json(model)}}
+    def config_files(self, model: "ModelServer", plan: Optional["ServerPlan"] = None) -> dict[str, dict[str, str]]:
+        """The preset and the list its init container and keeper fetch, and the admission proxy's plan,
+        mounted from a ConfigMap (each applied in place: the proxy re-reads its plan when it changes)."""
+        files = {PRESET_FILE: preset_ini(model, CHILD.args), LIBRARY_FILE: library_json(model)}
+        if plan is not None and plan.residency is not None:
+            admission = {**plan.residency.admission_plan(math.ceil(gib(plan.memory_limit) - 1e-9)),
+                         "allowed_paths": list(ROUTER_CLIENT_PATHS)}
+            files[ADMISSION_FILE] = json.dumps(admission, indent=2, sort_keys=True) + "\n"
+        return {PRESET_DIR: files}
 
     def library(self, model: "ModelServer", mount_path: str) -> Optional[Library]:
         # GET /models?reload=1 re-reads the preset and keeps unchanged children (server-models.cpp:1963-1967).

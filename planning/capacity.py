@@ -196,6 +196,12 @@ def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", estimate:
     )
 
 
+def _hundredths(value: float) -> float:
+    """Up to the next 0.01 GiB: the figures the plan checks, the summary prints and the admission proxy
+    sums are then the same numbers."""
+    return math.ceil(value * 100 - 1e-9) / 100
+
+
 def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_request: OnRequest,
                  planned: dict[str, ServerPlan]) -> tuple[Optional[ServerPlan], list[Problem]]:
     """A server of models loaded on request: each model planned as the single-model server it runs
@@ -206,8 +212,8 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
         # Each model as the single-model server it runs as: its engine's estimate, with a limit's headroom.
         estimate = entry.estimate
         resident.append(ResidentModel(
-            name=entry.name, pinned=entry.pinned, ram_gib=estimate.memory.total_gib * (1 + LIMIT_HEADROOM),
-            vram_gib=estimate.vram.total_gib if estimate.vram is not None else 0.0, weights_gib=gib(estimate.weights),
+            name=entry.name, pinned=entry.pinned, ram_gib=_hundredths(estimate.memory.total_gib * (1 + LIMIT_HEADROOM)),
+            vram_gib=_hundredths(estimate.vram.total_gib) if estimate.vram is not None else 0.0, weights_gib=gib(estimate.weights),
             swap_seconds=swap_seconds(estimate.weights, estimate.vram.weights_gib if estimate.vram is not None else 0.0,
                                       stack.startup),
             decode_predicted_tok_s=estimate.decode_predicted_tok_s, estimate=estimate.memory, vram=estimate.vram,

@@ -48,7 +48,8 @@ def token_holders(result) -> dict[str, bool]:
 
 def test_the_token_reaches_the_downloaders_only(tmp_path):
     library = token_holders(render_with_token(tmp_path / "a", "rtx3090-library"))
-    assert library == {"llama-library/prefetch": True, "llama-library/llama-library": False, "llama-library/library": True}
+    assert library == {"llama-library/prefetch": True, "llama-library/llama-library": False, "llama-library/library": True,
+                       "llama-library/admission": False}
     # llama.cpp single-model servers download themselves (--hf-repo reads HF_TOKEN).
     assert token_holders(render_with_token(tmp_path / "b", "rtx3060")) == {
         "llama-chat/llama-chat": True, "llama-embed/llama-embed": True}

@@ -10,6 +10,7 @@ import copy
 import pytest
 import yaml
 
+from common.errors import ConfigError
 from render.output import RenderError
 from test_k3s_defaults import MINIMAL, reach_section, render
 
@@ -174,17 +175,21 @@ def test_a_script_piped_into_a_shell_at_start_is_a_runtime_install():
 
 
 def test_one_repo_under_many_router_names_is_one_download():
-    """100 names for one repo (different settings each) need its weights once on the shared cache."""
+    """16 names (the most a router takes: the plan checks every set of them) for one repo, different
+    settings each, need its weights once on the shared cache; a 17th is refused by the config."""
     from conftest import plain_values
     from plane import parse_stack, plan_capacity
 
     values = plain_values("rtx3090-library")
     library = values["models"]["library"]
     library["on_demand"]["models"] = {f"qwen-{i}": {"hf_repo": "Qwen/Qwen3-8B-GGUF:Q4_K_M", "ctx_size": 4096 + 64 * i}
-                                      for i in range(100)}
+                                      for i in range(16)}
     values["gateway"] = None
     plan = plan_capacity(parse_stack(values))
     assert plan.servers["library"].weights == "4.7Gi"
+    library["on_demand"]["models"]["qwen-16"] = {"hf_repo": "Qwen/Qwen3-8B-GGUF:Q4_K_M"}
+    with pytest.raises(ConfigError, match=r"models\.library\.on_demand\.models: Dictionary should have at most 16 items"):
+        parse_stack(values)
 
 
 def test_a_kubernetes_version_without_schemas_names_the_setting(tmp_path):

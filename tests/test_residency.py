@@ -37,25 +37,54 @@ def rendered(c: dict):
     return run, deployment, config_map
 
 
-def test_the_rendered_limit_is_the_largest_count_any_set_of_which_fits_the_card():
-    """No model is assumed resident (b10729 has no pin; its LRU evicts the model loaded at start
-    first): every set of `limit` models the router can reach fits the card and the pod's RAM."""
-    run, deployment, _ = rendered(config())
-    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    limit = int(args[args.index("--models-max") + 1])
+def reachable_sets(models: dict, budget: float, ram_limit: float, cap=None) -> list[tuple[str, ...]]:
+    """Every set of model names the admission proxy can leave resident, counted here from the plan's
+    figures: the pinned models and any others whose VRAM fits the budget and RAM the pod's limit."""
+    pinned = tuple(n for n, m in models.items() if m["pinned"])
+    others = [n for n in models if n not in pinned]
+    found = []
+    for count in range(len(others) + 1):
+        for extra in itertools.combinations(others, count):
+            names = pinned + extra
+            if (sum(models[n]["vram_gib"] for n in names) <= budget
+                    and sum(models[n]["ram_gib"] for n in names) + 0.25 <= ram_limit and (cap is None or len(names) <= cap)):
+                found.append(names)
+    return found
+
+
+def test_the_proxy_holds_the_router_to_the_plan_and_every_set_it_can_reach_fits():
+    """The router never evicts (its count is above any library's) and listens only on the loopback; the admission proxy,
+    on the port the Service targets, reads the plan's own figures from the ConfigMap; every set it can
+    reach holds the pinned model, fits the card and the pod's memory limit, and the fullest need not be
+    a count: three of the five fit together."""
+    run, deployment, config_map = rendered(config())
+    pod = deployment["spec"]["template"]["spec"]
+    router, proxy = pod["containers"][0], next(c for c in pod["containers"] if c["name"] == "admission")
+    args = router["args"]
+    assert int(args[args.index("--models-max") + 1]) >= 16  # any library: on_demand.models holds at most 16
+    assert args[args.index("--host") + 1] == "127.0.0.1" and "ports" not in router
+    router_port = int(args[args.index("--port") + 1])
+    env = {e["name"]: e.get("value") for e in proxy["env"]}
+    assert env["ROUTER_URL"] == f"http://127.0.0.1:{router_port}"
+    assert proxy["ports"] == [{"name": "http", "containerPort": int(env["LISTEN_PORT"]), "protocol": "TCP"}]
+    (service,) = [m for m in manifests(run).values() if m["kind"] == "Service"]
+    assert service["spec"]["ports"][0]["targetPort"] in ("http", int(env["LISTEN_PORT"]))
+    folder, file_name = env["ADMISSION_PLAN_FILE"].rsplit("/", 1)
+    assert any(m["mountPath"] == folder for m in proxy["volumeMounts"])
+    admission = json.loads(config_map["data"][file_name])
     plan = run.outputs["capacity_plan"]["servers"]["library"]["residency"]
     card = 24 - 1  # the pool's 24 GiB less llama.cpp's 1 GiB free per GPU
-    assert plan["max_loaded"] == limit == 2 and plan["vram_budget_gib"] == card
-    models = plan["models"]
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    memory_limit = float(container["resources"]["limits"]["memory"].removesuffix("Gi"))
-    for resident in itertools.combinations(models.values(), limit):
-        assert sum(m["vram_gib"] for m in resident) <= card
-        assert sum(m["ram_gib"] for m in resident) <= memory_limit
-    # ...and one more could not: the limit is the largest safe one.
-    assert any(sum(m["vram_gib"] for m in more) > card for more in itertools.combinations(models.values(), limit + 1))
-    # The swap cost and the speed of each model are in the plan.
-    for m in models.values():
+    memory_limit = gib(router["resources"]["limits"]["memory"])
+    assert admission["vram_budget_gib"] == plan["vram_budget_gib"] == card
+    assert admission["ram_limit_gib"] == memory_limit
+    assert {n: (m["vram_gib"], m["ram_gib"], m["pinned"]) for n, m in admission["models"].items()} == {
+        n: (m["vram_gib"], m["ram_gib"], m["pinned"]) for n, m in plan["models"].items()}
+    sets = reachable_sets(plan["models"], card, memory_limit)
+    assert all("qwen3-8b" in s for s in sets)
+    assert max(len(s) for s in sets) == plan["most_resident"] == 3
+    # The pod's limit is the largest set's, not more: one GiB less would not hold it.
+    assert max(sum(plan["models"][n]["ram_gib"] for n in s) + 0.25 for s in sets) > memory_limit - 1
+    for m in plan["models"].values():
         assert 0 < m["swap_seconds"]["warm"] <= m["swap_seconds"]["cold"] and m["decode_predicted_tok_s"]["half"] > 0
 
 
@@ -107,32 +136,46 @@ def keys_of(args: list[str]) -> set[str]:
     return {a for a in args if a.startswith("--")}
 
 
-def test_a_limit_above_the_safe_one_is_refused():
+def test_max_loaded_caps_the_sets_the_proxy_can_reach():
     c = config()
-    library(c)["on_demand"]["max_loaded"] = 3
-    with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.max_loaded: 3 is not safe: qwen3-30b-a3b, "
-                       r"qwen3-14b, gemma-3-12b loaded together need .* GiB of RAM and 3\d.\d GiB of VRAM, the router has "
-                       r"59.9 GiB of RAM and 23.0 GiB of VRAM; remove it \(planned: 2\)"):
-        run_stack_file(STACK, c, SECRETS)
+    library(c)["on_demand"]["max_loaded"] = 2
+    run, _, config_map = rendered(c)
+    plan = run.outputs["capacity_plan"]["servers"]["library"]["residency"]
+    assert plan["max_loaded"] == plan["most_resident"] == 2
+    assert json.loads(config_map["data"]["admission.json"])["max_loaded"] == 2
 
 
 def test_a_model_that_can_never_load_is_refused_by_name():
     c = config()
     del library(c)["on_demand"]["models"]["qwen3-30b-a3b"]["cpu_moe_layers"]
     c["inference-plane:node_pools"]["rtx3090"]["vram"] = "16Gi"
+    library(c)["on_demand"]["models"]["qwen3-8b"]["pinned"] = False
     with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.models.qwen3-30b-a3b: can never be loaded: "
                        r"it needs .* and 18.9 GiB of VRAM .* the router has 59.9 GiB of RAM and 15.0 GiB of VRAM; .*more "
                        r"cpu_moe_layers"):
         run_stack_file(STACK, c, SECRETS)
 
 
-def test_more_pinned_models_than_may_be_resident_are_refused():
-    """Each is loaded at start; past the limit the router would evict the first again."""
+def test_pinned_models_that_do_not_fit_together_or_leave_no_room_are_refused():
+    """A pinned model is kept (the proxy never unloads it): the pinned ones must fit together, and every
+    other model beside them; more pinned than max_loaded is refused too."""
     c = config()
     for name in ("qwen3-14b", "qwen3-30b-a3b"):
         library(c)["on_demand"]["models"][name]["pinned"] = True
-    with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.models: 3 models are pinned \(loaded at start: "
-                       r"qwen3-8b, qwen3-14b, qwen3-30b-a3b\) but only 2 may be resident at once; pin at most 2"):
+    with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.models: the pinned models qwen3-8b, qwen3-14b, "
+                       r"qwen3-30b-a3b \(loaded at start and kept\) need .* GiB of RAM and 29.6 GiB of VRAM together, the "
+                       r"router has 59.9 GiB of RAM and 23.0 GiB of VRAM; pin fewer"):
+        run_stack_file(STACK, c, SECRETS)
+    c = config()
+    library(c)["on_demand"]["models"]["qwen3-14b"]["pinned"] = True
+    with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.models.qwen3-30b-a3b: can never be loaded beside "
+                       r"the pinned qwen3-8b, qwen3-14b: .*pin fewer models, or remove it"):
+        run_stack_file(STACK, c, SECRETS)
+    c = config()
+    library(c)["on_demand"]["models"]["llama-3.1-8b"]["pinned"] = True
+    library(c)["on_demand"]["max_loaded"] = 1
+    with pytest.raises(pulumi.RunError, match=r"models.library.on_demand.models: 2 models are pinned \(loaded at start and "
+                       r"kept: qwen3-8b, llama-3.1-8b\) but max_loaded is 1; pin at most 1 or raise max_loaded"):
         run_stack_file(STACK, c, SECRETS)
 
 
@@ -147,28 +190,33 @@ def test_more_room_allows_more_resident_models():
     c = config()
     pool = c["inference-plane:node_pools"]["rtx3090"]
     pool["vram"] = "48Gi"
-    run, deployment, _ = rendered(c)
-    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert int(args[args.index("--models-max") + 1]) > 2
-    assert run.outputs["capacity_plan"]["servers"]["library"]["residency"]["vram_budget_gib"] == 47
-
-
-def test_the_fill_of_a_full_resident_set_is_said_from_every_set_the_router_can_reach():
-    """Worst, typical and best share of the VRAM budget over every set of max_loaded models (counted here
-    by enumeration); the best is within the budget, and the render's summary says the same figures."""
-    run, _, _ = rendered(config())
+    run, _, _ = rendered(c)
     plan = run.outputs["capacity_plan"]["servers"]["library"]["residency"]
-    budget, limit = plan["vram_budget_gib"], plan["max_loaded"]
-    shares = [sum(m["vram_gib"] for m in s) / budget for s in itertools.combinations(plan["models"].values(), limit)]
+    assert plan["vram_budget_gib"] == 47 and plan["most_resident"] == 5
+
+
+def test_the_fill_of_a_full_resident_set_is_said_from_every_set_the_proxy_can_reach():
+    """Worst, typical and best share of the VRAM budget over every full set (one beside which no other
+    model fits: where the next request unloads one), counted here by enumeration; the best is within the
+    budget, and the render's summary says the same figures."""
+    run, deployment, _ = rendered(config())
+    plan = run.outputs["capacity_plan"]["servers"]["library"]["residency"]
+    budget, models = plan["vram_budget_gib"], plan["models"]
+    limit = gib(deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"])
+    sets = reachable_sets(models, budget, limit)
+    full = [s for s in sets if not any(set(s) | {n} == set(t) for t in sets for n in models if n not in s)]
+    shares = [sum(models[n]["vram_gib"] for n in s) / budget for s in full]
     assert plan["fill"]["worst"] == pytest.approx(min(shares), abs=0.01)
     assert plan["fill"]["typical"] == pytest.approx(sum(shares) / len(shares), abs=0.01)
     assert plan["fill"]["best"] == pytest.approx(max(shares), abs=0.01) and max(shares) <= 1
+    # The issue's goal for the shipped library: a full set typically uses at least 85 % of the card.
+    assert plan["fill"]["typical"] >= 0.85
     from render.output import residency_lines
 
     (line, *rows) = residency_lines(run.outputs["capacity_plan"]["servers"]["library"])
-    assert (f"any {limit} of 5 resident" in line and f"holds {min(shares):.0%}-{max(shares):.0%} of the 23.0 GiB VRAM "
-            f"budget (typical {sum(shares) / len(shares):.0%})" in line)
-    assert [r.split()[0] for r in rows[1:]] == list(plan["models"])
+    assert ("up to 3 of 5 at once" in line and "never qwen3-8b (pinned)" in line
+            and f"holds {min(shares):.0%}-{max(shares):.0%} of the budget (typical {sum(shares) / len(shares):.0%})" in line)
+    assert [r.split()[0] for r in rows[1:]] == list(models)
 
 
 def test_a_vision_projector_is_counted_where_llama_cpp_loads_it():

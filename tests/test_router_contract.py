@@ -71,7 +71,7 @@ def router_cases() -> list[tuple[str, str, list[str], list[str], str | None]]:
             if "--sleep-idle-seconds" in args:
                 args[args.index("--sleep-idle-seconds") + 1] = IDLE_SECONDS
             # The router never evicts on its own: its count is every model (the admission proxy decides).
-            assert int(args[args.index("--models-max") + 1]) == len(model.on_demand.models)
+            assert int(args[args.index("--models-max") + 1]) >= len(model.on_demand.models)
             found.append((f"{stack}/{key}", "\n".join(lines) + "\n", args, names, TEST_KEY))
     return found
 

@@ -61,7 +61,8 @@ def rendered() -> dict:
     (config_map,) = [m for m in files if m["kind"] == "ConfigMap" and m["metadata"]["name"] == f"{model.name}-files"]
     pod = workload["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
-    container, keeper = pod["containers"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    container, keeper = pod["containers"][0], containers["library"]
     return {"init": init, "container": container, "keeper": keeper, "pod": pod, "files": config_map["data"],
             "init_env": {e["name"]: e["value"] for e in init["env"]},
             "preset": config_map["data"]["models.ini"],

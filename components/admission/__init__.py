@@ -4,7 +4,6 @@ python image): in a router's pod, on the server's port, in front of the router o
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 
 from common.constants import API_KEY_VOLUME
@@ -26,16 +25,16 @@ def proxy_source() -> str:
     return (Path(__file__).parent / "proxy.py").read_text()
 
 
-def admission_container(model: ModelServer, admission: Admission, probes: dict) -> dict:
+def admission_container(model: ModelServer, admission: Admission, probes: dict, file_mounts: list[dict]) -> dict:
     """The proxy, with the probes the server's port is checked by (``probes``: startup and readiness,
     answered through it by the server; liveness asks only whether the proxy accepts connections)."""
     credentials = engine_of(model).credentials(model)
     env = [
-        {"name": "ADMISSION_PLAN", "value": json.dumps(admission.plan, sort_keys=True)},
+        {"name": "ADMISSION_PLAN_FILE", "value": admission.plan_file},
         {"name": "LISTEN_PORT", "value": str(model.port)},
         {"name": "ROUTER_URL", "value": f"http://127.0.0.1:{admission.server_port}"},
     ]
-    mounts = []
+    mounts = list(file_mounts)
     if model.api_key is not None and credentials is not None:
         env.append({"name": "ROUTER_AUTH_FILE", "value": credentials.key_file(model.api_key.secret_key)})
         mounts.append({"name": API_KEY_VOLUME, "mountPath": credentials.mount_dir, "readOnly": True})

@@ -12,15 +12,16 @@ until the planned memory of what stays plus the new model fits the budget, and w
 exit (its memory is free only then). Admission decisions are taken one at a time; a request for a
 resident model goes straight on.
 
-Configuration (environment): ADMISSION_PLAN (JSON: budgets and each model's planned memory, written by
-the capacity plan), LISTEN_PORT, ROUTER_URL (the router on the loopback), ROUTER_AUTH_FILE (its key,
-optional). Each request goes to the router on a connection of its own with `Connection: close`, and
+Configuration (environment): ADMISSION_PLAN_FILE (JSON: budgets, each model's planned memory, the
+client paths; written by the capacity plan into the server's ConfigMap and re-read whenever the kubelet
+updates it, so a model added or removed restarts nothing), LISTEN_PORT, ROUTER_URL (the router on the
+loopback), ROUTER_AUTH_FILE (its key, optional). Each request goes to the router on a connection of its own with `Connection: close`, and
 the answer is relayed byte for byte (streams included) until the router closes it; a client that goes
 away closes the router's connection, which cancels its generation.
 
 It answers two paths itself: GET /metrics without a `model` parameter (residency, evictions, failed
 loads, swap and admission times, in Prometheus' text format; the router's per-model /metrics?model=X
-pass through) and nothing else. Paths outside ALLOWED_PATHS (the router's model management: download,
+pass through) and nothing else. Paths outside the plan's client paths (the router's model management: download,
 load, unload, delete) are refused with 403: model management stays inside the pod.
 """
 
@@ -32,11 +33,10 @@ import sys
 import time
 import urllib.parse
 
-PLAN = json.loads(os.environ.get("ADMISSION_PLAN", "{}"))
 # What the router counts as holding a model (server-models.h is_running()).
 RUNNING = ("loading", "loaded", "sleeping")
-# Client paths (common.constants.ROUTER_CLIENT_PATHS, passed in the plan) and the scrape's.
-ALLOWED_PATHS = frozenset(PLAN.get("allowed_paths", ())) | {"/metrics"}
+# Beside the plan's client paths (common.constants.ROUTER_CLIENT_PATHS): the scrape's.
+SCRAPE_PATH = "/metrics"
 MAX_HEADER_BYTES = 64 * 1024
 # A chat request with a few images inlined as base64 stays far below this.
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -54,44 +54,67 @@ def log(message: str) -> None:
 class Residency:
     """The proxy's view: requests in flight and recency per model, decided one admission at a time."""
 
-    def __init__(self, plan: dict, router: "RouterClient"):
+    def __init__(self, plan_file: str, router: "RouterClient"):
+        self.plan_file = plan_file
+        self.plan_version = None
+        self.router = router
+        self.lock = asyncio.Lock()
+        self.freed = asyncio.Event()
+        self.in_flight: dict = {}
+        self.last_used: dict = {}
+        # Figures for /metrics.
+        self.evictions: dict = {}
+        self.failed_loads: dict = {}
+        self.swaps: dict = {}  # count, seconds: admitted cold until loaded
+        self.waits = [0, 0.0]  # admissions that had to make room: count, seconds
+        self.last_statuses: dict = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Reads the plan when its file changed (the kubelet swaps a ConfigMap's files in place). A model
+        removed keeps its counters while requests for it are in flight."""
+        stat = os.stat(self.plan_file)
+        version = (stat.st_mtime_ns, stat.st_ino, stat.st_size)
+        if version == self.plan_version:
+            return
+        with open(self.plan_file) as f:
+            plan = json.load(f)
+        self.plan_version = version
         self.models = plan["models"]
         self.vram_budget = plan.get("vram_budget_gib")
         self.ram_limit = plan["ram_limit_gib"]
         self.host_gib = plan.get("host_gib", 0.0)
         self.max_loaded = plan.get("max_loaded") or len(self.models)
+        self.allowed_paths = frozenset(plan.get("allowed_paths", ())) | {SCRAPE_PATH}
         self.pinned = {name for name, m in self.models.items() if m.get("pinned")}
-        self.router = router
-        self.in_flight = {name: 0 for name in self.models}
-        self.last_used = {name: 0.0 for name in self.models}
-        self.lock = asyncio.Lock()
-        self.freed = asyncio.Event()
-        # Figures for /metrics.
-        self.evictions = {name: 0 for name in self.models}
-        self.failed_loads = {name: 0 for name in self.models}
-        self.swaps = {name: [0, 0.0] for name in self.models}  # count, seconds: admitted cold until loaded
-        self.waits = [0, 0.0]  # admissions that had to make room: count, seconds
-        self.last_statuses: dict = {}
+        for table, empty in ((self.in_flight, 0), (self.last_used, 0.0), (self.evictions, 0), (self.failed_loads, 0)):
+            for name in self.models:
+                table.setdefault(name, empty)
+        for name in self.models:
+            self.swaps.setdefault(name, [0, 0.0])
+        log(f"plan: {len(self.models)} models, VRAM budget {self.vram_budget} GiB, RAM limit {self.ram_limit} GiB")
 
     def fits(self, names) -> bool:
         names = set(names)
         if len(names) > self.max_loaded:
             return False
-        vram = sum(self.models[n]["vram_gib"] for n in names)
-        ram = sum(self.models[n]["ram_gib"] for n in names) + self.host_gib
+        vram = sum(self.models[n]["vram_gib"] for n in names if n in self.models)
+        ram = sum(self.models[n]["ram_gib"] for n in names if n in self.models) + self.host_gib
         return ((self.vram_budget is None or vram <= self.vram_budget + 1e-9)
                 and math.ceil(ram - 1e-9) <= self.ram_limit)
 
     async def resident(self) -> tuple[set, dict]:
         statuses = await self.router.statuses()
         self.last_statuses = statuses
-        running = {n for n, s in statuses.items() if n in self.models and s in RUNNING}
+        # A model the router runs that the plan no longer lists (removed, not yet unloaded by the keeper)
+        # is an eviction candidate like any other; its memory is no longer planned.
+        running = {n for n, s in statuses.items() if s in RUNNING and n in self.in_flight}
         return running | {n for n, c in self.in_flight.items() if c > 0}, statuses
 
     async def admit(self, name: str) -> None:
         """Returns once ``name`` may go to the router, counted in flight; unloads idle models first if it
         would not fit. Cancelled (the client left) while waiting: nothing is counted."""
-        if self.in_flight[name] > 0:  # resident: its reservation cannot go while a request holds it
+        if self.in_flight.get(name, 0) > 0:  # resident: its reservation cannot go while a request holds it
             self._enter(name)
             return
         started = time.monotonic()
@@ -105,7 +128,7 @@ class Residency:
                 if self.fits(resident | {name}):
                     asyncio.get_running_loop().create_task(self._watch_load(name, started))
                     break
-                victims = sorted((n for n in resident if self.in_flight[n] == 0 and n not in self.pinned),
+                victims = sorted((n for n in resident if self.in_flight.get(n, 0) == 0 and n not in self.pinned),
                                  key=lambda n: (self.last_used[n], n))
                 if victims:
                     made_room = True
@@ -148,7 +171,7 @@ class Residency:
             if time.monotonic() > deadline:
                 raise AdmissionError(503, f"{victim} did not stop within {UNLOAD_SECONDS:.0f} s; try again")
             await asyncio.sleep(POLL_SECONDS)
-        self.evictions[victim] += 1
+        self.evictions[victim] = self.evictions.get(victim, 0) + 1
 
     async def _watch_load(self, name: str, started: float) -> None:
         """Times a cold load (admitted until the router says loaded) and counts a failed one."""
@@ -171,7 +194,7 @@ class Residency:
                 self.failed_loads[name] += 1
                 log(f"{name} failed to load (exit code {status.get('exit_code')})")
                 return
-            elif seen_loading or self.in_flight[name] == 0:
+            elif seen_loading or self.in_flight.get(name, 0) == 0:
                 return
 
     def metrics(self) -> str:
@@ -183,7 +206,8 @@ class Residency:
             lines.append(f"# TYPE inference_plane_router_{name} {kind}")
             for labels, value in samples:
                 label_text = ",".join(f'{k}="{v}"' for k, v in labels.items())
-                lines.append(f"inference_plane_router_{name}{{{label_text}}} {value}")
+                lines.append(f"inference_plane_router_{name}{{{label_text}}} {value}" if label_text
+                             else f"inference_plane_router_{name} {value}")
 
         family("model_resident", "gauge", "1 while the router holds the model (loading, loaded or asleep).",
                [({"model": n}, int(statuses.get(n) in RUNNING)) for n in self.models])
@@ -197,18 +221,22 @@ class Residency:
                [({"model": n}, c) for n, c in self.evictions.items()])
         family("failed_loads_total", "counter", "Loads the router reported failed.",
                [({"model": n}, c) for n, c in self.failed_loads.items()])
-        family("swap_seconds_sum", "counter", "Seconds from admitting a model not resident until it was loaded.",
-               [({"model": n}, round(s[1], 3)) for n, s in self.swaps.items()])
-        family("swap_seconds_count", "counter", "Loads timed in swap_seconds_sum.",
-               [({"model": n}, s[0]) for n, s in self.swaps.items()])
+        lines.append("# HELP inference_plane_router_swap_seconds From admitting a model that was not resident until "
+                     "the router said it was loaded.")
+        lines.append("# TYPE inference_plane_router_swap_seconds summary")
+        for n, (count, seconds) in self.swaps.items():
+            lines.append(f'inference_plane_router_swap_seconds_sum{{model="{n}"}} {round(seconds, 3)}')
+            lines.append(f'inference_plane_router_swap_seconds_count{{model="{n}"}} {count}')
         vram_budget = self.vram_budget if self.vram_budget is not None else 0
         family("vram_budget_bytes", "gauge", "The VRAM the plan gives the router's models (0: none planned on a GPU).",
                [({}, int(vram_budget * 2**30))])
         family("resident_planned_vram_bytes", "gauge", "The plan's VRAM of the resident models, summed.",
                [({}, int(sum(m["vram_gib"] for n, m in self.models.items() if statuses.get(n) in RUNNING) * 2**30))])
-        family("admission_waits_total", "counter", "Requests that waited for room to be made.", [({}, self.waits[0])])
-        family("admission_wait_seconds_total", "counter", "Seconds those requests waited.",
-               [({}, round(self.waits[1], 3))])
+        lines.append("# HELP inference_plane_router_admission_wait_seconds Requests that waited for room to be made, "
+                     "and how long.")
+        lines.append("# TYPE inference_plane_router_admission_wait_seconds summary")
+        lines.append(f"inference_plane_router_admission_wait_seconds_sum {round(self.waits[1], 3)}")
+        lines.append(f"inference_plane_router_admission_wait_seconds_count {self.waits[0]}")
         return "\n".join(lines) + "\n"
 
 
@@ -378,13 +406,14 @@ class Proxy:
         method, target, headers, rest = await read_head(reader)
         body = await read_body(reader, headers, rest)
         path = urllib.parse.urlsplit(target).path
-        if path == "/metrics" and "model=" not in target:
+        self.residency.refresh()
+        if path == SCRAPE_PATH and "model=" not in target:
             await self.residency.resident()
             text = self.residency.metrics().encode()
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: "
                          + str(len(text)).encode() + b"\r\nConnection: close\r\n\r\n" + text)
             return
-        if path not in ALLOWED_PATHS:
+        if path not in self.residency.allowed_paths:
             raise AdmissionError(403, f"{method} {path} is not served here: model management stays inside the pod")
         name = model_of(method, target, body)
         admitted = name if name in self.residency.models else None
@@ -458,7 +487,7 @@ def read_key(path) -> str:
 
 async def main() -> None:
     router_url = os.environ["ROUTER_URL"]
-    residency = Residency(PLAN, RouterClient(router_url, read_key(os.environ.get("ROUTER_AUTH_FILE"))))
+    residency = Residency(os.environ["ADMISSION_PLAN_FILE"], RouterClient(router_url, read_key(os.environ.get("ROUTER_AUTH_FILE"))))
     proxy = Proxy(residency, router_url)
     server = await asyncio.start_server(proxy.handle, os.environ.get("LISTEN_HOST", "0.0.0.0"),
                                         int(os.environ["LISTEN_PORT"]), limit=MAX_HEADER_BYTES)

@@ -1,0 +1,278 @@
+"""The admission proxy (components/admission/proxy.py) in front of the real router (b10729), both run
+from the shipped library stack's rendered pod: the router's container args, the proxy's rendered command
+and the ConfigMap's admission.json. Only what cannot exist here is substituted (tests/contract/router.py):
+each model is a tiny GGUF under its public name, loopback ports, the key file. The plan's figures are the
+real ones (6.6-12.1 GiB per model, a 23 GiB card): what is tested is that the proxy keeps the router's
+resident set within them, whatever the order, concurrency or cancellation of the requests."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tests" / "contract"))
+
+from router import start_router  # noqa: E402
+from server import free_port, request  # noqa: E402
+from test_router_contract import SUBSTITUTED, TEST_KEY, tiny_models  # noqa: E402
+
+STACK, KEY = "rtx3090-library", "library"
+
+
+def rendered() -> dict:
+    from render.manifests import manifests
+    from render.offline import run_stack
+
+    run = run_stack(STACK)
+    model = run.config.models[KEY]
+    files = list(manifests(run).values())
+    (deployment,) = [m for m in files if m["kind"] == "Deployment" and m["metadata"]["name"] == model.workload_name]
+    (config_map,) = [m for m in files if m["kind"] == "ConfigMap" and m["metadata"]["name"] == f"{model.name}-files"]
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    preset = "\n".join(f"{line.split('=')[0].strip()} = {SUBSTITUTED[line.split('=')[0].strip()]}"
+                       if line.split("=")[0].strip() in SUBSTITUTED else line
+                       for line in config_map["data"]["models.ini"].splitlines()) + "\n"
+    return {"router": containers[model.name], "proxy": containers["admission"], "preset": preset,
+            "plan": json.loads(config_map["data"]["admission.json"]), "names": list(model.on_demand.models)}
+
+
+SPEC = rendered()
+
+
+class Plane:
+    """The router and its proxy, as the pod runs them; requests go to the proxy."""
+
+    def __init__(self, router, base: str, proc: subprocess.Popen, log: Path):
+        self.router, self.base, self.proc, self.log = router, base, proc, log
+
+    def chat(self, model: str, max_tokens: int = 4, timeout: float = 120):
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens,
+                "temperature": 0, "top_k": 1, "seed": 0}
+        return request(self.base + "/v1/chat/completions", body, {"Authorization": f"Bearer {TEST_KEY}"}, timeout=timeout)
+
+    def metrics(self) -> dict[str, float]:
+        answer = request(self.base + "/metrics", None, {"Authorization": f"Bearer {TEST_KEY}"})
+        assert answer.status == 200
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in answer.body.decode().splitlines()
+                if line and not line.startswith("#")}
+
+    def planned_vram(self, names) -> float:
+        return sum(SPEC["plan"]["models"][n]["vram_gib"] for n in names)
+
+
+@contextmanager
+def plane(binary, folder, env_extra=None):
+    models = tiny_models(folder, SPEC["names"])
+    with start_router(binary, SPEC["preset"], SPEC["router"]["args"], models, TEST_KEY, env=env_extra) as router:
+        work = router.work
+        plan_file = work / "admission.json"
+        plan_file.write_text(json.dumps(SPEC["plan"]))
+        key_file = work / "api-key"  # start_router's key file
+        port = free_port()
+        env = {e["name"]: e.get("value") for e in SPEC["proxy"]["env"]}
+        env.update({"ADMISSION_PLAN_FILE": str(plan_file), "LISTEN_PORT": str(port), "LISTEN_HOST": "127.0.0.1",
+                    "ROUTER_URL": router.base, "ROUTER_AUTH_FILE": str(key_file), "PATH": os.environ["PATH"]})
+        log = work / "proxy.log"
+        command = [sys.executable if c == "python3" else c for c in SPEC["proxy"]["command"]]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    if request(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
+                        break
+                except OSError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            yield Plane(router, f"http://127.0.0.1:{port}", proc, log)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def gguf_folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("admission-gguf")
+
+
+def watch(p: Plane):
+    """Samples the router's running models every 20 ms; returns (samples, stop)."""
+    samples: list[list[str]] = []
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            samples.append(p.router.running())
+            time.sleep(0.02)
+
+    t = threading.Thread(target=poll)
+    t.start()
+
+    def stop():
+        done.set()
+        t.join()
+    return samples, stop
+
+
+def assert_within_plan(p: Plane, samples):
+    budget = SPEC["plan"]["vram_budget_gib"]
+    assert samples, "the poller never read /models"
+    over = [s for s in samples if p.planned_vram(s) > budget + 1e-9]
+    assert not over, over[:3]
+    pinned = [n for n, m in SPEC["plan"]["models"].items() if m["pinned"]]
+    assert all(set(pinned) <= set(s) for s in samples), "a pinned model was unloaded"
+
+
+def test_requests_in_any_order_keep_the_resident_set_within_the_plan_and_fill_past_a_count(binary, gguf_folder):
+    """40 requests in a seeded random order, one at a time: each answered 200; at no sample does the
+    router hold models whose planned VRAM exceeds the card's budget, and the pinned model never goes;
+    three models are resident at once at some point (a count safe for every set allowed two); every
+    unload is counted under the model unloaded."""
+    rng = random.Random(7)
+    order = [rng.choice(SPEC["names"]) for _ in range(40)]
+    with plane(binary, gguf_folder) as p:
+        p.router.wait_status(next(n for n, m in SPEC["plan"]["models"].items() if m["pinned"]), ("loaded",))
+        samples, stop = watch(p)
+        try:
+            answers = [p.chat(name).status for name in order]
+        finally:
+            stop()
+        assert answers == [200] * len(order)
+        assert_within_plan(p, samples)
+        assert max(len(s) for s in samples) == 3
+        unloads = {n: 0 for n in SPEC["names"]}
+        for before, after in zip(samples, samples[1:]):
+            for n in set(before) - set(after):
+                unloads[n] += 1
+        metrics = p.metrics()
+        evicted = {n: metrics[f'inference_plane_router_evictions_total{{model="{n}"}}'] for n in SPEC["names"]}
+        assert evicted == unloads and sum(evicted.values()) > 0
+        assert metrics['inference_plane_router_evictions_total{model="qwen3-8b"}'] == 0
+
+
+def test_concurrent_requests_are_all_answered_first_time_within_the_plan(binary, gguf_folder):
+    """Every model at once, three rounds: b10729's router alone answers some of these with 500 (it can
+    evict a model it is about to proxy to, ROUTER_FACTS.md b); behind the proxy the router never evicts,
+    and every request is answered 200 on its first try."""
+    with plane(binary, gguf_folder) as p:
+        samples, stop = watch(p)
+        statuses: list[int] = []
+        try:
+            for _ in range(3):
+                threads = [threading.Thread(target=lambda n=n: statuses.append(p.chat(n, timeout=300).status))
+                           for n in SPEC["names"]]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(timeout=600)
+        finally:
+            stop()
+        assert statuses == [200] * 3 * len(SPEC["names"])
+        assert_within_plan(p, samples)
+        assert "evicting" not in p.router.log_text(), "the router evicted a model of its own"
+
+
+def stream(base: str, model: str, max_tokens: int) -> socket.socket:
+    # llama.cpp's own completion: the OpenAI endpoints check the tiny model's random text against the
+    # template's output format and end the stream with an error.
+    body = json.dumps({"model": model, "prompt": "count", "n_predict": max_tokens, "stream": True,
+                       "ignore_eos": True, "temperature": 0, "seed": 0}).encode()
+    host, port = base.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), timeout=60)
+    s.sendall(f"POST /completion HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TEST_KEY}\r\n"
+              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    return s
+
+
+def test_a_stream_arrives_as_it_is_generated_and_a_client_that_leaves_frees_its_model(binary, gguf_folder):
+    """Server-sent events pass through unbuffered: the first event arrives long before the last. A client
+    that closes mid-stream ends its request at the router (the child's slot goes idle) and the model is
+    no longer held: a request that needs its room unloads it at once."""
+    with plane(binary, gguf_folder) as p:
+        big = max((n for n in SPEC["names"] if not SPEC["plan"]["models"][n]["pinned"]),
+                  key=lambda n: SPEC["plan"]["models"][n]["vram_gib"])
+        s = stream(p.base, big, 400)
+        started = time.monotonic()
+        data, first = b"", None
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            if first is None and b"data: " in chunk:
+                first = time.monotonic() - started
+            data += chunk
+        total = time.monotonic() - started
+        s.close()
+        # The whole chunked stream relayed to its last chunk (its final event is the tiny model's business:
+        # b10729 ends some random-text streams with a format error event).
+        assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"\r\n0\r\n\r\n"), data[-300:]
+        assert data.count(b"data: ") > 100 and first is not None and first < total / 2, (first, total)
+        # Now leave mid-stream: a long generation, closed after the first event.
+        s = stream(p.base, big, 100_000)
+        while b"data: " not in s.recv(65536):
+            pass
+        s.close()
+        deadline = time.monotonic() + 10
+        while p.metrics()[f'inference_plane_router_model_requests_in_flight{{model="{big}"}}'] != 0:
+            assert time.monotonic() < deadline, "the proxy still counts the request of a client that left"
+            time.sleep(0.05)
+        # The router notices at its next write to the closed connection, and its child at the next after that.
+        while any(slot["is_processing"] for slot in p.router.get(f"/slots?model={big}").json()):
+            assert time.monotonic() < deadline + 20, "the router still generates for a client that left"
+            time.sleep(0.1)
+        # The pair that needs the big model's room: both answered at once (it is idle, so it is unloaded).
+        others = sorted((n for n in SPEC["names"] if n != big and not SPEC["plan"]["models"][n]["pinned"]),
+                        key=lambda n: -SPEC["plan"]["models"][n]["vram_gib"])
+        for name in others[:2]:
+            assert p.chat(name, timeout=60).status == 200
+        assert big not in p.router.running()
+
+
+def test_model_management_is_refused_at_the_pods_port_and_inference_paths_pass(binary, gguf_folder):
+    """The router's load, unload, download and reload are any key holder's at its own port; at the pod's
+    port (the proxy) they are refused, and the router is untouched. The client paths and the scrape pass."""
+    name = next(n for n, m in SPEC["plan"]["models"].items() if not m["pinned"])
+    auth = {"Authorization": f"Bearer {TEST_KEY}"}
+    with plane(binary, gguf_folder) as p:
+        before = p.router.statuses()
+        for path, body in [("/models/load", {"model": name}), ("/models/unload", {"model": "qwen3-8b"}),
+                           ("/models", {"model": "org/repo:Q4_K_M"})]:
+            answer = request(p.base + path, body, auth)
+            assert answer.status == 403 and b"model management stays inside the pod" in answer.body, path
+        assert request(p.base + "/models?reload=1", None, auth).status == 403
+        assert p.router.statuses() == before
+        assert request(p.base + "/v1/models", None, auth).status == 200
+        assert request(p.base + "/health", None, {}).status == 200
+        assert request(p.base + "/v1/chat/completions", {"model": name, "messages": []}, {}).status == 401
+        assert request(p.base + f"/metrics?model={name}&autoload=false", None, auth).status == 400  # not loaded
+        assert p.router.statuses()[name] == "unloaded", "a scrape with autoload=false loaded a model"
+
+
+def test_the_residency_metrics_are_valid_prometheus_text(binary, gguf_folder):
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not installed: `make test` installs Debian's prometheus package (promtool)"
+    with plane(binary, gguf_folder) as p:
+        assert p.chat("llama-3.1-8b").status == 200
+        text = request(p.base + "/metrics", None, {"Authorization": f"Bearer {TEST_KEY}"}).body
+        result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        metrics = p.metrics()
+        assert metrics['inference_plane_router_model_resident{model="llama-3.1-8b"}'] == 1
+        assert metrics['inference_plane_router_model_resident{model="qwen3-8b"}'] == 1
+        assert metrics['inference_plane_router_model_resident{model="qwen3-14b"}'] == 0
+        assert metrics['inference_plane_router_swap_seconds_count{model="llama-3.1-8b"}'] == 1
+        assert metrics["inference_plane_router_vram_budget_bytes"] == SPEC["plan"]["vram_budget_gib"] * 2**30
