@@ -79,7 +79,9 @@ def router_specs(stacks: Optional[list[str]] = None) -> list[dict]:
             (deployment,) = [m for m in files if m["kind"] == "Deployment" and m["metadata"]["name"] == model.workload_name]
             (container,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == model.name]
             (config_map,) = [m for m in files if m["kind"] == "ConfigMap" and m["metadata"]["name"] == f"{model.name}-files"]
+            (proxy,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "admission"]
             specs.append({
+                "proxy_command": proxy["command"], "admission": json.loads(config_map["data"]["admission.json"]),
                 "stack": stack, "key": key, "name": model.name, "image": container["image"], "args": container["args"],
                 "env": {e["name"]: e.get("value") for e in container.get("env", [])},
                 "models_ini": config_map["data"]["models.ini"], "library": json.loads(config_map["data"]["library.json"]),
@@ -244,13 +246,14 @@ def wait_until(predicate, seconds: float, period: float = 0.1) -> bool:
 
 def soak(spec: dict, binary: Path, options: argparse.Namespace, work: Path) -> dict:
     names = list(spec["library"])
-    limit = int(spec["args"][spec["args"].index("--models-max") + 1])
+    # The most models the admission proxy lets be resident at once (the router's own count is above it).
+    limit = spec["residency"]["most_resident"]
     dense = set(options.cold.split(",")) & set(names) if options.cold else set()
     run_started = now()
     hard_stop = run_started + options.max_seconds
     out: dict = {"spec": {k: spec[k] for k in ("stack", "key", "name", "image", "args", "env", "commit")},
                  "plan": spec["residency"], "options": vars(options) | {"binary": str(binary)}}
-    print(f"[soak] {spec['stack']}/{spec['key']}: {len(names)} models, --models-max {limit}; writing the library", flush=True)
+    print(f"[soak] {spec['stack']}/{spec['key']}: {len(names)} models, up to {limit} resident; writing the library", flush=True)
     models_dir = work / "models"
     t = now()
     out["files"] = write_library(spec["library"], models_dir, dense)
@@ -264,7 +267,7 @@ def soak(spec: dict, binary: Path, options: argparse.Namespace, work: Path) -> d
     key_file = work / "api-key"
     key_file.write_text(key + "\n")
     from server import free_port
-    port = free_port()
+    port, proxy_port = free_port(), free_port()
     env = {"PATH": "/usr/bin:/bin", "HOME": str(work / "home"), **{k: v for k, v in spec["env"].items() if v is not None}}
     env["LLAMA_ARG_MODELS_DIR"] = str(models_dir)
     env["LLAMA_CACHE"] = str(work / "empty-cache")
@@ -289,8 +292,18 @@ def soak(spec: dict, binary: Path, options: argparse.Namespace, work: Path) -> d
     statuses: Optional[Statuses] = None
     results: list[Result] = []
     cold: list[dict] = []
+    # The admission proxy in front of it, as the pod runs it (its rendered command and plan): the
+    # requests go to it; the samplers and the cold-swap unloads go to the router itself.
+    plan_file = work / "admission.json"
+    plan_file.write_text(json.dumps(spec["admission"]))
+    proxy_log = open(work / "proxy.log", "wb")
+    proxy = subprocess.Popen([sys.executable if c == "python3" else c for c in spec["proxy_command"]],
+                             stdout=proxy_log, stderr=subprocess.STDOUT, env={
+                                 "PATH": "/usr/bin:/bin", "ADMISSION_PLAN_FILE": str(plan_file), "LISTEN_PORT": str(proxy_port),
+                                 "LISTEN_HOST": "127.0.0.1", "ROUTER_URL": f"http://127.0.0.1:{port}",
+                                 "ROUTER_AUTH_FILE": str(key_file)})
     try:
-        if not wait_until(lambda: proc.poll() is None and _health(port), 60):
+        if not wait_until(lambda: proc.poll() is None and _health(port) and _health(proxy_port), 60):
             raise SystemExit(f"router_soak: the router did not answer /health in 60 s (exit {proc.poll()}); log: {log}")
         out["router_up_seconds"] = round(now() - run_started, 1)
         statuses = Statuses(port, key).start()
@@ -311,7 +324,7 @@ def soak(spec: dict, binary: Path, options: argparse.Namespace, work: Path) -> d
                 batch = [Result(index + i, m, "concurrent", stream=False, max_tokens=8) for i, m in enumerate(models)]
                 before = running(port, key)
                 wait = min(timeout, options.burst_timeout)
-                threads = [threading.Thread(target=chat, args=(port, key, r, wait)) for r in batch]
+                threads = [threading.Thread(target=chat, args=(proxy_port, key, r, wait)) for r in batch]
                 for r, th in zip(batch, threads):
                     r.resident_before = before
                     th.start()
@@ -322,7 +335,7 @@ def soak(spec: dict, binary: Path, options: argparse.Namespace, work: Path) -> d
                 r = Result(index, models[0], "cancel" if kind == "cancel" else "sequential", stream=True,
                            max_tokens=256 if kind == "cancel" else random.Random(options.seed + index).randint(4, 16))
                 r.resident_before = running(port, key)
-                chat(port, key, r, timeout, cancel_after=3 if kind == "cancel" else None)
+                chat(proxy_port, key, r, timeout, cancel_after=3 if kind == "cancel" else None)
                 results.append(r)
             index += len(models)
             if index % 20 < len(models):
@@ -335,6 +348,10 @@ def soak(spec: dict, binary: Path, options: argparse.Namespace, work: Path) -> d
         for sampler in (statuses, procs, tail):
             if sampler is not None:
                 sampler.stop()
+        proxy.terminate()
+        proxy.wait(timeout=10)
+        proxy_log.close()
+        out["proxy_log"] = (work / "proxy.log").read_text(errors="replace").splitlines()[-200:]
         kids = _children(proc.pid)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

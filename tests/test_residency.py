@@ -270,3 +270,23 @@ def test_the_plan_matches_what_the_real_router_did_on_a_gpu():
         for name, measured in SOAK["cold_load_s"].items():
             assert at_rate[name]["swap_seconds"]["cold"] == pytest.approx(measured, rel=0.25), (name, rate)
     assert SOAK["peak_vram_gib"] <= SOAK["vram_budget_gib"] and SOAK["failed_loads"] == 0
+
+
+ADMITTED = json.loads((Path(__file__).resolve().parent.parent / "bench" / "results-router-soak-h200-admission.json").read_text())
+
+
+def test_the_admission_proxy_held_the_real_router_to_the_plan_on_a_gpu():
+    """The recorded soak through the admission proxy (bench/results-router-soak-h200-admission.json, make
+    router-soak on an H200): the plan it ran is today's; every request answered 200, the card's peak within
+    the budget, every resident set below its planned sum, the pinned model resident from its load to the
+    end, three models resident at once (the count plan allowed two), and the router evicted nothing itself."""
+    run, _, _ = rendered(config())
+    plan = run.outputs["capacity_plan"]["servers"]["library"]["residency"]
+    assert {n: m["vram_gib"] for n, m in ADMITTED["plan"]["models"].items()} == {n: m["vram_gib"] for n, m in plan["models"].items()}
+    assert ADMITTED["requests"]["sent"] >= 190 and ADMITTED["requests"]["answered_200"] == ADMITTED["requests"]["sent"]
+    assert ADMITTED["gpu"]["peak_over_baseline_gib"] <= plan["vram_budget_gib"]
+    assert all(s["peak_gib"] <= s["planned_vram_gib"] for s in ADMITTED["resident_sets"])
+    assert ADMITTED["most_running_seen"] == plan["most_resident"] == 3 and ADMITTED["evictions"] == []
+    loaded = [statuses for _, statuses in ADMITTED["status_changes"] if statuses["qwen3-8b"] == "loaded"]
+    first = next(i for i, (_, st) in enumerate(ADMITTED["status_changes"]) if st["qwen3-8b"] == "loaded")
+    assert len(loaded) == len(ADMITTED["status_changes"]) - first, "the pinned model was unloaded"

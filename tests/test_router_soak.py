@@ -22,8 +22,10 @@ def test_every_shipped_router_is_found_with_its_rendered_flags_preset_and_plan()
     specs = router_specs()
     assert [(s["stack"], s["key"]) for s in specs] == [("rtx3090-library", "library")]
     (spec,) = specs
-    limit = int(spec["args"][spec["args"].index("--models-max") + 1])
-    assert limit == spec["residency"]["max_loaded"] >= 1
+    assert int(spec["args"][spec["args"].index("--models-max") + 1]) >= len(spec["library"])  # never evicts itself
+    assert spec["proxy_command"][:2] == ["python3", "-c"] and "class Residency" in spec["proxy_command"][2]
+    assert spec["admission"]["models"].keys() == spec["residency"]["models"].keys()
+    assert spec["residency"]["most_resident"] == 3
     assert set(spec["library"]) == set(spec["residency"]["models"])
     assert all(f"[{name}]" in spec["models_ini"] for name in spec["library"])
     assert spec["env"]["LLAMA_ARG_MODELS_DIR"]

@@ -178,7 +178,7 @@ class Residency:
         deadline = started + 3600
         seen_loading = False
         while time.monotonic() < deadline:
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(POLL_SECONDS)
             try:
                 status = (await self.router.statuses(full=True)).get(name, {})
             except OSError:
