@@ -44,7 +44,10 @@ def rendered() -> dict:
     preset = "\n".join(f"{line.split('=')[0].strip()} = {SUBSTITUTED[line.split('=')[0].strip()]}"
                        if line.split("=")[0].strip() in SUBSTITUTED else line
                        for line in config_map["data"]["models.ini"].splitlines()) + "\n"
-    return {"router": containers[model.name], "proxy": containers["admission"], "preset": preset,
+    policies = [m for m in files if m["kind"] == "BackendTrafficPolicy"]
+    routes = [m for m in files if m["kind"] == "AIGatewayRoute"]
+    return {"policies": policies, "routes": routes,
+            "router": containers[model.name], "proxy": containers["admission"], "preset": preset,
             "plan": json.loads(config_map["data"]["admission.json"]), "names": list(model.on_demand.models)}
 
 
@@ -73,12 +76,12 @@ class Plane:
 
 
 @contextmanager
-def plane(binary, folder, env_extra=None):
+def plane(binary, folder, env_extra=None, plan=None):
     models = tiny_models(folder, SPEC["names"])
     with start_router(binary, SPEC["preset"], SPEC["router"]["args"], models, TEST_KEY, env=env_extra) as router:
         work = router.work
         plan_file = work / "admission.json"
-        plan_file.write_text(json.dumps(SPEC["plan"]))
+        plan_file.write_text(json.dumps(plan or SPEC["plan"]))
         key_file = work / "api-key"  # start_router's key file
         port = free_port()
         env = {e["name"]: e.get("value") for e in SPEC["proxy"]["env"]}
@@ -281,3 +284,26 @@ def test_the_residency_metrics_are_valid_prometheus_text(binary, gguf_folder):
         assert metrics['inference_plane_router_model_resident{model="qwen3-14b"}'] == 0
         assert 0 < metrics['inference_plane_router_swap_seconds_sum{model="llama-3.1-8b"}'] < 30
         assert metrics["inference_plane_router_vram_budget_bytes"] == SPEC["plan"]["vram_budget_gib"] * 2**30
+
+
+def test_a_model_not_fetched_yet_answers_a_503_the_gateway_retries_on_its_next_tier(binary, gguf_folder):
+    """A model just added to the library is in the proxy's plan before the keeper has fetched it (the
+    router serves a preset of the fetched models only, and would answer 400, which no retry takes): the
+    proxy answers 503 with Retry-After and loads nothing; the rendered gateway retries a 503 once per
+    priority, so the request goes to the route's next tier."""
+    plan = json.loads(json.dumps(SPEC["plan"]))
+    plan["models"]["qwen3-32b"] = dict(plan["models"]["llama-3.1-8b"])
+    with plane(binary, gguf_folder, plan=plan) as p:
+        p.router.wait_status("qwen3-8b", ("loaded",))
+        before = p.router.statuses()
+        assert "qwen3-32b" not in before
+        answer = p.chat("qwen3-32b")
+        assert answer.status == 503 and answer.headers.get("Retry-After") == "5", (answer.status, answer.headers)
+        assert "is not on this server yet" in answer.json()["error"]["message"]
+        assert p.router.statuses() == before
+        assert p.chat("llama-3.1-8b").status == 200
+    (policy,) = [m for m in SPEC["policies"] if m["spec"]["targetRefs"][0]["name"] == SPEC["routes"][0]["metadata"]["name"]]
+    retry = policy["spec"]["retry"]
+    assert 503 in retry["retryOn"]["httpStatusCodes"] and retry["numAttemptsPerPriority"] == 1 and retry["numRetries"] >= 1
+    for rule in SPEC["routes"][0]["spec"]["rules"]:
+        assert len(rule["backendRefs"]) >= 2 and sorted(b["priority"] for b in rule["backendRefs"])[:2] == [0, 1]

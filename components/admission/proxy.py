@@ -21,7 +21,10 @@ away closes the router's connection, which cancels its generation.
 
 It answers two paths itself: GET /metrics without a `model` parameter (residency, evictions, failed
 loads, swap and admission times, in Prometheus' text format; the router's per-model /metrics?model=X
-pass through) and nothing else. Paths outside the plan's client paths (the router's model management: download,
+pass through) and nothing else. A model the plan lists but the router does not
+serve yet (its weights still being fetched by the keeper) is answered 503 with Retry-After, which the
+gateway retries on its next tier (the router itself would answer 400, which is not retried). Paths
+outside the plan's client paths (the router's model management: download,
 load, unload, delete) are refused with 403: model management stays inside the pod.
 """
 
@@ -123,6 +126,11 @@ class Residency:
         try:
             while True:
                 resident, statuses = await self.resident()
+                if name not in statuses:
+                    # Planned but not served yet: the keeper is still fetching it (the router reads a preset of
+                    # the fetched models only). A 503 the gateway retries on its next tier, not the router's 400.
+                    raise AdmissionError(503, f"model {name} is not on this server yet (its weights are being "
+                                              "fetched); try again later")
                 if name in resident:
                     break
                 if self.fits(resident | {name}):
