@@ -53,12 +53,15 @@ def alert_rules(args: MonitoringArgs) -> list[dict]:
         where = f'namespace="{ns}", service="{model.name}"'
         server = args.plan.servers[key]
         engine = engine_of(model)
-        # A router's per-model scrapes fail while their model is unloaded: its NotReady alert says down.
-        if engine.metrics_path(model) is not None and not all(s.optional for s in engine.metrics_scrapes(model)):
+        # A router's per-model scrapes fail while their model is unloaded (optional): only the targets that
+        # must answer count (a router's admission proxy, labelled so).
+        required = [s for s in engine.metrics_scrapes(model) if not s.optional]
+        if engine.metrics_path(model) is not None and required:
+            up = where + "".join(f', {k}="{v}"' for k, v in required[0].labels.items()) if len(required) == 1 else where
             rules.append(
                 {
                     "alert": alert_name(model.name, "Down"),
-                    "expr": f"up{{{where}}} == 0",
+                    "expr": f"up{{{up}}} == 0",
                     "for": "5m",
                     "labels": {"severity": "critical"},
                     "annotations": {"summary": f"{model.name} is not answering its metrics scrape"},
@@ -91,6 +94,8 @@ def alert_rules(args: MonitoringArgs) -> list[dict]:
                 "annotations": {"summary": f"{model.name} has been unready for longer than its start-up budget"},
             }
         )
+        if engine.admission(model, server) is not None:
+            rules += residency_rules(model.name, where, server)
         if engine.reports_queue(model):
             rules.append(
                 {
@@ -117,6 +122,37 @@ def alert_rules(args: MonitoringArgs) -> list[dict]:
             }
         )
     return rules
+
+
+# A pinned model lost by the router is loaded again by the admission proxy within 30 s (its cold load
+# included, at most the plan's swap): past this, it keeps failing.
+PINNED_GRACE_MINUTES = 5
+# Two failed loads of one model within this window: not a passing hiccup (the proxy retries a pinned one).
+FAILED_LOADS_WINDOW = "15m"
+
+
+def residency_rules(name: str, where: str, server) -> list[dict]:
+    """A router behind its admission proxy (components/admission/proxy.py exports these series): a pinned
+    model not resident, and repeated failed loads."""
+    slowest = max((m.swap_seconds["cold"] for m in server.residency.models if m.pinned), default=0)
+    return [
+        {
+            "alert": alert_name(name, "PinnedNotResident"),
+            "expr": f"inference_plane_router_model_pinned{{{where}}} == 1 and on(model) "
+                    f"inference_plane_router_model_resident{{{where}}} == 0",
+            "for": _minutes(PINNED_GRACE_MINUTES * 60 + int(slowest)),
+            "labels": {"severity": "warning"},
+            "annotations": {"summary": f"{name}: the pinned model {{{{ $labels.model }}}} is not loaded (the proxy "
+                                       "loads it again every 30 s; its loads fail)"},
+        },
+        {
+            "alert": alert_name(name, "LoadsFailing"),
+            "expr": f"increase(inference_plane_router_failed_loads_total{{{where}}}[{FAILED_LOADS_WINDOW}]) >= 2",
+            "labels": {"severity": "warning"},
+            "annotations": {"summary": f"{name}: {{{{ $labels.model }}}} failed to load twice within {FAILED_LOADS_WINDOW} "
+                                       "(the router's log says why: missing files, out of memory)"},
+        },
+    ]
 
 
 def fallback_alerts(stack: StackConfig) -> list[tuple]:

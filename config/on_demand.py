@@ -26,7 +26,8 @@ class OnDemandModel(ModelOverrides):
     hf_repo: HfRepo = doc("llama.cpp's --hf-repo for this model (org/Model-GGUF:QUANT).")
     pinned: bool = doc(
         "Loaded when the server starts (load-on-startup) and kept: the admission proxy never unloads it to make "
-        "room (llama.cpp's router has no pin of its own). Every other model must fit beside the pinned ones.",
+        "room, and loads it again within 30 s when the router loses it (llama.cpp's router has no pin of its own). "
+        "Every other model must fit beside the pinned ones.",
         default=False,
     )
 

@@ -254,12 +254,15 @@ class LlamaCppRouter(Engine):
         return LLAMACPP_METRICS_PATH if model.metrics else None
 
     def metrics_scrapes(self, model: "ModelServer") -> list[Scrape]:
-        """A router has no metrics of its own: each model's child answers /metrics?model=<name>, with
+        """The admission proxy's own (residency) and each model's: a router has no metrics of its own, each
+        model's child answers /metrics?model=<name>, with
         no label naming the model (server-task.cpp:1596-1598), so each is a target of its own that adds
         it. autoload=false: a scrape must not load a model (it would evict a used one); an unloaded
         model answers 400, an expected failure (ROUTER_FACTS.md f)."""
-        return [Scrape(labels={"model": name}, params={"model": (name,), "autoload": ("false",)}, optional=True)
-                for name in model.on_demand.models]
+        # The admission proxy answers /metrics without ?model= itself: residency, unloads, failed loads.
+        return [Scrape(labels={"scrape": "admission"})] + [
+            Scrape(labels={"model": name}, params={"model": (name,), "autoload": ("false",)}, optional=True)
+            for name in model.on_demand.models]
 
     def client_paths(self, model: "ModelServer") -> Optional[tuple[str, ...]]:
         """Inference and listing only: its model management (download, delete, load, unload) would be

@@ -76,9 +76,9 @@ class Plane:
 
 
 @contextmanager
-def plane(binary, folder, env_extra=None, plan=None):
+def plane(binary, folder, env_extra=None, plan=None, preset_extra="", proxy_env=None):
     models = tiny_models(folder, SPEC["names"])
-    with start_router(binary, SPEC["preset"], SPEC["router"]["args"], models, TEST_KEY, env=env_extra) as router:
+    with start_router(binary, SPEC["preset"] + preset_extra, SPEC["router"]["args"], models, TEST_KEY, env=env_extra) as router:
         work = router.work
         plan_file = work / "admission.json"
         plan_file.write_text(json.dumps(plan or SPEC["plan"]))
@@ -86,7 +86,8 @@ def plane(binary, folder, env_extra=None, plan=None):
         port = free_port()
         env = {e["name"]: e.get("value") for e in SPEC["proxy"]["env"]}
         env.update({"ADMISSION_PLAN_FILE": str(plan_file), "LISTEN_PORT": str(port), "LISTEN_HOST": "127.0.0.1",
-                    "ROUTER_URL": router.base, "ROUTER_AUTH_FILE": str(key_file), "PATH": os.environ["PATH"]})
+                    "ROUTER_URL": router.base, "ROUTER_AUTH_FILE": str(key_file), "PATH": os.environ["PATH"],
+                    **(proxy_env or {})})
         log = work / "proxy.log"
         command = [sys.executable if c == "python3" else c for c in SPEC["proxy"]["command"]]
         with open(log, "wb") as out:
@@ -307,3 +308,34 @@ def test_a_model_not_fetched_yet_answers_a_503_the_gateway_retries_on_its_next_t
     assert 503 in retry["retryOn"]["httpStatusCodes"] and retry["numAttemptsPerPriority"] == 1 and retry["numRetries"] >= 1
     for rule in SPEC["routes"][0]["spec"]["rules"]:
         assert len(rule["backendRefs"]) >= 2 and sorted(b["priority"] for b in rule["backendRefs"])[:2] == [0, 1]
+
+
+def test_a_lost_pinned_model_is_loaded_again_and_failed_loads_are_counted_as_the_alerts_read_them(binary, gguf_folder):
+    """The pinned model's child gone (here: unloaded at the router's own port, as the keeper does for new
+    weights): the proxy loads it again (checked every 30 s in the pod, every second here). A model whose
+    load fails is counted under its name. Every series the rendered router alerts read is one the real
+    proxy exports, with the labels they match on."""
+    import re
+
+    from test_alert_rules import OBSERVED, rendered as rendered_rules
+
+    plan = json.loads(json.dumps(SPEC["plan"]))
+    plan["models"]["broken-model"] = dict(plan["models"]["llama-3.1-8b"])
+    with plane(binary, gguf_folder, plan=plan, preset_extra="\n[broken-model]\nmodel = /nonexistent/broken.gguf\n",
+               proxy_env={"PIN_CHECK_SECONDS": "1"}) as p:
+        p.router.wait_status("qwen3-8b", ("loaded",))
+        assert p.router.post("/models/unload", {"model": "qwen3-8b"}).status == 200
+        p.router.wait_status("qwen3-8b", ("unloaded",))
+        p.router.wait_status("qwen3-8b", ("loaded",), seconds=20)
+        answer = p.chat("broken-model")
+        assert answer.status == 500 and b"failed to load" in answer.body, answer.body[:200]
+        deadline = time.monotonic() + 5
+        while p.metrics()['inference_plane_router_failed_loads_total{model="broken-model"}'] != 1:
+            assert time.monotonic() < deadline, "the failed load was never counted"
+            time.sleep(0.05)
+        exported = request(p.base + "/metrics", None, {"Authorization": f"Bearer {TEST_KEY}"}).body.decode()
+    _, (rule,), _ = rendered_rules("rtx3090-library" + OBSERVED)
+    exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"] if "inference_plane_router_" in r["expr"]]
+    assert len(exprs) == 2
+    for name in {n for e in exprs for n in re.findall(r"inference_plane_router_\w+", e)}:
+        assert re.search(rf'^{name}\{{model="[^"]+"\}} ', exported, re.M), name

@@ -23,11 +23,23 @@ from conftest import STACKS
 PROMTOOL = shutil.which("promtool")
 
 
+# The shipped router stack has no monitoring (a single k3s box); its router's alerts are tested with the
+# cluster's monitoring and observability turned on.
+OBSERVED = "+observability"
+
+
 def rendered(stack: str):
+    from conftest import run_stack_file, stack_file_config
     from render.manifests import manifests
     from render.offline import run_stack
 
-    run = run_stack(stack)
+    if stack.endswith(OBSERVED):
+        config = stack_file_config(stack.removesuffix(OBSERVED))
+        config["inference-plane:cluster"]["monitoring"] = {"namespace": "monitoring"}
+        config["inference-plane:observability"] = {}
+        run = run_stack_file(stack.removesuffix(OBSERVED), config)
+    else:
+        run = run_stack(stack)
     files = manifests(run)
     rules = [m for m in files.values() if m["kind"] == "VMRule"]
     return run, rules, [m for m in files.values() if m["kind"] == "VMServiceScrape"]
@@ -42,7 +54,17 @@ def scrapes_not_ready(scrapes: list[dict], service: str) -> bool:
                    for e in scrape["spec"]["endpoints"])
 
 
-CASES = [stack for stack in STACKS if rendered(stack)[1]]
+CASES = [stack for stack in STACKS if rendered(stack)[1]] + ["rtx3090-library" + OBSERVED]
+
+
+def required_target_labels(scrapes: list[dict], service: str) -> dict[str, str]:
+    """The labels vmagent gives the target that must answer (the rendered scrape's endpoint without
+    params; a router's per-model targets carry params and may fail): its relabel replacements."""
+    (scrape,) = [s for s in scrapes if s["metadata"]["name"] == service]
+    plain = [e for e in scrape["spec"]["endpoints"] if not e.get("params")]
+    if len(plain) != 1:
+        return {}
+    return {r["targetLabel"]: r["replacement"] for r in plain[0].get("relabelConfigs") or [] if r.get("action") == "replace"}
 
 
 def minutes(duration: str) -> int:
@@ -86,8 +108,10 @@ def test_each_alert_fires_for_its_failure_and_none_during_a_planned_cold_start(t
     def expect(alert: str, at: int, labels: dict[str, str]) -> dict:
         checked.add(alert)
         found = by_name[alert]
+        # An annotation's template, as the engine expands it for these labels.
+        annotations = {k: v.replace("{{ $labels.model }}", labels.get("model", "")) for k, v in found.get("annotations", {}).items()}
         return {"eval_time": f"{at}m", "alertname": alert, "exp_alerts": [
-            {"exp_labels": {**found.get("labels", {}), **labels}, "exp_annotations": found.get("annotations", {})}]}
+            {"exp_labels": {**found.get("labels", {}), **labels}, "exp_annotations": annotations}]}
 
     def quiet(alert: str, at: int) -> dict:
         return {"eval_time": f"{at}m", "alertname": alert, "exp_alerts": []}
@@ -95,7 +119,7 @@ def test_each_alert_fires_for_its_failure_and_none_during_a_planned_cold_start(t
     for key, model in run.config.models.items():
         prefix = "".join(part.capitalize() for part in model.name.split("-"))
         mine = {name for name in by_name if name.startswith(prefix) and name[len(prefix):] in
-                ("Down", "Restarting", "NotReady", "Queuing")}
+                ("Down", "Restarting", "NotReady", "Queuing", "PinnedNotResident", "LoadsFailing")}
         # The start-up window the plan allows, from the plan itself; NotReady waits at least that long.
         budget = -(-plan[key]["budget"]["startup_seconds"] // 60)
         wait = minutes(by_name[prefix + "NotReady"]["for"])
@@ -106,6 +130,8 @@ def test_each_alert_fires_for_its_failure_and_none_during_a_planned_cold_start(t
                                    else ("kube_deployment_status_replicas_available", "kube_deployment_spec_replicas"))
         pod = {"namespace": namespace, "pod": f"{model.workload_name}-0", "container": model.name}
         scraped = {"namespace": namespace, "service": model.name, "pod": pod["pod"], "job": model.name}
+        if any(sc["metadata"]["name"] == model.name for sc in scrapes):
+            scraped.update(required_target_labels(scrapes, model.name))
         total = wait + 30
         # 1. A planned cold start that ends just inside the window: llama.cpp answers 503 on /metrics until
         # its model is loaded, so a scrape of the not-ready pod reads 0; the rendered scrape decides whether
@@ -118,6 +144,15 @@ def test_each_alert_fires_for_its_failure_and_none_during_a_planned_cold_start(t
                 series("kube_pod_container_status_restarts_total", pod, f"0x{total}"),
                 series("up", scraped, f"{while_starting} 1x{total - start}"),
                 series("llamacpp:requests_deferred", scraped, f"_x{start} 0x{total - start}")]
+        residency = plan[key].get("residency")
+        pinned = [name for name, m in (residency or {}).get("models", {}).items() if m["pinned"]]
+        for name in (residency or {}).get("models", {}):
+            # The admission proxy's series (names as tests/test_admission.py reads them off the real proxy):
+            # during the start the pinned model is loading, which counts as resident.
+            cold += [series("inference_plane_router_model_pinned", {**scraped, "model": name}, f"{int(name in pinned)}x{total}"),
+                     series("inference_plane_router_model_resident", {**scraped, "model": name},
+                            f"_x{start} {int(name in pinned)}x{total - start}"),
+                     series("inference_plane_router_failed_loads_total", {**scraped, "model": name}, f"_x{start} 0x{total - start}")]
         tests.append({"interval": "1m", "input_series": cold, "alert_rule_test": [
             quiet(alert, at) for alert in sorted(mine) for at in (5, start - 1, start + 10)]})
         # 2. A start that never ends: NotReady once the window has passed, and not before.
@@ -134,6 +169,18 @@ def test_each_alert_fires_for_its_failure_and_none_during_a_planned_cold_start(t
             hung = [series("up", scraped, f"1x10 0x{down_for + 10}")]
             tests.append({"interval": "1m", "input_series": hung, "alert_rule_test": [
                 quiet(prefix + "Down", 10 + down_for - 1), expect(prefix + "Down", 10 + down_for + 2, scraped)]})
+        if prefix + "PinnedNotResident" in by_name:
+            # 6. The pinned model lost and not loaded again; a failing load, twice within the window.
+            grace = minutes(by_name[prefix + "PinnedNotResident"]["for"])
+            first = {**scraped, "model": pinned[0]}
+            lost = [series("inference_plane_router_model_pinned", first, f"1x{grace + 30}"),
+                    series("inference_plane_router_model_resident", first, f"1x10 0x{grace + 20}")]
+            other = {**scraped, "model": next(n for n in residency["models"] if n not in pinned)}
+            failing = [series("inference_plane_router_failed_loads_total", other, "0x10 1x10 2x20")]
+            tests.append({"interval": "1m", "input_series": lost + failing, "alert_rule_test": [
+                quiet(prefix + "PinnedNotResident", 10 + grace - 1),
+                expect(prefix + "PinnedNotResident", 10 + grace + 2, first),
+                quiet(prefix + "LoadsFailing", 15), expect(prefix + "LoadsFailing", 22, other)]})
         if prefix + "Queuing" in by_name:
             queue_for = minutes(by_name[prefix + "Queuing"]["for"])
             queued = [series("llamacpp:requests_deferred", scraped, f"0x5 2x{queue_for + 10}")]

@@ -106,7 +106,7 @@ def monitored() -> dict:
 def test_each_model_is_scraped_on_its_own_without_loading_it_and_labelled_with_its_name():
     run = run_stack_file(STACK, monitored(), SECRETS)
     (scrape,) = objects(run, "VMServiceScrape")
-    endpoints = scrape["spec"]["endpoints"]
+    proxy, *endpoints = scrape["spec"]["endpoints"]
     names = preset_sections(run)
     assert [e["params"]["model"] for e in endpoints] == [[n] for n in names]
     for endpoint, name in zip(endpoints, names):
@@ -115,9 +115,14 @@ def test_each_model_is_scraped_on_its_own_without_loading_it_and_labelled_with_i
             {"action": "drop", "sourceLabels": ["__meta_kubernetes_endpoint_ready"], "regex": "false"},
             {"action": "replace", "targetLabel": "model", "replacement": name}]
         assert endpoint["bearerTokenSecret"]["name"] == "llama-library-api-key"
+    # The admission proxy's own /metrics (no ?model=): the one target that must answer.
+    assert "params" not in proxy and proxy["path"] == "/metrics" and proxy["relabelConfigs"][-1] == {
+        "action": "replace", "targetLabel": "scrape", "replacement": "admission"}
     (rules,) = objects(run, "VMRule")
-    alerts = {r["alert"] for r in rules["spec"]["groups"][0]["rules"]}
-    # A scrape of an unloaded model fails by design: no "down" alert from it; readiness says down.
-    assert "LlamaLibraryDown" not in alerts and "LlamaLibraryNotReady" in alerts
+    by_name = {r["alert"]: r for r in rules["spec"]["groups"][0]["rules"]}
+    alerts = set(by_name)
+    # A scrape of an unloaded model fails by design: "down" is the proxy's scrape alone.
+    assert 'scrape="admission"' in by_name["LlamaLibraryDown"]["expr"] and "LlamaLibraryNotReady" in alerts
+    assert {"LlamaLibraryPinnedNotResident", "LlamaLibraryLoadsFailing"} <= alerts
     # Queuing is per model: the series carry the model label the scrape adds.
     assert "LlamaLibraryQueuing" in alerts

@@ -48,6 +48,8 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding
 # How long an unloaded child may take to exit: the router force-kills it after stop-timeout (10 s).
 UNLOAD_SECONDS = 30.0
 POLL_SECONDS = 0.1
+# How often the pinned models are checked (and loaded again when the router lost one).
+PIN_CHECK_SECONDS = float(os.environ.get("PIN_CHECK_SECONDS", "30"))
 
 
 def log(message: str) -> None:
@@ -167,6 +169,28 @@ class Residency:
         self.in_flight[name] -= 1
         self.last_used[name] = time.time()
         self.freed.set()
+
+    async def keep_pinned(self) -> None:
+        """Every PIN_CHECK_SECONDS: a pinned model the router does not hold (its child crashed, or the keeper
+        unloaded it for new weights) is loaded again, room made for it like for a request."""
+        while True:
+            await asyncio.sleep(PIN_CHECK_SECONDS)
+            try:
+                self.refresh()
+                statuses = await self.router.statuses()
+                for name in sorted(self.pinned):
+                    if name not in statuses or statuses[name] in RUNNING:
+                        continue
+                    log(f"pinned {name} is {statuses[name]}: loading it again")
+                    await self.admit(name)
+                    try:
+                        status, body = await self.router.call("POST", "/models/load", json.dumps({"model": name}).encode())
+                        if status != 200:
+                            log(f"loading pinned {name} answered {status}: {body[:200]!r}")
+                    finally:
+                        self.leave(name)
+            except (OSError, ValueError, AdmissionError) as e:
+                log(f"pinned check: {e}")
 
     async def _unload(self, victim: str) -> None:
         log(f"unloading {victim} (least recently used idle) to make room")
@@ -501,8 +525,10 @@ async def main() -> None:
                                         int(os.environ["LISTEN_PORT"]), limit=MAX_HEADER_BYTES)
     log(f"listening on {os.environ['LISTEN_PORT']}, router at {router_url}, {len(residency.models)} models, "
         f"VRAM budget {residency.vram_budget} GiB, RAM limit {residency.ram_limit} GiB")
+    keeper = asyncio.get_running_loop().create_task(residency.keep_pinned())
     async with server:
         await server.serve_forever()
+    keeper.cancel()
 
 
 if __name__ == "__main__":
