@@ -15,6 +15,7 @@ from engines import engine_of
 from planning.capacity import CapacityPlan
 from planning.startup import rollout_waits
 
+from .dashboard import FILE_NAME as DASHBOARD_FILE, SIDECAR_LABEL, dashboard_config_map
 from .meta import selector, token
 
 VM = "operator.victoriametrics.com/v1beta1"
@@ -241,6 +242,15 @@ class Monitoring(pulumi.ComponentResource):
                 },
                 opts=child,
             )
+        # The plan beside the cluster: a dashboard for Grafana's sidecar (components/dashboard.py).
+        k8s.core.v1.ConfigMap(
+            f"{name}-dashboard",
+            metadata={"name": f"{PROJECT}-dashboard", "namespace": ns, "labels": {**labels, **SIDECAR_LABEL},
+                      "annotations": {"inference-plane/dashboard": f"{DASHBOARD_FILE}: the plan beside what the cluster "
+                                      "does; Grafana's dashboard sidecar loads it (it must search this namespace)"}},
+            data=dashboard_config_map(stack, args.plan, ns, pulumi.get_stack()),
+            opts=child,
+        )
         k8s.apiextensions.CustomResource(
             f"{name}-alerts",
             api_version=VM,

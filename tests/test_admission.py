@@ -339,3 +339,11 @@ def test_a_lost_pinned_model_is_loaded_again_and_failed_loads_are_counted_as_the
     assert len(exprs) == 2
     for name in {n for e in exprs for n in re.findall(r"inference_plane_router_\w+", e)}:
         assert re.search(rf'^{name}\{{model="[^"]+"\}} ', exported, re.M), name
+    # And every proxy series the stack's dashboard queries (components/dashboard.py).
+    from test_dashboard import dashboard_of
+
+    _, board, _ = dashboard_of("rtx3090-library" + OBSERVED)
+    queried = {n for p in board["panels"] for t in p.get("targets", []) for n in re.findall(r"inference_plane_router_\w+", t["expr"])}
+    assert len(queried) >= 5
+    for name in queried:
+        assert re.search(rf"^{name}[ {{]", exported, re.M), name

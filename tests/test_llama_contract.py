@@ -8,6 +8,8 @@ faster than the first probe; the download's non-200 is covered).
 """
 from __future__ import annotations
 
+import re
+
 import copy
 import shutil
 import sys
@@ -136,6 +138,16 @@ def check_longest_prompt(running) -> None:
                               f"{answer.body[:300]!r}")
 
 
+def dashboard_llamacpp_series(stack: str) -> set[str]:
+    """The llamacpp:* names the stack's rendered dashboard (components/dashboard.py) queries."""
+    from render.manifests import manifests
+    from render.offline import run_stack
+
+    boards = [m["data"]["inference-plane.json"] for m in manifests(run_stack(stack)).values()
+              if m["kind"] == "ConfigMap" and m["metadata"]["name"] == "inference-plane-dashboard"]
+    return {n for board in boards for n in re.findall(r"llamacpp:[a-z_]+", board)}
+
+
 @pytest.mark.parametrize("case", servers(), ids=lambda c: f"{c[0]}/{c[1]}")
 def test_rendered_server_keeps_its_promises(binary, models, case):
     stack, key, container, scrape, role, pooling = case
@@ -162,6 +174,9 @@ def test_rendered_server_keeps_its_promises(binary, models, case):
             headers = {"Authorization": f"Bearer {running.key}"} if "bearerTokenSecret" in scrape else {}
             answer = request(running.base + scrape["path"], headers=headers)
             assert answer.status == 200 and b"llamacpp:" in answer.body, answer.status
+            # Every llama.cpp series the stack's dashboard queries is one this server exports.
+            for name in dashboard_llamacpp_series(stack):
+                assert re.search(rf"^{re.escape(name)}[ {{]".encode(), answer.body, re.M), name
         if "--no-ui" in container["args"]:
             answer = request(running.base + "/", headers=auth(running))
             assert answer.status != 200 or b"<title>llama.cpp ui stand-in" not in answer.body

@@ -34,7 +34,7 @@ def run():
 
 
 def preset_sections(run) -> list[str]:
-    (config_map,) = objects(run, "ConfigMap")
+    (config_map,) = [m for m in objects(run, "ConfigMap") if "models.ini" in m["data"]]
     parser = configparser.ConfigParser()
     parser.read_string(config_map["data"]["models.ini"])
     return parser.sections()

@@ -36,8 +36,10 @@ EXPECTED_UPDATES = {
         ("Secret", "nous-provider-key"), ("Secret", "openrouter-provider-key"), ("Secret", "z-ai-provider-key"),
     },
 }
-# New objects, created beside the running ones (nothing waits on them).
-EXPECTED_CREATES = {"homelab": {("Middleware", "llama-server-sources")}, "strix-halo": set()}
+# New objects, created beside the running ones (nothing waits on them): the Grafana dashboard of a stack
+# with observability among them.
+EXPECTED_CREATES = {"homelab": {("Middleware", "llama-server-sources")},
+                    "strix-halo": {("ConfigMap", "inference-plane-dashboard")}}
 
 
 def this_release(stack: str):
