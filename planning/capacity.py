@@ -332,7 +332,7 @@ def plan_stack(stack: "StackConfig", estimate: Estimator) -> CapacityPlan:
             continue
         server = _server_plan(key, model, stack, found)
         problems += _limit_problems(key, model, server, stack.node_pools[model.node_pool])
-        problems += _vram_problems(key, model, server, stack.node_pools[model.node_pool])
+        problems += _vram_problems(key, model, server, stack.node_pools[model.node_pool], estimate)
         result.servers[key] = server
     if problems:
         raise CapacityError(problems)
@@ -394,14 +394,22 @@ def _cache_problems(stack: "StackConfig", plan: CapacityPlan) -> list[Problem]:
     return problems
 
 
-def _vram_problems(key: str, model: "ModelServer", server: ServerPlan, pool: "NodePool") -> list[Problem]:
-    """A server that cannot fit on one GPU, with the numbers and what would make it fit."""
+def _vram_problems(key: str, model: "ModelServer", server: ServerPlan, pool: "NodePool",
+                   estimate: Estimator) -> list[Problem]:
+    """A server that cannot fit on one GPU, with the numbers and what would make it fit: first the
+    node's other cards (split by layer), when the pool has them."""
     vram = server.vram
     if vram is None or pool.vram is None:
         return []
     card = gib(pool.vram)
     if vram.total_gib <= card:
         return []
+    for cards in range(model.gpus + 1, pool.gpus_per_node + 1):
+        split, _ = estimate(model.model_copy(update={"gpus": cards}), pool, f"models.{key}")
+        if isinstance(split, Estimate) and split.vram is not None and split.vram.total_gib <= card:
+            return [(f"models.{key}.gpus", f"needs {vram.total_gib:.1f} GiB of VRAM ({vram.breakdown()}) but one GPU of "
+                     f"node pool {model.node_pool} has {card:.1f} GiB; its nodes have {pool.gpus_per_node}: set gpus: "
+                     f"{cards} (split by layer, {split.vram.total_gib:.1f} GiB on each card)")]
     # -ngl N offloads the output layer and N-1 blocks: the blocks that fit, plus one.
     fit = vram.layers_that_fit(card) + 1
     kv_hint = "" if model.cache_type_k == "q8_0" else ", cache_type_k/cache_type_v: q8_0 (halves the KV cache)"

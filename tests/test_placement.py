@@ -158,6 +158,19 @@ def test_a_70b_over_two_24_gib_cards_plans_each_card_and_requests_both():
     assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == "2"
 
 
+def test_a_server_too_big_for_one_card_on_a_two_card_node_is_told_gpus_2():
+    """Not "offload layers to RAM" first: the node's second card is the fix, with each card's share."""
+    stack = values("dual-3090")
+    stack["models"]["chat"]["gpus"] = 1
+    with pytest.raises(CapacityError, match=r"models\.chat\.gpus: needs 4\d\.\d GiB of VRAM .* but one GPU of node pool "
+                       r"dual-3090 has 24\.0 GiB; its nodes have 2: set gpus: 2 \(split by layer, 2\d\.\d GiB on each card\)"):
+        plan_capacity(parse_stack(stack))
+    # With one card per node, the layers-to-RAM fix stays.
+    stack["node_pools"]["dual-3090"]["gpus_per_node"] = 1
+    with pytest.raises(CapacityError, match=r"models\.chat\.gpu_layers: .* set gpu_layers: \d+"):
+        plan_capacity(parse_stack(stack))
+
+
 def test_two_cards_for_one_replica_on_a_one_card_node_is_refused():
     stack = values("dual-3090")
     stack["node_pools"]["dual-3090"]["gpus_per_node"] = 1
