@@ -83,7 +83,44 @@ DnsLabel = Annotated[str, matches(_DNS_LABEL, "a DNS label (lower-case letters, 
 DnsName = Annotated[str, matches(_DNS_NAME, "a DNS subdomain name (lower-case letters, digits, '-', '.')")]
 Hostname = Annotated[str, matches(_HOSTNAME, "a fully qualified host name such as llm.example.org")]
 FqdnPattern = Annotated[str, matches(_FQDN_PATTERN, "a host name or a '*.' wildcard host name")]
-HfRepo = Annotated[str, matches(_HF_REPO, "a Hugging Face repo with a quant, such as org/Model-GGUF:Q4_K_M")]
+# llama.cpp's file types, the names its quantizer gives a GGUF and repos tag their files with
+# (tools/quantize/quantize.cpp QUANT_OPTIONS, b10729), and MXFP4 (gpt-oss' own).
+LLAMACPP_FILE_TYPES = (
+    "Q1_0", "Q2_0", "Q4_0", "Q4_1", "MXFP4_MOE", "MXFP4", "Q5_0", "Q5_1", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",
+    "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "Q2_K", "Q2_K_S", "IQ3_XXS", "IQ3_S", "IQ3_M", "Q3_K", "IQ3_XS", "Q3_K_S",
+    "Q3_K_M", "Q3_K_L", "IQ4_NL", "IQ4_XS", "Q4_K", "Q4_K_S", "Q4_K_M", "Q5_K", "Q5_K_S", "Q5_K_M", "Q6_K", "Q8_0",
+    "F16", "BF16", "F32",
+)
+# Repackagers' variants: bartowski's <type>_L and unsloth's <K-quant>_XL (embedding and output kept at Q8_0).
+_VARIANT = re.compile(r"^(Q[2-8]_K(_[SML])?|Q[458]_[01]|IQ[1-4]_[A-Z]+)_X{0,2}L$")
+
+
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance (small strings)."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        previous, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (ca != cb))
+    return row[-1]
+
+
+def _quant_tag(value: str) -> str:
+    """A tag one edit or two from a llama.cpp file type, and none itself, is a typo: llama.cpp would find no
+    file for it, an hour into the pod's start. Any other tag passes (repos name files their own way)."""
+    tag = value.rsplit(":", 1)[1].upper()
+    if tag in LLAMACPP_FILE_TYPES or _VARIANT.match(tag):
+        return value
+    near = sorted((_edits(tag, known), known) for known in LLAMACPP_FILE_TYPES)
+    close = [known for distance, known in near if distance <= 2 and distance == near[0][0]]
+    if close and len(tag) >= 3:
+        raise ValueError(f"quant {value.rsplit(':', 1)[1]!r} is not one of llama.cpp's file types; did you mean "
+                         f"{' or '.join(close)}? (the repo's file names show its quants)")
+    return value
+
+
+HfRepo = Annotated[str, matches(_HF_REPO, "a Hugging Face repo with a quant, such as org/Model-GGUF:Q4_K_M"),
+                   AfterValidator(_quant_tag)]
 RepoId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*$")]
 Duration = Annotated[str, matches(_DURATION, "a duration such as 600s, 5m or 1h")]
 HttpPath = Annotated[str, Field(pattern=r"^/[A-Za-z0-9._~/-]*$")]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 
 from common.constants import EMBEDDINGS_PATH, LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, METRICS_TOKEN_KEY
 from common.quantity import GIB, MIB, parse_quantity
-from planning.catalog import facts_for, repo_of
+from planning.catalog import facts_for, near_repos, repo_of
 from planning.memory import Estimate, weights_quantity
 
 from .base import Credentials, Engine, Problem
@@ -224,10 +224,12 @@ class LlamaCpp(Engine):
     def _plan_problems(self, path: str, model: "ModelServer", facts: Optional["ModelFacts"]) -> list[Problem]:
         """Why the server's memory cannot be planned, or its promise cannot be kept."""
         if facts is None:
+            near = near_repos(model.hf_repo or "")
+            guess = f"did you mean {' or '.join(near)} (in the catalog)? Else give " if near else "give "
             return [(
                 f"{path}.facts",
-                f"no architecture facts for {repo_of(model.hf_repo or '')}; give params_b, layers, kv_heads and "
-                "head_dim so its memory can be planned",
+                f"no architecture facts for {repo_of(model.hf_repo or '')}; {guess}params_b, layers, kv_heads and "
+                "head_dim (tools/gguf_facts.py org/Repo-GGUF:QUANT reads them from the GGUF) so its memory can be planned",
             )]
         if model.weights is None:
             try:

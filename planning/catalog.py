@@ -124,6 +124,14 @@ def lookup(repo: str) -> Optional["ModelFacts"]:
     return known[spelled] if spelled is not None else None
 
 
+def near_repos(repo: str) -> list[str]:
+    """Catalog repos spelt like ``repo`` (a typo's likely meaning), closest first."""
+    import difflib
+
+    folded = {name.casefold(): name for name in catalog()}
+    return [folded[n] for n in difflib.get_close_matches(repo_of(repo).casefold(), list(folded), n=2, cutoff=0.85)]
+
+
 def facts_for(model: "ModelServer") -> Optional["ModelFacts"]:
     """The model's own facts, else the catalog's for its repo, else None."""
     if model.facts is not None:

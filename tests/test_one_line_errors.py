@@ -91,3 +91,30 @@ def test_any_key_or_value_gives_one_printable_line(key, value):
     except ConfigError as error:
         text = str(error)
         assert text.isprintable() and text.startswith("invalid stack config: ")
+
+
+def test_a_quant_typo_is_refused_offline_with_the_file_types_it_is_near(tmp_path):
+    """`Q4_K_N` names no llama.cpp file type: llama.cpp would find no file for it an hour into the pod's
+    start (with weights given, nothing else would notice). Repackagers' variants (_L, _XL) still pass."""
+    values = homelab_plain_values()
+    repo = values["models"]["chat"]["hf_repo"].rsplit(":", 1)[0]
+    values["models"]["chat"]["hf_repo"] = repo + ":Q4_K_N"
+    write_stack(tmp_path, values)
+    assert render_error(tmp_path) == (
+        "Pulumi.t.yaml: invalid stack config: models.chat.hf_repo: quant 'Q4_K_N' is not one of llama.cpp's file types; "
+        f"did you mean Q4_K_M or Q4_K_S? (the repo's file names show its quants) (got '{repo}:Q4_K_N')")
+    for tag in ("Q4_K_XL", "Q6_K_L", "q4_k_m", "MXFP4", "IQ4_XS"):
+        values["models"]["chat"]["hf_repo"] = f"{repo}:{tag}"
+        assert parse_stack(values).models["chat"].hf_repo.endswith(tag)
+
+
+def test_a_repo_typo_is_told_the_catalog_repo_it_is_near():
+    from common.errors import CapacityError
+    from plane import plan_capacity
+
+    values = homelab_plain_values()
+    values["models"]["chat"]["hf_repo"] = "Qwen/Qwen3-8B-GUFF:Q4_K_M"
+    values["models"]["chat"].pop("facts", None)
+    with pytest.raises((ConfigError, CapacityError)) as caught:
+        plan_capacity(parse_stack(values))
+    assert "models.chat.facts: no architecture facts for Qwen/Qwen3-8B-GUFF; did you mean Qwen/Qwen3-8B-GGUF" in str(caught.value)
