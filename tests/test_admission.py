@@ -347,3 +347,24 @@ def test_a_lost_pinned_model_is_loaded_again_and_failed_loads_are_counted_as_the
     assert len(queried) >= 5
     for name in queried:
         assert re.search(rf"^{name}[ {{]", exported, re.M), name
+
+
+def test_a_request_the_router_would_refuse_unloads_nothing_and_the_body_names_the_model(binary, gguf_folder):
+    """Review B2 and B3, against the real router: a request without the key is refused (401) before anything
+    is admitted, so it unloads nothing; a POST loads the model its body names (the router ignores ?model= on a
+    POST), so a query naming a resident model does not slip another past the budget."""
+    with plane(binary, gguf_folder) as p:
+        p.router.wait_status("qwen3-8b", ("loaded",))
+        assert p.chat("gemma-3-12b").status == 200 and p.chat("llama-3.1-8b").status == 200
+        before = p.router.running()
+        body = {"model": "qwen3-30b-a3b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert request(p.base + "/v1/chat/completions", body, {}).status == 401
+        assert request(p.base + "/v1/chat/completions", body, {"Authorization": "Bearer wrong"}).status == 401
+        assert p.router.running() == before
+        answer = request(p.base + "/v1/chat/completions?model=qwen3-8b", body, {"Authorization": f"Bearer {TEST_KEY}"})
+        assert answer.status == 200
+        running = p.router.running()
+        assert "qwen3-30b-a3b" in running and p.planned_vram(running) <= SPEC["plan"]["vram_budget_gib"]
+        # GET /health?model=X loads nothing at the router, so the proxy makes no room for it.
+        assert request(p.base + "/health?model=qwen3-14b", None, {}).status == 200
+        assert p.router.running() == running

@@ -1,5 +1,5 @@
-"""The admission proxy's container (proxy.py beside this module, run with `python3 -c` in a plain
-python image): in a router's pod, on the server's port, in front of the router on the pod's loopback."""
+"""The admission proxy's container (framing.py and proxy.py beside this module, run with `python3 -c`
+in a plain python image): in a router's pod, on the server's port, in front of the router on the pod's loopback."""
 
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ ADMISSION_RESOURCES = {"requests": {"cpu": "50m", "memory": ADMISSION_MEMORY_REQ
 
 @functools.cache
 def proxy_source() -> str:
-    return (Path(__file__).parent / "proxy.py").read_text()
+    """framing.py, then proxy.py: one source for `python3 -c` (proxy.py's package import of framing
+    then fails and is skipped; the names are already defined)."""
+    here = Path(__file__).parent
+    return (here / "framing.py").read_text() + "\n\n" + (here / "proxy.py").read_text()
 
 
 def admission_container(model: ModelServer, admission: Admission, probes: dict, file_mounts: list[dict]) -> dict:

@@ -32,28 +32,30 @@ import asyncio
 import json
 import math
 import os
-import sys
 import time
 import urllib.parse
+
+try:  # as a package module (tests); run with `python3 -c`, framing.py's source comes first
+    from .framing import (MAX_BODY_BYTES, MAX_HEADER_BYTES, HOP_BY_HOP, AdmissionError, Keys, client_gone, error,
+                          header, log, read_body, read_head)
+except ImportError:
+    pass
 
 # What the router counts as holding a model (server-models.h is_running()).
 RUNNING = ("loading", "loaded", "sleeping")
 # Beside the plan's client paths (common.constants.ROUTER_CLIENT_PATHS): the scrape's.
 SCRAPE_PATH = "/metrics"
-MAX_HEADER_BYTES = 64 * 1024
-# A chat request with a few images inlined as base64 stays far below this.
-MAX_BODY_BYTES = 32 * 1024 * 1024
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
-              "content-length", "expect"}
 # How long an unloaded child may take to exit: the router force-kills it after stop-timeout (10 s).
 UNLOAD_SECONDS = 30.0
 POLL_SECONDS = 0.1
+# How long a request waits for busy models to free room before a 503 (the gateway's next tier).
+ADMIT_WAIT_SECONDS = float(os.environ.get("ADMIT_WAIT_SECONDS", "60"))
+# How long a call to the router may take (its model list, an unload).
+ROUTER_CALL_SECONDS = 10.0
+# Request bodies held at once, all requests together (the container's limit is 512Mi).
+MAX_HELD_BYTES = 160 * 1024 * 1024
 # How often the pinned models are checked (and loaded again when the router lost one).
 PIN_CHECK_SECONDS = float(os.environ.get("PIN_CHECK_SECONDS", "30"))
-
-
-def log(message: str) -> None:
-    print(f"admission: {message}", file=sys.stderr, flush=True)
 
 
 class Residency:
@@ -67,102 +69,140 @@ class Residency:
         self.freed = asyncio.Event()
         self.in_flight: dict = {}
         self.last_used: dict = {}
+        self.unloading: set = set()  # victims whose child has been told to stop and has not exited yet
+        self.retired: dict = {}  # models the plan dropped, with their last figures, while the router runs them
+        self.tasks: set = set()  # background tasks, referenced until done
+        self.pin_failures: dict = {}  # pinned model -> (failures in a row, when to try again)
         # Figures for /metrics.
         self.evictions: dict = {}
         self.failed_loads: dict = {}
-        self.swaps: dict = {}  # count, seconds: admitted cold until loaded
-        self.waits = [0, 0.0]  # admissions that had to make room: count, seconds
+        self.swaps: dict = {}  # count, seconds: from the load's admission until the router said loaded
+        self.waits = [0, 0.0]  # admissions that waited for room (to be made or freed): count, seconds
         self.last_statuses: dict = {}
-        self.refresh()
+        self.models: dict = {}
+        self.refresh(strict=True)
 
-    def refresh(self) -> None:
-        """Reads the plan when its file changed (the kubelet swaps a ConfigMap's files in place). A model
-        removed keeps its counters while requests for it are in flight."""
-        stat = os.stat(self.plan_file)
-        version = (stat.st_mtime_ns, stat.st_ino, stat.st_size)
-        if version == self.plan_version:
+    def refresh(self, strict: bool = False) -> None:
+        """Reads the plan when its file changed (the kubelet swaps a ConfigMap's files in place): checked
+        whole, then swapped in; a bad one is logged and the last good plan kept (at start: an error). A model
+        the plan drops is kept as retired, its figures counted, while the router still runs it."""
+        try:
+            stat = os.stat(self.plan_file)
+            version = (stat.st_mtime_ns, stat.st_ino, stat.st_size)
+            if version == self.plan_version:
+                return
+            with open(self.plan_file) as f:
+                plan = json.load(f)
+            models = {str(n): {"vram_gib": float(m["vram_gib"]), "ram_gib": float(m["ram_gib"]),
+                               "pinned": bool(m.get("pinned"))} for n, m in plan["models"].items()}
+            vram_budget = None if plan.get("vram_budget_gib") is None else float(plan["vram_budget_gib"])
+            ram_limit, host_gib = float(plan["ram_limit_gib"]), float(plan.get("host_gib", 0.0))
+            max_loaded = int(plan.get("max_loaded") or len(models))
+            allowed = frozenset(str(p) for p in plan.get("allowed_paths", ())) | {SCRAPE_PATH}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            if strict:
+                raise
+            log(f"plan {self.plan_file} unreadable, keeping the last one: {e!r}")
             return
-        with open(self.plan_file) as f:
-            plan = json.load(f)
+        for name in set(self.models) - set(models):
+            self.retired[name] = self.models[name]
+        for name in models:
+            self.retired.pop(name, None)
         self.plan_version = version
-        self.models = plan["models"]
-        self.vram_budget = plan.get("vram_budget_gib")
-        self.ram_limit = plan["ram_limit_gib"]
-        self.host_gib = plan.get("host_gib", 0.0)
-        self.max_loaded = plan.get("max_loaded") or len(self.models)
-        self.allowed_paths = frozenset(plan.get("allowed_paths", ())) | {SCRAPE_PATH}
-        self.pinned = {name for name, m in self.models.items() if m.get("pinned")}
+        self.models, self.vram_budget, self.ram_limit, self.host_gib = models, vram_budget, ram_limit, host_gib
+        self.max_loaded, self.allowed_paths = max_loaded, allowed
+        self.pinned = {name for name, m in models.items() if m["pinned"]}
         for table, empty in ((self.in_flight, 0), (self.last_used, 0.0), (self.evictions, 0), (self.failed_loads, 0)):
-            for name in self.models:
+            for name in models:
                 table.setdefault(name, empty)
-        for name in self.models:
+        for name in models:
             self.swaps.setdefault(name, [0, 0.0])
-        log(f"plan: {len(self.models)} models, VRAM budget {self.vram_budget} GiB, RAM limit {self.ram_limit} GiB")
+        log(f"plan: {len(models)} models, VRAM budget {vram_budget} GiB, RAM limit {ram_limit} GiB")
+
+    def figures(self, name: str) -> dict:
+        return self.models.get(name) or self.retired.get(name) or {"vram_gib": 0.0, "ram_gib": 0.0}
 
     def fits(self, names) -> bool:
         names = set(names)
         if len(names) > self.max_loaded:
             return False
-        vram = sum(self.models[n]["vram_gib"] for n in names if n in self.models)
-        ram = sum(self.models[n]["ram_gib"] for n in names if n in self.models) + self.host_gib
+        vram = sum(self.figures(n)["vram_gib"] for n in names)
+        ram = sum(self.figures(n)["ram_gib"] for n in names) + self.host_gib
         return ((self.vram_budget is None or vram <= self.vram_budget + 1e-9)
                 and math.ceil(ram - 1e-9) <= self.ram_limit)
 
     async def resident(self) -> tuple[set, dict]:
+        """What holds memory now: every model the router runs (a retired one included, with its last planned
+        figures), every model a request holds, every child still on its way out."""
         statuses = await self.router.statuses()
         self.last_statuses = statuses
-        # A model the router runs that the plan no longer lists (removed, not yet unloaded by the keeper)
-        # is an eviction candidate like any other; its memory is no longer planned.
-        running = {n for n, s in statuses.items() if s in RUNNING and n in self.in_flight}
-        return running | {n for n, c in self.in_flight.items() if c > 0}, statuses
+        for name in [n for n in self.retired if statuses.get(n) not in RUNNING]:
+            del self.retired[name]
+        running = {n for n, s in statuses.items() if s in RUNNING}
+        return running | {n for n, c in self.in_flight.items() if c > 0} | self.unloading, statuses
 
     async def admit(self, name: str) -> None:
-        """Returns once ``name`` may go to the router, counted in flight; unloads idle models first if it
-        would not fit. Cancelled (the client left) while waiting: nothing is counted."""
-        if self.in_flight.get(name, 0) > 0:  # resident: its reservation cannot go while a request holds it
+        """Returns once ``name`` may go to the router, counted in flight: at once when it is resident, else
+        once it fits, idle models unloaded first (least recently used; a retired one before any). Waits at
+        most ADMIT_WAIT_SECONDS for busy models to free room, then 503 (the gateway retries on its next tier).
+        Cancelled (the client left): nothing is counted and no lock is held."""
+        if self.in_flight.get(name, 0) > 0 and name not in self.unloading:  # a request holds it resident
             self._enter(name)
             return
         started = time.monotonic()
-        made_room = False
-        await self.lock.acquire()
-        try:
-            while True:
+        waited = False
+        while True:
+            victim = None
+            async with self.lock:
                 resident, statuses = await self.resident()
                 if name not in statuses:
                     # Planned but not served yet: the keeper is still fetching it (the router reads a preset of
                     # the fetched models only). A 503 the gateway retries on its next tier, not the router's 400.
                     raise AdmissionError(503, f"model {name} is not on this server yet (its weights are being "
                                               "fetched); try again later")
-                if name in resident:
+                if name in resident and name not in self.unloading:
+                    self._enter(name)
                     break
-                if self.fits(resident | {name}):
-                    asyncio.get_running_loop().create_task(self._watch_load(name, started))
+                if name not in self.unloading and self.fits(resident | {name}):
+                    self._enter(name)
+                    self._spawn(self._watch_load(name, time.monotonic()))
                     break
-                victims = sorted((n for n in resident if self.in_flight.get(n, 0) == 0 and n not in self.pinned),
-                                 key=lambda n: (self.last_used[n], n))
-                if victims:
-                    made_room = True
-                    await self._unload(victims[0])
-                    continue
-                # Every resident model is busy or pinned: wait for a request to end, then look again.
-                self.freed.clear()
-                self.lock.release()
-                try:
+                candidates = [n for n in resident if self.in_flight.get(n, 0) == 0 and n not in self.pinned
+                              and n not in self.unloading and statuses.get(n) in RUNNING]
+                if candidates:
+                    victim = min(candidates, key=lambda n: (n not in self.retired, self.last_used.get(n, 0.0), n))
+                    self.unloading.add(victim)
+                    log(f"unloading {victim} (least recently used idle) to make room for {name}")
                     try:
-                        await asyncio.wait_for(self.freed.wait(), 1.0)
-                    except asyncio.TimeoutError:
-                        pass
-                finally:
-                    await self.lock.acquire()
-            self._enter(name)
-        finally:
-            self.lock.release()
-        if made_room:
+                        await self.router.unload(victim)
+                    except BaseException:
+                        self.unloading.discard(victim)
+                        raise
+                else:
+                    self.freed.clear()
+            waited = True
+            if victim is not None:
+                # Outside the lock: requests for resident models go on while the child exits.
+                await self._gone(victim)
+                continue
+            if time.monotonic() - started > ADMIT_WAIT_SECONDS:
+                raise AdmissionError(503, f"no room for {name}: every resident model has been busy for "
+                                          f"{ADMIT_WAIT_SECONDS:.0f} s; try again later")
+            try:
+                await asyncio.wait_for(self.freed.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+        if waited:
             self.waits[0] += 1
             self.waits[1] += time.monotonic() - started
 
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
     def _enter(self, name: str) -> None:
-        self.in_flight[name] += 1
+        self.in_flight[name] = self.in_flight.get(name, 0) + 1
         self.last_used[name] = time.time()
 
     def leave(self, name: str) -> None:
@@ -172,61 +212,78 @@ class Residency:
 
     async def keep_pinned(self) -> None:
         """Every PIN_CHECK_SECONDS: a pinned model the router does not hold (its child crashed, or the keeper
-        unloaded it for new weights) is loaded again, room made for it like for a request."""
+        unloaded it for new weights) is loaded again, room made for it like for a request; after a failed
+        load, later and later (up to 10 minutes), so a broken one does not unload the others every round."""
         while True:
             await asyncio.sleep(PIN_CHECK_SECONDS)
             try:
                 self.refresh()
-                statuses = await self.router.statuses()
+                statuses = await self.router.statuses(full=True)
                 for name in sorted(self.pinned):
-                    if name not in statuses or statuses[name] in RUNNING:
+                    status = statuses.get(name)
+                    if status is None or status.get("value") in RUNNING:
+                        if status is not None and status.get("value") in ("loaded", "sleeping"):
+                            self.pin_failures.pop(name, None)
                         continue
-                    log(f"pinned {name} is {statuses[name]}: loading it again")
+                    failures, after = self.pin_failures.get(name, (0, 0.0))
+                    if time.monotonic() < after:
+                        continue
+                    if status.get("failed"):
+                        failures += 1
+                    self.pin_failures[name] = (failures, time.monotonic() + min(600.0, PIN_CHECK_SECONDS * 2 ** failures))
+                    log(f"pinned {name} is {status.get('value')}: loading it again")
                     await self.admit(name)
                     try:
-                        status, body = await self.router.call("POST", "/models/load", json.dumps({"model": name}).encode())
-                        if status != 200:
-                            log(f"loading pinned {name} answered {status}: {body[:200]!r}")
+                        code, body = await self.router.call("POST", "/models/load", json.dumps({"model": name}).encode())
+                        if code != 200:
+                            log(f"loading pinned {name} answered {code}: {body[:200]!r}")
                     finally:
                         self.leave(name)
-            except (OSError, ValueError, AdmissionError) as e:
-                log(f"pinned check: {e}")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the check never stops: one failed round is logged
+                log(f"pinned check: {e!r}")
 
-    async def _unload(self, victim: str) -> None:
-        log(f"unloading {victim} (least recently used idle) to make room")
-        await self.router.unload(victim)
+    async def _gone(self, victim: str) -> None:
+        """Waits until the victim's child has exited (the router reads it loaded until then)."""
         deadline = time.monotonic() + UNLOAD_SECONDS
-        while True:
-            statuses = await self.router.statuses()
-            if statuses.get(victim) not in RUNNING:
-                break
-            if time.monotonic() > deadline:
-                raise AdmissionError(503, f"{victim} did not stop within {UNLOAD_SECONDS:.0f} s; try again")
-            await asyncio.sleep(POLL_SECONDS)
-        self.evictions[victim] = self.evictions.get(victim, 0) + 1
+        try:
+            while True:
+                statuses = await self.router.statuses()
+                if statuses.get(victim) not in RUNNING:
+                    self.evictions[victim] = self.evictions.get(victim, 0) + 1
+                    return
+                if time.monotonic() > deadline:
+                    raise AdmissionError(503, f"{victim} did not stop within {UNLOAD_SECONDS:.0f} s; try again")
+                await asyncio.sleep(POLL_SECONDS)
+        finally:
+            self.unloading.discard(victim)
+            self.freed.set()
 
     async def _watch_load(self, name: str, started: float) -> None:
-        """Times a cold load (admitted until the router says loaded) and counts a failed one."""
+        """Times a load (from its admission until the router says loaded) and counts a failed one: a failure
+        is counted only after the load was seen starting (a stale `failed` of an earlier load is not)."""
         deadline = started + 3600
         seen_loading = False
         while time.monotonic() < deadline:
             await asyncio.sleep(POLL_SECONDS)
             try:
                 status = (await self.router.statuses(full=True)).get(name, {})
-            except OSError:
+            except (OSError, AdmissionError):
                 continue
             value = status.get("value")
             if value == "loading":
                 seen_loading = True
             elif value in ("loaded", "sleeping"):
+                self.swaps.setdefault(name, [0, 0.0])
                 self.swaps[name][0] += 1
                 self.swaps[name][1] += time.monotonic() - started
                 return
-            elif status.get("failed"):
-                self.failed_loads[name] += 1
+            elif status.get("failed") and (seen_loading or self.in_flight.get(name, 0) == 0):
+                self.failed_loads[name] = self.failed_loads.get(name, 0) + 1
                 log(f"{name} failed to load (exit code {status.get('exit_code')})")
                 return
-            elif seen_loading or self.in_flight.get(name, 0) == 0:
+            elif seen_loading:
                 return
 
     def metrics(self) -> str:
@@ -253,8 +310,8 @@ class Residency:
                [({"model": n}, c) for n, c in self.evictions.items()])
         family("failed_loads_total", "counter", "Loads the router reported failed.",
                [({"model": n}, c) for n, c in self.failed_loads.items()])
-        lines.append("# HELP inference_plane_router_swap_seconds From admitting a model that was not resident until "
-                     "the router said it was loaded.")
+        lines.append("# HELP inference_plane_router_swap_seconds From a load's admission (room made) until the "
+                     "router said the model was loaded.")
         lines.append("# TYPE inference_plane_router_swap_seconds summary")
         for n, (count, seconds) in self.swaps.items():
             lines.append(f'inference_plane_router_swap_seconds_sum{{model="{n}"}} {round(seconds, 3)}')
@@ -272,12 +329,6 @@ class Residency:
         return "\n".join(lines) + "\n"
 
 
-class AdmissionError(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
 class RouterClient:
     """Small requests of the router's own (its model list, an unload), over the loopback."""
 
@@ -287,6 +338,14 @@ class RouterClient:
         self.key = key
 
     async def call(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        """One request; a router that does not answer within ROUTER_CALL_SECONDS, refuses the connection or
+        closes it early is a 503 (it is starting or restarting: the gateway tries its next tier)."""
+        try:
+            return await asyncio.wait_for(self._call(method, path, body), ROUTER_CALL_SECONDS)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as e:
+            raise AdmissionError(503, f"the router is not answering ({type(e).__name__}); try again") from None
+
+    async def _call(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
         reader, writer = await asyncio.open_connection(self.host, self.port)
         try:
             head = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}", "Connection: close",
@@ -302,10 +361,13 @@ class RouterClient:
 
     async def statuses(self, full: bool = False) -> dict:
         status, body = await self.call("GET", "/models")
-        if status != 200:
-            raise AdmissionError(502, f"the router's model list answered {status}")
-        data = json.loads(body)["data"]
-        return {m["id"]: (m["status"] if full else m["status"]["value"]) for m in data}
+        if status != 200:  # 503 while it loads its preset at start
+            raise AdmissionError(503, f"the router's model list answered {status}; try again")
+        try:
+            data = json.loads(body)["data"]
+            return {m["id"]: (m["status"] if full else m["status"]["value"]) for m in data}
+        except (ValueError, KeyError, TypeError) as e:
+            raise AdmissionError(502, f"the router's model list could not be read: {e!r}") from None
 
     async def unload(self, name: str) -> None:
         status, body = await self.call("POST", "/models/unload", json.dumps({"model": name}).encode())
@@ -314,119 +376,49 @@ class RouterClient:
             raise AdmissionError(502, f"the router answered {status} to unloading {name}: {body[:200]!r}")
 
 
-async def read_head(reader, response: bool = False):
-    """The start line and headers; returns (method, target, headers, leftover) or (status, headers, leftover)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = await reader.read(65536)
-        if not chunk:
-            raise ConnectionError("closed before the headers ended")
-        data += chunk
-        if len(data) > MAX_HEADER_BYTES and b"\r\n\r\n" not in data[:MAX_HEADER_BYTES]:
-            raise AdmissionError(431, "request headers too large")
-    head, rest = data.split(b"\r\n\r\n", 1)
-    lines = head.decode("latin-1").split("\r\n")
-    headers = []
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers.append((name.strip(), value.strip()))
-    parts = lines[0].split(" ", 2)
-    if response:
-        return int(parts[1]), headers, rest
-    if len(parts) != 3:
-        raise AdmissionError(400, "malformed request line")
-    return parts[0], parts[1], headers, rest
+# The paths on which the router loads the model a query names (GET /metrics?model=X; its other GETs with
+# ?model= are answered without loading, and a POST takes only the body's model: server-models.cpp).
+QUERY_MODEL_PATHS = frozenset({SCRAPE_PATH})
 
 
-def header(headers, name: str):
-    for key, value in headers:
-        if key.lower() == name:
-            return value
-    return None
-
-
-async def read_body(reader, headers, rest: bytes) -> bytes:
-    """A body framed by Content-Length or chunked (decoded); none otherwise."""
-    if (header(headers, "transfer-encoding") or "").lower().endswith("chunked"):
-        data, body = rest, b""
-        while True:
-            while b"\r\n" not in data:
-                more = await reader.read(65536)
-                if not more:
-                    raise ConnectionError("closed inside a chunked body")
-                data += more
-            size_line, data = data.split(b"\r\n", 1)
-            size = int(size_line.split(b";")[0], 16)
-            while len(data) < size + 2:
-                more = await reader.read(65536)
-                if not more:
-                    raise ConnectionError("closed inside a chunked body")
-                data += more
-            if size == 0:
-                return body
-            body += data[:size]
-            data = data[size + 2:]
-            if len(body) > MAX_BODY_BYTES:
-                raise AdmissionError(413, "request body too large")
-    length = header(headers, "content-length")
-    if length is None:
-        return rest
-    length = int(length)
-    if length > MAX_BODY_BYTES:
-        raise AdmissionError(413, "request body too large")
-    body = rest
-    while len(body) < length:
-        more = await reader.read(min(65536, length - len(body)))
-        if not more:
-            raise ConnectionError("closed inside the body")
-        body += more
-    return body[:length]
-
-
-def model_of(method: str, target: str, body: bytes):
-    """The model a request would make the router load, or None: a `model` query parameter (unless
-    autoload=false), else the JSON body's `model` field."""
-    query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
-    if "model" in query:
-        return None if query.get("autoload") == ["false"] else query["model"][0]
-    if method in ("POST", "PUT") and body[:1] in (b"{", b" ", b"\n", b"\r", b"\t"):
+def model_of(method: str, path: str, query: dict, body: bytes):
+    """The model the router would load for this request, as the router reads it, or None: a POST's JSON
+    body `model`; a GET's `?model=` on QUERY_MODEL_PATHS unless autoload is off (anything but true/1)."""
+    if method == "POST":
+        if body[:1] not in (b"{", b" ", b"\n", b"\r", b"\t"):
+            return None
         try:
             value = json.loads(body).get("model")
         except (ValueError, AttributeError):
             return None
         return value if isinstance(value, str) else None
+    if method == "GET" and path in QUERY_MODEL_PATHS and "model" in query:
+        autoload = query.get("autoload", ["true"])[0].lower()
+        return query["model"][0] if autoload in ("true", "1") else None
     return None
 
 
-def answer(writer, status: int, payload: dict, extra: str = "") -> None:
-    body = json.dumps(payload).encode()
-    reason = {200: "OK", 400: "Bad Request", 403: "Forbidden", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
-              502: "Bad Gateway", 503: "Service Unavailable"}.get(status, "Error")
-    writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-                 f"Connection: close\r\n{extra}\r\n".encode() + body)
-
-
-def error(writer, status: int, message: str) -> None:
-    extra = "Retry-After: 5\r\n" if status == 503 else ""
-    answer(writer, status, {"error": {"code": status, "message": message, "type": "admission_error"}}, extra)
-
-
 class Proxy:
-    def __init__(self, residency: Residency, router_url: str):
+    def __init__(self, residency: Residency, router_url: str, keys: Keys):
         parsed = urllib.parse.urlsplit(router_url)
         self.host, self.port = parsed.hostname, parsed.port or 80
         self.residency = residency
+        self.keys = keys
+        self.held = 0  # request body bytes held now, all requests together
 
     async def handle(self, reader, writer) -> None:
+        started = [False]  # whether the router's answer has begun (then no status line of ours may follow)
         try:
-            await self._handle(reader, writer)
+            await self._handle(reader, writer, started)
         except AdmissionError as e:
-            error(writer, e.status, str(e))
+            if not started[0]:
+                error(writer, e.status, str(e))
         except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+            pass  # the client left
         except Exception as e:  # one request's failure never stops the proxy
             log(f"error: {e!r}")
-            error(writer, 502, "admission proxy error")
+            if not started[0]:
+                error(writer, 502, "admission proxy error")
         finally:
             try:
                 await writer.drain()
@@ -434,50 +426,69 @@ class Proxy:
                 pass
             writer.close()
 
-    async def _handle(self, reader, writer) -> None:
+    async def _handle(self, reader, writer, started) -> None:
         method, target, headers, rest = await read_head(reader)
-        body = await read_body(reader, headers, rest)
-        path = urllib.parse.urlsplit(target).path
+        split = urllib.parse.urlsplit(target)
+        path, query = split.path, urllib.parse.parse_qs(split.query)
         self.residency.refresh()
-        if path == SCRAPE_PATH and "model=" not in target:
+        # Refused before the body is read: paths that are not the clients', and requests without the key
+        # (the router exempts /health from its key; so does this).
+        if path not in self.residency.allowed_paths:
+            raise AdmissionError(403, f"{method} {path} is not served here: model management stays inside the pod")
+        if path not in ("/health", "/v1/health") and not self.keys.allows(headers):
+            raise AdmissionError(401, "Invalid API Key")
+        length = header(headers, "content-length")
+        size = int(length) if length and length.isdigit() else 0
+        if self.held + size > MAX_HELD_BYTES:
+            raise AdmissionError(503, "too many large requests held at once; try again")
+        if (header(headers, "expect") or "").lower() == "100-continue" and size <= MAX_BODY_BYTES:
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.held += size
+        try:
+            body = await read_body(reader, headers, rest)
+            await self._serve(method, target, path, query, headers, body, reader, writer, started)
+        finally:
+            self.held -= size
+
+    async def _serve(self, method, target, path, query, headers, body, reader, writer, started) -> None:
+        if path == SCRAPE_PATH and "model" not in query:
             await self.residency.resident()
             text = self.residency.metrics().encode()
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: "
                          + str(len(text)).encode() + b"\r\nConnection: close\r\n\r\n" + text)
             return
-        if path not in self.residency.allowed_paths:
-            raise AdmissionError(403, f"{method} {path} is not served here: model management stays inside the pod")
-        name = model_of(method, target, body)
-        admitted = name if name in self.residency.models else None
+        name = model_of(method, path, query, body)
+        if name is not None and name not in self.residency.models:
+            # Not planned (a model the plan dropped, until the keeper has the router forget it): never loaded
+            # past the plan; the router's own answer for a name it does not serve.
+            raise AdmissionError(400, f"model '{name}' not found")
         gone = asyncio.get_running_loop().create_task(client_gone(reader))
+        admitted = False
         try:
-            if admitted is not None:
-                admission = asyncio.get_running_loop().create_task(self.residency.admit(admitted))
+            if name is not None:
+                admission = asyncio.get_running_loop().create_task(self.residency.admit(name))
                 done, _ = await asyncio.wait({admission, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if admission not in done:  # the client left while it waited
                     admission.cancel()
                     try:
                         await admission
-                    except (asyncio.CancelledError, Exception):
-                        pass
-                    if admission.cancelled() or admission.exception() is not None:
+                    except BaseException:  # noqa: B036 - cancelled or failed: nothing was counted
                         return
-                    self.residency.leave(admitted)
+                    self.residency.leave(name)  # it was admitted just before the cancel
                     return
-                admission.result()
-            try:
-                await self._relay(method, target, headers, body, writer, gone)
-            finally:
-                if admitted is not None:
-                    self.residency.leave(admitted)
+                admission.result()  # an AdmissionError (503 ...) is answered; nothing was counted
+                admitted = True
+            await self._relay(method, target, headers, body, writer, gone, started)
         finally:
+            if admitted:
+                self.residency.leave(name)
             gone.cancel()
 
-    async def _relay(self, method, target, headers, body, writer, gone) -> None:
+    async def _relay(self, method, target, headers, body, writer, gone, started) -> None:
         try:
             up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
         except OSError as e:
-            raise AdmissionError(502, f"the router is not answering: {e}")
+            raise AdmissionError(503, f"the router is not answering ({type(e).__name__}); try again") from None
         try:
             head = [f"{method} {target} HTTP/1.1"]
             head += [f"{k}: {v}" for k, v in headers if k.lower() not in HOP_BY_HOP]
@@ -490,24 +501,19 @@ class Proxy:
                 if read not in done:  # the client left: closing the router's connection cancels its work
                     read.cancel()
                     return
-                chunk = read.result()
+                try:
+                    chunk = read.result()
+                except OSError:
+                    chunk = b""
                 if not chunk:
+                    if not started[0]:
+                        raise AdmissionError(503, "the router closed the connection without an answer; try again")
                     return
+                started[0] = True
                 writer.write(chunk)
                 await writer.drain()
         finally:
             up_writer.close()
-
-
-async def client_gone(reader) -> None:
-    """Completes when the client closes its side (it sends nothing more after its request)."""
-    while True:
-        try:
-            chunk = await reader.read(65536)
-        except (ConnectionError, OSError):
-            return
-        if not chunk:
-            return
 
 
 def read_key(path) -> str:
@@ -520,7 +526,7 @@ def read_key(path) -> str:
 async def main() -> None:
     router_url = os.environ["ROUTER_URL"]
     residency = Residency(os.environ["ADMISSION_PLAN_FILE"], RouterClient(router_url, read_key(os.environ.get("ROUTER_AUTH_FILE"))))
-    proxy = Proxy(residency, router_url)
+    proxy = Proxy(residency, router_url, Keys(os.environ.get("ROUTER_AUTH_FILE")))
     server = await asyncio.start_server(proxy.handle, os.environ.get("LISTEN_HOST", "0.0.0.0"),
                                         int(os.environ["LISTEN_PORT"]), limit=MAX_HEADER_BYTES)
     log(f"listening on {os.environ['LISTEN_PORT']}, router at {router_url}, {len(residency.models)} models, "
