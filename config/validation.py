@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import re
 import typing
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from pydantic import ValidationError
 
@@ -62,6 +62,17 @@ def _keys_at(loc: tuple) -> list[str]:
     return list(model.model_fields) if model is not None else []
 
 
+def _indentation_slip(key: str, parent: tuple) -> Optional[str]:
+    """Where the key is valid one level up or one level down: an indentation slip that is still valid YAML."""
+    if len(parent) >= 1 and key in _keys_at(parent[:-1]):
+        return (f"unknown key here, but {config_path(parent[:-1]) or 'the stack'} takes {key}: an indentation slip? "
+                "move it one level out")
+    for child in _keys_at(parent):
+        if key in _keys_at(parent + (child,)):
+            return f"unknown key here, but {config_path(parent + (child,))} takes {key}: an indentation slip? move it under {child}"
+    return None
+
+
 def config_path(loc: Sequence[Any]) -> str:
     """models.chat.extra_args[0]: list positions in brackets, as `pulumi config set --path` takes them."""
     out = ""
@@ -92,8 +103,12 @@ def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
     path = config_path(error["loc"]) or "(stack)"
     kind = error["type"]
     if kind == "extra_forbidden":
-        near = difflib.get_close_matches(str(error["loc"][-1]), _keys_at(error["loc"][:-1]), n=1, cutoff=0.6)
-        return path, f"unknown key; did you mean {near[0]}?" if near else "unknown key; remove it or check its spelling"
+        key, parent = str(error["loc"][-1]), error["loc"][:-1]
+        near = difflib.get_close_matches(key, _keys_at(parent), n=1, cutoff=0.6)
+        if near:
+            return path, f"unknown key; did you mean {near[0]}?"
+        slip = _indentation_slip(key, parent)
+        return path, slip or "unknown key; remove it or check its spelling"
     if kind == "missing":
         return path, "required; set it"
     if kind in ("model_type", "model_attributes_type", "dict_type"):

@@ -118,3 +118,19 @@ def test_a_repo_typo_is_told_the_catalog_repo_it_is_near():
     with pytest.raises((ConfigError, CapacityError)) as caught:
         plan_capacity(parse_stack(values))
     assert "models.chat.facts: no architecture facts for Qwen/Qwen3-8B-GUFF; did you mean Qwen/Qwen3-8B-GGUF" in str(caught.value)
+
+
+def test_a_key_indented_one_level_off_is_named_as_an_indentation_slip():
+    """Valid YAML with a key one level too deep or too shallow: the line says where the key belongs."""
+    values = homelab_plain_values()
+    values["models"]["chat"]["resources"]["ctx_size"] = 8192
+    with pytest.raises(ConfigError) as caught:
+        parse_stack(values)
+    assert str(caught.value) == ("invalid stack config: models.chat.resources.ctx_size: unknown key here, but models.chat "
+                                 "takes ctx_size: an indentation slip? move it one level out")
+    values = homelab_plain_values()
+    values["models"]["chat"]["cpu_limit"] = "4"
+    with pytest.raises(ConfigError) as caught:
+        parse_stack(values)
+    assert str(caught.value) == ("invalid stack config: models.chat.cpu_limit: unknown key here, but "
+                                 "models.chat.resources takes cpu_limit: an indentation slip? move it under resources")
