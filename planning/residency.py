@@ -109,6 +109,10 @@ class Residency:
             "max_loaded": self.cap,
             "most_resident": self.most_resident,
             "fill": self.fill(),
+            # Every full set the proxy can reach (beside which no other model fits), fullest first.
+            "full_sets": [[m.name for m in s] for s in sorted(
+                self.full(), key=lambda s: (-sum(m.vram_gib if self.vram_budget_gib is not None else m.ram_gib for m in s),
+                                            [m.name for m in s]))],
             "ram_budget_gib": self.ram_budget_gib,
             "vram_budget_gib": self.vram_budget_gib,
             "models": {m.name: {"pinned": m.pinned, "multimodal": m.multimodal, "source": m.source, "ram_gib": m.ram_gib, "vram_gib": m.vram_gib,

@@ -2,7 +2,8 @@
 
 One bar per node, as wide as what the node offers (allocatable less reserved): for each model server
 placed there its weights, KV and recurrent state, backend working set and host caches, then the
-margin its memory limit adds over the estimate; what is left is headroom. Every rectangle carries
+margin its memory limit adds over the estimate; what is left is headroom. Then one bar per discrete GPU,
+and, for a server of models on demand, one bar per full resident set (each model's share of the budget). Every rectangle carries
 its figures (data-node, data-server, data-part, data-gib) so a test can check them against the plan.
 """
 from __future__ import annotations
@@ -19,6 +20,8 @@ PARTS = (  # (part, estimate fields, colour)
 HEADROOM = "#d4edda"
 WIDTH, LABEL, BAR, GAP, TOP = 900, 150, 28, 22, 40
 VRAM = "#8e6c8a"
+# One colour per model of a router, in its resident-set rows.
+MODEL_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#9c755f", "#76b7b2", "#edc948")
 LEGEND_STEP = 120
 CHAR_WIDTH = 6.5  # a 12 px sans-serif character, roughly
 
@@ -33,7 +36,10 @@ def plan_svg(plan: dict) -> str:
     servers = {s["name"]: s for s in plan["servers"].values()}
     scale = (WIDTH - LABEL - 20) / max([n["offers_gib"] for n in nodes] + [g["vram_gib"] for n in nodes for g in n.get("gpus", [])] or [1])
     gpu_rows = [(node, gpu) for node in nodes for gpu in node.get("gpus", [])]
-    rows = len(nodes) + len(gpu_rows)
+    # A router's full resident sets, one row each (what the admission proxy can leave loaded together).
+    set_rows = [(server, names) for server in plan["servers"].values() if server.get("residency")
+                for names in server["residency"].get("full_sets", [])]
+    rows = len(nodes) + len(gpu_rows) + len(set_rows)
     speeds = [s for s in plan["servers"].values() if s.get("decode_bound_tok_s") or s.get("decode_predicted_tok_s")]
     height = TOP + rows * (BAR + GAP) + 40 + 18 * len(speeds)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="12">',
@@ -84,6 +90,30 @@ def plan_svg(plan: dict) -> str:
         shares = ", ".join(f"{name} {gib:.1f}" for name, gib in gpu["workloads"].items())
         out.append(f'<text x="{LABEL}" y="{y + BAR + 14}" data-gpu="{escape(where)}">{gpu["planned_gib"]:.1f} GiB of VRAM '
                    f'planned of {gpu["vram_gib"]:.1f}: {escape(shares)}</text>')
+    for row, (server, names) in enumerate(set_rows, start=len(nodes) + len(gpu_rows)):
+        y = TOP + row * (BAR + GAP)
+        residency = server["residency"]
+        on_card = residency["vram_budget_gib"] is not None
+        budget = residency["vram_budget_gib"] if on_card else residency["ram_budget_gib"]
+        where = f"{server['name']} set {row - len(nodes) - len(gpu_rows) + 1}"
+        out.append(f'<text x="10" y="{y + BAR / 2 + 4}">{escape(where)}</text>')
+        x = float(LABEL)
+        total = 0.0
+        for name in names:
+            gib = residency["models"][name]["vram_gib" if on_card else "ram_gib"]
+            colour = MODEL_COLOURS[list(residency["models"]).index(name) % len(MODEL_COLOURS)]
+            out.append(f'<rect x="{x:.2f}" y="{y}" width="{gib * scale:.2f}" height="{BAR}" fill="{colour}" stroke="#333" '
+                       f'data-set="{escape(where)}" data-server="{escape(server["name"])}" data-model="{escape(name)}" '
+                       f'data-gib="{gib:.3f}"><title>{escape(name)}: {gib:.1f} GiB</title></rect>')
+            label = f"{name} {gib:.1f}"
+            if gib * scale > len(label) * CHAR_WIDTH + 8:
+                out.append(f'<text x="{x + 4:.2f}" y="{y + BAR / 2 + 4}" fill="#fff">{escape(label)}</text>')
+            x += gib * scale
+            total += gib
+        out.append(f'<rect x="{LABEL}" y="{y}" width="{budget * scale:.2f}" height="{BAR}" fill="none" stroke="#333" '
+                   f'stroke-dasharray="4 2" data-set="{escape(where)}" data-part="budget" data-gib="{budget:.3f}"/>')
+        out.append(f'<text x="{LABEL}" y="{y + BAR + 14}">resident together: {total:.1f} of the {budget:.1f} GiB '
+                   f'{"VRAM" if on_card else "RAM"} budget ({total / budget:.0%})</text>')
     legend_y = TOP + rows * (BAR + GAP) + 10
     legend = [*PARTS, ("headroom", (), HEADROOM)] + ([("VRAM (GPU rows)", (), VRAM)] if gpu_rows else [])
     for i, (part, _, colour) in enumerate(legend):

@@ -290,3 +290,31 @@ def test_the_admission_proxy_held_the_real_router_to_the_plan_on_a_gpu():
     loaded = [statuses for _, statuses in ADMITTED["status_changes"] if statuses["qwen3-8b"] == "loaded"]
     first = next(i for i, (_, st) in enumerate(ADMITTED["status_changes"]) if st["qwen3-8b"] == "loaded")
     assert len(loaded) == len(ADMITTED["status_changes"]) - first, "the pinned model was unloaded"
+
+
+def test_the_picture_draws_each_full_resident_set_with_each_models_share(tmp_path):
+    """plan.svg: one bar per full set the proxy can reach (the same sets the test above counts), each
+    model's rectangle its planned VRAM, the set's total within the dashed budget."""
+    import xml.etree.ElementTree as ET
+
+    from render.output import render_stack
+
+    render_stack(STACK, tmp_path / "out")
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())["servers"]["library"]["residency"]
+    svg = ET.parse(tmp_path / "out" / "plan.svg").getroot()
+    rects = [r.attrib for r in svg.iter("{http://www.w3.org/2000/svg}rect") if "data-set" in r.attrib]
+    rows: dict[str, dict] = {}
+    for r in rects:
+        row = rows.setdefault(r["data-set"], {"models": [], "budget": None})
+        if r.get("data-part") == "budget":
+            row["budget"] = float(r["data-gib"])
+        else:
+            row["models"].append((r["data-model"], float(r["data-gib"])))
+    assert [[name for name, _ in row["models"]] for row in rows.values()] == plan["full_sets"]
+    for row in rows.values():
+        assert row["budget"] == pytest.approx(plan["vram_budget_gib"])
+        assert all(gib == pytest.approx(plan["models"][name]["vram_gib"], abs=1e-3) for name, gib in row["models"])
+        assert sum(gib for _, gib in row["models"]) <= row["budget"]
+    # Every model is in some full set, and the pinned one in all.
+    assert {n for s in plan["full_sets"] for n in s} == set(plan["models"])
+    assert all("qwen3-8b" in s for s in plan["full_sets"])
