@@ -199,10 +199,12 @@ class NodePool(Strict):
         default=None,
     )
     gpus_per_node: Annotated[int, Field(gt=0, le=16)] = doc("Discrete GPUs per node the device plugin advertises.", default=1)
-    decode_profile: Optional[Literal["nvidia", "nvidia-datacenter", "cpu", "intel-igpu", "amd-apu"]] = doc(
+    decode_profile: Optional[Literal["nvidia", "nvidia-datacenter", "cpu", "intel-igpu", "amd-apu", "amd-discrete-rocm",
+                                     "amd-discrete-vulkan", "intel-arc-a", "intel-arc-b"]] = doc(
         "How the pool's GPUs turn bandwidth into tokens, for the decode prediction (engines/llamacpp_speed.py: "
-        "measured per device class; nvidia: GeForce cards, nvidia-datacenter: H100/H200). null: by backend (cuda: "
-        "nvidia, rocm: amd-apu, cpu); Vulkan needs it named.",
+        "measured or published per device class; nvidia: GeForce cards, nvidia-datacenter: H100/H200, amd-discrete-*: "
+        "Radeon RX 7000, intel-arc-a: A770/A750, intel-arc-b: B580/B570). null: by backend and card (cuda: nvidia, rocm "
+        "with vram: amd-discrete-rocm, rocm without: amd-apu, cpu); Vulkan and SYCL need it named, else no prediction.",
         default=None,
     )
     vram_bandwidth_gbs: Optional[Annotated[Number, Field(gt=0)]] = doc(

@@ -67,10 +67,29 @@ PROFILES: dict[str, DecodeProfile] = {
     # UD-Q4_K_XL 77.96 t/s (Vulkan, lhl/strix-halo-testing 5ee14b5b) gives the MoE block's cost.
     "amd-apu": DecodeProfile(block_us=0.0, moe_block_us=75.0, share={"f16": 0.80, "q8": 0.80, "kquant": 0.80},
                              kv_share=0.80, source="Strix Halo llama-bench, kyuz0 d1a34bee, lhl 5ee14b5b"),
+    # Discrete cards from llama.cpp's own scoreboards, one published point each (Llama-2-7B Q4_0, 3.825 GB,
+    # tg128): so one share and no fixed cost, a fit to that point; the MoE block and KV costs are not
+    # measured (taken as NVIDIA's GeForce profile). RX 7900 XTX (960 GB/s), ROCm, build 2f0c2db:
+    # 167.11 t/s (discussion #15021, as transcribed in two independent copies; issue #20934, March 2026,
+    # reports 129-144 with -fa 1 -b 128): 67% of the bandwidth.
+    "amd-discrete-rocm": DecodeProfile(block_us=0.0, moe_block_us=40.0, share={"f16": 0.67, "q8": 0.67, "kquant": 0.67},
+                                       kv_share=0.40, source="RX 7900 XTX ROCm llama-bench 167.11 t/s (llama.cpp #15021)"),
+    # RX 7900 XTX, Vulkan RADV: 182.63 t/s (discussion #10879, transcribed; issue #20934: 167-177): 73%.
+    "amd-discrete-vulkan": DecodeProfile(block_us=0.0, moe_block_us=40.0, share={"f16": 0.73, "q8": 0.73, "kquant": 0.73},
+                                         kv_share=0.40, source="RX 7900 XTX Vulkan llama-bench 182.63 t/s (llama.cpp #10879)"),
+    # Intel Arc B580 (456 GB/s), SYCL: 65.13 t/s (PR #13885, 2025-05; Vulkan 70.14 in #10879): 55%.
+    "intel-arc-b": DecodeProfile(block_us=0.0, moe_block_us=40.0, share={"f16": 0.55, "q8": 0.55, "kquant": 0.55},
+                                 kv_share=0.40, source="Arc B580 SYCL llama-bench 65.13 t/s (llama.cpp PR #13885)"),
+    # Intel Arc A770 (560 GB/s), Vulkan, Mesa 24.0.9: 54.51 t/s (PR #10721, 2024-12): 37%. Its figures range
+    # from 20% to 38% by driver and backend (SYCL with and without the Q4_0 reorder): the least certain here.
+    "intel-arc-a": DecodeProfile(block_us=0.0, moe_block_us=40.0, share={"f16": 0.37, "q8": 0.37, "kquant": 0.37},
+                                 kv_share=0.40, source="Arc A770 Vulkan llama-bench 54.51 t/s (llama.cpp PR #10721)"),
 }
-# The profile a pool gets when it names none (node_pools.<pool>.decode_profile): by backend. Vulkan
-# runs on very different GPUs (an Iris Xe, a Radeon APU, a discrete card): no default.
-DEFAULT_PROFILE = {"cuda": "nvidia", "cpu": "cpu", "rocm": "amd-apu"}
+# The profile a pool gets when it names none (node_pools.<pool>.decode_profile): by backend and by
+# whether the card is discrete (vram set), never another class's. Vulkan and SYCL run on very different
+# GPUs (an Iris Xe, a Radeon APU, a discrete Radeon or Arc): no default, so no number.
+DEFAULT_PROFILE = {("cuda", True): "nvidia", ("cpu", False): "cpu", ("rocm", False): "amd-apu",
+                   ("rocm", True): "amd-discrete-rocm"}
 
 
 def weight_class(model: "ModelServer", facts: "ModelFacts") -> str:
@@ -91,7 +110,8 @@ def predict_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", b
                   discrete: bool, depths: dict[str, int]) -> Optional[dict[str, float]]:
     """Predicted decode rate at each named context depth (tokens already in the context); None where
     a bandwidth or the backend's profile is unknown (Vulkan unnamed, SYCL, MUSA: nothing measured)."""
-    main = PROFILES["cpu"] if backend == "cpu" else PROFILES.get(pool.decode_profile or DEFAULT_PROFILE.get(backend or "", ""))
+    main = PROFILES["cpu"] if backend == "cpu" else PROFILES.get(
+        pool.decode_profile or DEFAULT_PROFILE.get((backend or "", pool.vram is not None), ""))
     if main is None or model.role == "embedding":
         return None
     place = layout(model, facts)

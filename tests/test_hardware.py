@@ -334,3 +334,30 @@ def test_a_users_traefik_middlewares_run_after_the_source_check():
     annotations = chat_ingress_annotations(values, RTX_SECRETS, "rtx4090")
     assert annotations["traefik.ingress.kubernetes.io/router.middlewares"] == \
         "llm-llama-chat-sources@kubernetescrd,auth-sso@kubernetescrd"
+
+
+@pytest.mark.parametrize("backend, image, vram, profile, predicted", [
+    # A discrete Radeon on ROCm: its own class (the RX 7900 XTX's published 167.11 t/s on llama-2-7b Q4_0
+    # is the point the profile was fitted to), never the Strix Halo APU's.
+    ("rocm", "ghcr.io/ggml-org/llama.cpp:server-rocm-b10731", "24Gi", "amd-discrete-rocm", True),
+    # Vulkan runs on too many kinds of GPU to guess: no number unless the pool names its class.
+    ("vulkan", "ghcr.io/ggml-org/llama.cpp:server-vulkan-b10731", "24Gi", None, False),
+])
+def test_the_decode_profile_is_the_cards_own_class_or_none(backend, image, vram, profile, predicted):
+    from engines.llamacpp_speed import DEFAULT_PROFILE, PROFILES
+
+    values = rtx()
+    pool = values["node_pools"]["rtx4090"]
+    pool.update(backend=backend, gpu_resource="amd.com/gpu" if backend == "rocm" else "gpu.intel.com/xe",
+                vram=vram, vram_bandwidth_gbs=960, runtime_class=None, gpu_shares=1)
+    values["models"] = {"chat": values["models"]["chat"]}
+    values["gateway"] = None
+    for model in values["models"].values():
+        model["image"] = image
+    plan = plan_capacity(parse_stack(values))
+    chat = plan.servers["chat"]
+    assert (chat.decode_predicted_tok_s is not None) == predicted
+    assert DEFAULT_PROFILE.get((backend, True)) == profile and DEFAULT_PROFILE.get(("rocm", False)) == "amd-apu"
+    if profile is not None:
+        # Its fit: llama-2-7b Q4_0 (3.825 GB read per token) at 960 GB/s x the share = the published 167.11 t/s.
+        assert 960e9 * PROFILES[profile].share["kquant"] / 3.825e9 == pytest.approx(167.11, rel=0.01)
