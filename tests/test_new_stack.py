@@ -28,6 +28,10 @@ MACHINES = {
     "nvidia-12": (["--gpu", "nvidia", "--vram", "12", "--ram", "64"], "nvidia", (64, 12)),
     "nvidia-16": (["--gpu", "nvidia", "--vram", "16", "--ram", "64"], "nvidia", (64, 16)),
     "nvidia-24": (["--gpu", "nvidia", "--vram", "24", "--ram", "64"], "nvidia", (64, 24)),
+    "radeon-rx7900xtx-24": (["--gpu", "amd", "--vram", "24", "--ram", "96"], "amd", (96, 24)),
+    "radeon-rx7800xt-16": (["--gpu", "amd", "--vram", "16", "--ram", "64"], "amd", (64, 16)),
+    "arc-a770-16": (["--gpu", "intel-arc", "--vram", "16", "--ram", "64"], "intel-arc", (64, 16)),
+    "arc-b580-12": (["--gpu", "intel-arc", "--vram", "12", "--ram", "32"], "intel-arc", (32, 12)),
     "intel-minipc-32": (["--gpu", "intel-igpu", "--ram", "32"], "intel-igpu", (32, None)),
     "strix-halo-64": (["--gpu", "amd-apu", "--ram", "64"], "amd-apu", (64, None)),
     "strix-halo-128": (["--gpu", "amd-apu", "--ram", "128"], "amd-apu", (128, None)),
@@ -113,6 +117,7 @@ def test_the_chosen_models_fit_the_machine(written, name):
     assert (plan.servers["chat"].vram is not None) == (vram is not None)
     # Images like the shipped stacks': CPU build for embeddings, the backend's build for chat.
     expected_chat = {"nvidia": new_stack.IMAGES["cuda"], "intel-igpu": new_stack.IMAGES["vulkan"],
+                     "amd": new_stack.IMAGES["rocm"], "intel-arc": new_stack.IMAGES["sycl"],
                      "amd-apu": new_stack.IMAGES["vulkan"], "cpu": new_stack.IMAGES["cpu"], "arm64": ARM64_IMAGE}[kind]
     assert chat.image == expected_chat
     assert embed.image == (ARM64_IMAGE if kind == "arm64" else new_stack.IMAGES["cpu"]) and embed.gpu_layers == 0
@@ -158,6 +163,7 @@ def test_the_summary_says_what_was_chosen_and_why(written, name):
 GROUPS = {
     "nvidia": ["nvidia-8", "nvidia-12", "nvidia-16", "nvidia-24"],
     "amd-apu": ["strix-halo-64", "strix-halo-128"],
+    "amd": ["radeon-rx7800xt-16", "radeon-rx7900xtx-24"],
     "cpu": ["cpu-minipc-16", "cpu-minipc-32"],
 }
 
@@ -179,6 +185,23 @@ def test_the_choices_for_the_table(written):
     # A discrete card gets a model it runs at interactive speed, not the largest that spills into RAM:
     # gpt-oss-120b fits beside 64 GiB of RAM but is predicted far below the 20 tok/s floor there.
     assert chosen["nvidia-24"] == "ggml-org/Qwen3.6-35B-A3B-GGUF:Q4_K_M"
+
+
+@pytest.mark.parametrize("name, profile, bandwidth, plugin", [
+    ("radeon-rx7900xtx-24", "amd-discrete-rocm", 960, "amd.com/gpu"),
+    ("radeon-rx7800xt-16", "amd-discrete-rocm", 624, "amd.com/gpu"),
+    ("arc-a770-16", "intel-arc-a", 560, "gpu.intel.com/xe"),
+    ("arc-b580-12", "intel-arc-b", 456, "gpu.intel.com/xe"),
+])
+def test_a_discrete_amd_or_intel_card_gets_its_own_class_plugin_and_groups(written, name, profile, bandwidth, plugin):
+    """Never another class's figures (the APU's for a Radeon): the card's decode profile and bandwidth, its
+    device plugin's resource, the render/video groups with the command that finds them, no NVIDIA runtime."""
+    _, text, summary = written[name]
+    pool = next(iter(values_of(text)["node_pools"].values()))
+    assert pool["decode_profile"] == profile and pool["vram_bandwidth_gbs"] == bandwidth
+    assert pool["gpu_resource"] == plugin and pool["gpu_shares"] == 1 and "runtime_class" not in pool
+    assert pool["supplemental_groups"] == [44, 992] and "getent group video render" in text
+    assert "getent group video render" in summary
 
 
 def test_a_discrete_card_is_held_to_interactive_speed_and_says_what_it_passed_over(tmp_path, capsys):
@@ -237,10 +260,11 @@ def test_ingress_nginx_and_calico_render(tmp_path, capsys):
 
 BAD = [
     (["--gpu", "nvidia", "--ram", "64"], "--vram: required with --gpu nvidia"),
-    (["--gpu", "none", "--vram", "8", "--ram", "16"], "--vram: only for a discrete NVIDIA card"),
+    (["--gpu", "none", "--vram", "8", "--ram", "16"], "--vram: only for a discrete card; none uses the node's memory"),
     (["--gpu", "none", "--ram", "0"], "--ram 0: not a node's memory"),
     (["--gpu", "none", "--ram", "3"], "--ram 3: no catalog chat model fits this machine"),
-    (["--gpu", "amd", "--ram", "64"], "argument --gpu: invalid choice"),
+    (["--gpu", "amd", "--ram", "64"], "--vram: required with --gpu amd; give the card's memory in GiB"),
+    (["--gpu", "radeon", "--ram", "64"], "argument --gpu: invalid choice"),
     (["--gpu", "none"], "the following arguments are required: --ram"),
     (["--gpu", "none", "--ram", "16", "--bogus"], "unrecognized arguments: --bogus"),
     (["--gpu", "none", "--ram", "16", "--host", "llm.lan.example.org"], "--host: the Ingress's TLS certificate"),

@@ -15,6 +15,8 @@ IMAGES = {
     "cpu": f"ghcr.io/ggml-org/llama.cpp:server-{LLAMACPP_BUILD}",
     "cuda": f"ghcr.io/ggml-org/llama.cpp:server-cuda-{LLAMACPP_BUILD}",
     "vulkan": f"ghcr.io/ggml-org/llama.cpp:server-vulkan-{LLAMACPP_BUILD}",
+    "rocm": f"ghcr.io/ggml-org/llama.cpp:server-rocm-{LLAMACPP_BUILD}",
+    "sycl": f"ghcr.io/ggml-org/llama.cpp:server-intel-{LLAMACPP_BUILD}",
 }
 
 

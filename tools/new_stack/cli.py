@@ -1,6 +1,6 @@
 """Write a working stack file (Pulumi.<NAME>.yaml) for your hardware, every value commented.
 
-    python -m tools.new_stack NAME --gpu {none,nvidia,intel-igpu,amd-apu} [--vram GiB] --ram GiB
+    python -m tools.new_stack NAME --gpu {none,nvidia,amd,intel-arc,intel-igpu,amd-apu} [--vram GiB] --ram GiB
         [--nodes N] [--cpus N] [--arch amd64|arm64] [--image IMAGE]
         [--ram-bandwidth GB/s] [--vram-bandwidth GB/s] [--render-gids 44,992]
         [--cni flannel|cilium|calico] [--ingress traefik-k3s|nginx|none]
@@ -36,7 +36,7 @@ from config.images import backend_of_image
 from config.values import _DNS_LABEL, _DNS_NAME, _HOSTNAME
 from planning.catalog import lookup
 from tools.new_stack.choice import EMBED_SHARE, Choice, NoFit, choose, decode_floor
-from tools.new_stack.hardware import INGRESS, KINDS, NVIDIA_CARDS, STORAGE, Cluster, Hardware
+from tools.new_stack.hardware import DISCRETE, INGRESS, KINDS, STORAGE, Cluster, Hardware
 from tools.new_stack.stack_file import build_config, gib, stack_text, stack_values
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,15 +57,16 @@ def parser() -> Parser:
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", metavar="NAME", help="stack name: writes Pulumi.NAME.yaml")
     p.add_argument("--gpu", required=True, choices=sorted(KINDS), help="the node's GPU, if any")
-    p.add_argument("--vram", type=float, metavar="GiB", help="memory of the NVIDIA card (required with --gpu nvidia)")
+    p.add_argument("--vram", type=float, metavar="GiB", help="memory of the card (required with --gpu nvidia, amd, intel-arc)")
     p.add_argument("--ram", type=float, required=True, metavar="GiB", help="physical memory of one node")
     p.add_argument("--nodes", type=int, default=1, help="identical nodes (default 1)")
     p.add_argument("--cpus", type=int, help="CPU cores of one node (default 8; 4 on arm64)")
     p.add_argument("--arch", choices=("amd64", "arm64"), default="amd64", help="the nodes' CPU architecture")
     p.add_argument("--image", help="a pinned llama.cpp server image to run instead of the project's (required on arm64)")
     p.add_argument("--ram-bandwidth", type=float, metavar="GB/s", help="sustained memory bandwidth of one node")
-    p.add_argument("--vram-bandwidth", type=float, metavar="GB/s", help="the NVIDIA card's memory bandwidth")
-    p.add_argument("--render-gids", metavar="GID,GID", help="the node's video and render GIDs (default for amd-apu: 44,992)")
+    p.add_argument("--vram-bandwidth", type=float, metavar="GB/s", help="the card's memory bandwidth")
+    p.add_argument("--render-gids", metavar="GID,GID",
+                   help="the node's video and render GIDs (`getent group video render`; default for AMD and Intel Arc: 44,992)")
     p.add_argument("--cni", choices=("flannel", "cilium", "calico"), default="flannel")
     p.add_argument("--ingress", choices=("traefik-k3s", "nginx", "none"), default="traefik-k3s")
     p.add_argument("--storage", choices=sorted(STORAGE), default="local-path")
@@ -90,15 +91,15 @@ ARM64_IMAGES = ("the project pins ghcr.io/ggml-org/llama.cpp:server-b10731, and 
 def hardware(args: argparse.Namespace) -> Hardware:
     if not 0 < args.ram <= 4096:
         raise BadInput(f"--ram {args.ram:g}: not a node's memory in GiB; give e.g. --ram 64")
-    if args.gpu == "nvidia":
+    if args.gpu in DISCRETE:
         if args.vram is None:
-            raise BadInput("--vram: required with --gpu nvidia; give the card's memory in GiB, e.g. --vram 12")
+            raise BadInput(f"--vram: required with --gpu {args.gpu}; give the card's memory in GiB, e.g. --vram 16")
         if not 1 <= args.vram <= 192:
-            raise BadInput(f"--vram {args.vram:g}: not a card's memory in GiB; give e.g. --vram 12")
+            raise BadInput(f"--vram {args.vram:g}: not a card's memory in GiB; give e.g. --vram 16")
     elif args.vram is not None:
-        raise BadInput(f"--vram: only for a discrete NVIDIA card; {args.gpu} uses the node's memory (--ram): drop --vram")
-    if args.vram_bandwidth is not None and args.gpu != "nvidia":
-        raise BadInput("--vram-bandwidth: only for --gpu nvidia; drop it")
+        raise BadInput(f"--vram: only for a discrete card; {args.gpu} uses the node's memory (--ram): drop --vram")
+    if args.vram_bandwidth is not None and args.gpu not in DISCRETE:
+        raise BadInput(f"--vram-bandwidth: only for a discrete card (--gpu {', '.join(DISCRETE)}); drop it")
     if not 1 <= args.nodes <= 1000:
         raise BadInput(f"--nodes {args.nodes}: give 1 to 1000")
     cpus = args.cpus if args.cpus is not None else (4 if args.arch == "arm64" else 8)
@@ -123,22 +124,25 @@ def hardware(args: argparse.Namespace) -> Hardware:
             raise BadInput("--image: only with --gpu none (one CPU image runs both servers); drop it")
     gids: tuple[int, ...] = ()
     if args.render_gids is not None:
-        if args.gpu not in ("intel-igpu", "amd-apu"):
-            raise BadInput("--render-gids: only for an iGPU or APU (/dev/dri access); drop it")
+        if args.gpu not in ("intel-igpu", "amd-apu", "amd", "intel-arc"):
+            raise BadInput("--render-gids: only for an AMD or Intel GPU (/dev/dri access); drop it")
         try:
             gids = tuple(int(g) for g in args.render_gids.split(",") if g.strip())
         except ValueError:
             raise BadInput(f"--render-gids {args.render_gids!r}: give numeric GIDs, e.g. 44,992") from None
         if not gids or any(g < 0 for g in gids):
             raise BadInput(f"--render-gids {args.render_gids!r}: give numeric GIDs, e.g. 44,992")
-    elif args.gpu == "amd-apu":
-        gids = (44, 992)  # video on Debian/Ubuntu; render as on the strix-halo stack's nodes
-    vram_bw, vram_why = None, ""
-    if args.gpu == "nvidia":
+    elif args.gpu in ("amd-apu", "amd", "intel-arc"):
+        gids = (44, 992)  # video on Debian/Ubuntu; render as on the strix-halo stack's nodes (check: getent group)
+    vram_bw, vram_why, profile = None, "", None
+    if args.gpu in DISCRETE:
+        cards = DISCRETE[args.gpu]
+        size, bandwidth, card, *profiled = next((c for c in cards if c[0] >= args.vram), cards[-1])
+        profile = profiled[0] if profiled else None
         if args.vram_bandwidth is not None:
             vram_bw, vram_why = args.vram_bandwidth, "--vram-bandwidth: the card's memory bandwidth (GB/s), for the decode prediction."
         else:
-            size, vram_bw, card = next((c for c in NVIDIA_CARDS if c[0] >= args.vram), NVIDIA_CARDS[-1])
+            vram_bw = bandwidth
             vram_why = (f"Assumed for a {args.vram:g} GiB card: {card}. The decode prediction scales with it: "
                         "give your card's with --vram-bandwidth.")
     if args.ram_bandwidth is not None:
@@ -154,7 +158,7 @@ def hardware(args: argparse.Namespace) -> Hardware:
                                  "give yours with --ram-bandwidth (for the decode prediction).")
     return Hardware(gpu=args.gpu, ram_gib=args.ram, vram_gib=args.vram, nodes=args.nodes, cpus=cpus, arch=args.arch,
                     ram_bandwidth=ram_bw, ram_bandwidth_why=ram_why, vram_bandwidth=vram_bw,
-                    vram_bandwidth_why=vram_why, render_gids=gids, image=args.image)
+                    vram_bandwidth_why=vram_why, render_gids=gids, image=args.image, profile=profile)
 
 
 def cluster_of(args: argparse.Namespace) -> Cluster:

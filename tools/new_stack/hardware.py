@@ -11,10 +11,25 @@ NVIDIA_CARDS = ((4, 128, "a GTX 1650 (128-bit GDDR5 at 8 Gbps)"), (6, 336, "an R
                 (8, 272, "an RTX 4060 (128-bit GDDR6 at 17 Gbps)"), (12, 360, "an RTX 3060 12GB (192-bit GDDR6 at 15 Gbps)"),
                 (16, 448, "an RTX 5060 Ti 16GB (128-bit GDDR7 at 28 Gbps)"), (24, 936, "an RTX 3090 (384-bit GDDR6X at 19.5 Gbps)"),
                 (32, 1792, "an RTX 5090 (512-bit GDDR7 at 28 Gbps)"))
+# Discrete Radeon and Arc cards by VRAM: (GiB, GB/s, what, decode profile). The profiles are the
+# class's (engines/llamacpp_speed.py, each from a published llama-bench figure).
+AMD_CARDS = ((8, 288, "an RX 7600 (128-bit GDDR6 at 18 Gbps)", "amd-discrete-rocm"),
+             (16, 624, "an RX 7800 XT (256-bit GDDR6 at 19.5 Gbps)", "amd-discrete-rocm"),
+             (20, 800, "an RX 7900 XT (320-bit GDDR6 at 20 Gbps)", "amd-discrete-rocm"),
+             (24, 960, "an RX 7900 XTX (384-bit GDDR6 at 20 Gbps)", "amd-discrete-rocm"))
+INTEL_CARDS = ((12, 456, "an Arc B580 (192-bit GDDR6 at 19 Gbps)", "intel-arc-b"),
+               (16, 560, "an Arc A770 16GB (256-bit GDDR6 at 17.5 Gbps)", "intel-arc-a"))
+# The kinds of GPU with a card of their own: --vram is required, and the card's bandwidth is assumed from it.
+DISCRETE = {"nvidia": NVIDIA_CARDS, "amd": AMD_CARDS, "intel-arc": INTEL_CARDS}
 KINDS = {
     # gpu: (pool key, backend, gpu_resource, decode_profile, what it is)
     "none": ("cpu", "cpu", None, None, "CPU only"),
     "nvidia": ("nvidia", "cuda", "nvidia.com/gpu", None, "NVIDIA GPU"),
+    # ROCm build (server-rocm): AMD's k8s-device-plugin advertises amd.com/gpu; /dev/kfd and /dev/dri.
+    "amd": ("radeon", "rocm", "amd.com/gpu", "amd-discrete-rocm", "AMD Radeon card"),
+    # SYCL build (server-intel): Intel's device plugin advertises Xe-driver cards (Arc B-series, A-series
+    # on recent kernels) as gpu.intel.com/xe.
+    "intel-arc": ("arc", "sycl", "gpu.intel.com/xe", None, "Intel Arc card"),
     "intel-igpu": ("igpu", "vulkan", "gpu.intel.com/i915", "intel-igpu", "Intel iGPU"),
     "amd-apu": ("apu", "vulkan", "amd.com/gpu", "amd-apu", "AMD APU"),
 }
@@ -34,6 +49,7 @@ class Hardware:
     vram_bandwidth_why: str
     render_gids: tuple[int, ...]
     image: Optional[str]  # --image: overrides the llama.cpp image (required on arm64)
+    profile: Optional[str] = None  # the card's decode profile, where the kind's depends on the card
 
     @property
     def pool(self) -> str:

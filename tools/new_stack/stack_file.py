@@ -92,7 +92,9 @@ def node_pool(hw: Hardware) -> dict[str, V]:
     if resource is not None:
         plugin = {"nvidia.com/gpu": "the NVIDIA device plugin (k3s: install it or the GPU Operator)",
                   "gpu.intel.com/i915": "Intel's GPU device plugin (Xe-driver GPUs advertise gpu.intel.com/xe)",
-                  "amd.com/gpu": "AMD's k8s-device-plugin"}[resource]
+                  "gpu.intel.com/xe": "Intel's GPU device plugin (an Arc card on the xe driver; i915-driven "
+                                      "A-series cards advertise gpu.intel.com/i915: `kubectl describe node` shows which)",
+                  "amd.com/gpu": "AMD's k8s-device-plugin (ROCm/k8s-device-plugin)"}[resource]
         pool["gpu_resource"] = V(resource, f"The GPU as {plugin} advertises it; it alone places the chat server.")
         pool["gpu_shares"] = V(1, "Only the chat server uses the GPU (the embedding server runs on the CPU cores), "
                                "so the device plugin needs no sharing.")
@@ -115,13 +117,21 @@ def node_pool(hw: Hardware) -> dict[str, V]:
         pool["vram"] = V(gib(hw.vram_gib), "--vram: memory of the card; offloaded layers and their KV cache are "
                          "planned here, the rest in system RAM.")
         pool["vram_bandwidth_gbs"] = V(_number(hw.vram_bandwidth), hw.vram_bandwidth_why)
-        pool["runtime_class"] = V("nvidia", "k3s ships the nvidia RuntimeClass (once the NVIDIA container toolkit is "
-                                  "on the node); containerd's default runtime stays runc.")
+        if backend == "cuda":
+            pool["runtime_class"] = V("nvidia", "k3s ships the nvidia RuntimeClass (once the NVIDIA container toolkit "
+                                      "is on the node); containerd's default runtime stays runc.")
+    profile = hw.profile or profile
     if profile is not None:
         pool["decode_profile"] = V(profile, f"How {what} turns bandwidth into tokens, for the decode prediction "
-                                   "(engines/llamacpp_speed.py); Vulkan has no default profile.")
+                                   "(engines/llamacpp_speed.py: the class's published or measured figures); Vulkan "
+                                   "and SYCL have no default profile.")
     pool["backend"] = V(backend, {"cpu": "No GPU: llama.cpp's CPU build.",
                                   "cuda": "llama.cpp's CUDA build for the chat server.",
+                                  "rocm": "llama.cpp's ROCm build (server-rocm); its Vulkan build also drives a "
+                                          "Radeon (decode_profile: amd-discrete-vulkan, the faster in llama.cpp's "
+                                          "published runs): swap the image and this to use it.",
+                                  "sycl": "llama.cpp's SYCL build (server-intel) for the Arc card; its Vulkan build "
+                                          "also runs on it.",
                                   "vulkan": f"llama.cpp's Vulkan build: it drives the {what} through /dev/dri."}[backend])
     if hw.render_gids:
         pool["supplemental_groups"] = V(list(hw.render_gids),
