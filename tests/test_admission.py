@@ -103,6 +103,10 @@ def plane(binary, folder, env_extra=None, plan=None, preset_extra="", proxy_env=
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
                 time.sleep(0.05)
             yield Plane(router, f"http://127.0.0.1:{port}", proc, log)
+        except BaseException:
+            # The work folder goes with the router: a failing test shows the proxy's own account first.
+            print("admission proxy log (last 40 lines):", *log.read_text(errors="replace").splitlines()[-40:], sep="\n")
+            raise
         finally:
             proc.terminate()
             proc.wait(timeout=10)
