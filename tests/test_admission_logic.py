@@ -93,8 +93,9 @@ async def start(vram: dict, budget: float, unload_delay: float = 1.0, wait_secon
     fd, plan_file = tempfile.mkstemp(suffix=".json")
     os.write(fd, json.dumps(plan).encode())
     os.close(fd)
-    residency = module.Residency(plan_file, module.RouterClient(f"http://127.0.0.1:{router_port}", ""))
-    proxy = module.Proxy(residency, f"http://127.0.0.1:{router_port}", module.Keys(None))
+    keys = module.Keys(None)
+    residency = module.Residency(plan_file, module.RouterClient(f"http://127.0.0.1:{router_port}", keys))
+    proxy = module.Proxy(residency, f"http://127.0.0.1:{router_port}", keys)
     server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0, limit=module.MAX_HEADER_BYTES)
     return fake, residency, server.sockets[0].getsockname()[1], plan_file, router
 

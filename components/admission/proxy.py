@@ -332,10 +332,10 @@ class Residency:
 class RouterClient:
     """Small requests of the router's own (its model list, an unload), over the loopback."""
 
-    def __init__(self, url: str, key: str):
+    def __init__(self, url: str, keys: Keys):
         parsed = urllib.parse.urlsplit(url)
         self.host, self.port = parsed.hostname, parsed.port or 80
-        self.key = key
+        self.keys = keys  # the server's key file: its first key is the proxy's own
 
     async def call(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
         """One request; a router that does not answer within ROUTER_CALL_SECONDS, refuses the connection or
@@ -350,8 +350,9 @@ class RouterClient:
         try:
             head = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}", "Connection: close",
                     f"Content-Length: {len(body)}", "Content-Type: application/json"]
-            if self.key:
-                head.append(f"Authorization: Bearer {self.key}")
+            keys = self.keys.current()
+            if keys:
+                head.append(f"Authorization: Bearer {keys[0]}")
             writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
             await writer.drain()
             status, headers, rest = await read_head(reader, response=True)
@@ -516,17 +517,11 @@ class Proxy:
             up_writer.close()
 
 
-def read_key(path) -> str:
-    if not path:
-        return ""
-    with open(path) as f:  # the Secret's file may hold several keys, one per line: the first
-        return next((line.strip() for line in f if line.strip()), "")
-
-
 async def main() -> None:
     router_url = os.environ["ROUTER_URL"]
-    residency = Residency(os.environ["ADMISSION_PLAN_FILE"], RouterClient(router_url, read_key(os.environ.get("ROUTER_AUTH_FILE"))))
-    proxy = Proxy(residency, router_url, Keys(os.environ.get("ROUTER_AUTH_FILE")))
+    keys = Keys(os.environ.get("ROUTER_AUTH_FILE"))
+    residency = Residency(os.environ["ADMISSION_PLAN_FILE"], RouterClient(router_url, keys))
+    proxy = Proxy(residency, router_url, keys)
     server = await asyncio.start_server(proxy.handle, os.environ.get("LISTEN_HOST", "0.0.0.0"),
                                         int(os.environ["LISTEN_PORT"]), limit=MAX_HEADER_BYTES)
     log(f"listening on {os.environ['LISTEN_PORT']}, router at {router_url}, {len(residency.models)} models, "
