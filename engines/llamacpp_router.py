@@ -10,8 +10,8 @@ b10729 source and runs are in tests/contract/ROUTER_FACTS.md; the ones relied on
 - a section's keys are llama-server's long flags without their dashes (common/preset.cpp:251-323),
   a value-less flag is `flag = true`; an unknown key stops the router at start;
 - --models-max counts loading, loaded and sleeping models; past it the least recently used idle
-  model is unloaded before the next loads (server-models.cpp:83-101): set to the number of models,
-  so the router never evicts and the admission proxy in front of it (components/admission) decides
+  model is unloaded before the next loads (server-models.cpp:83-101): set above any library's size
+  (config/on_demand.py MAX_MODELS), so the router never evicts and the admission proxy in front of it (components/admission) decides
   by memory which model unloads;
 - POST /models/unload stops a child and answers at once; the model reads `loaded` until its child
   has exited (server-models.cpp:1172-1197), which the proxy waits for before the next loads;

@@ -5,7 +5,7 @@ llama.cpp's router bounds residency only by a count (--models-max) and evicts th
 used idle model, whichever it is (b10729 has no pin: common/arg.cpp; measured on a GPU: the model
 loaded at start went first and the two largest stayed). A count that is safe for every set leaves a
 card of mixed sizes half empty (the shipped library: any 2 of 5, a full set 58-99 % of the card). So
-the router's count is the number of its models (it never evicts on its own), and the proxy admits a
+the router's count is above any library's (it never evicts on its own), and the proxy admits a
 model only when the planned memory of what stays resident plus it fits the budget, unloading the
 least recently used idle models first and never a pinned one. The plan checks every set the proxy
 can reach: each is within the budget by construction; each model fits beside the pinned ones, or it
@@ -13,6 +13,7 @@ is refused; the pod's memory limit is the largest such set's."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -67,6 +68,12 @@ class Residency:
     def reachable(self) -> list[tuple[ResidentModel, ...]]:
         """Every set of models the proxy can leave resident: the pinned ones (loaded at start, never
         unloaded to make room) and any others, within the budgets."""
+        return self._reachable
+
+    @functools.cached_property
+    def _reachable(self) -> list[tuple[ResidentModel, ...]]:
+        # Up to 2^16 sets (config/on_demand.py MAX_MODELS): enumerated once per plan, read by the limit,
+        # the fill, the summary and plan.json.
         pinned = tuple(m for m in self.models if m.pinned)
         others = [m for m in self.models if not m.pinned]
         return [pinned + extra for count in range(len(others) + 1)
@@ -75,6 +82,10 @@ class Residency:
     def full(self) -> list[tuple[ResidentModel, ...]]:
         """The reachable sets beside which no other model fits: where a request for another model
         unloads one first."""
+        return self._full
+
+    @functools.cached_property
+    def _full(self) -> list[tuple[ResidentModel, ...]]:
         return [s for s in self.reachable() if not any(self.within(s + (m,)) for m in self.models if m not in s)]
 
     def worst(self) -> list[ResidentModel]:
