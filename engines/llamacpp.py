@@ -195,7 +195,7 @@ class LlamaCpp(Engine):
             return None, problems
         discrete = pool.discrete() and model.uses_gpu(pool)
         if discrete:
-            memory, vram = discrete_split(model, facts)
+            memory, vram = discrete_split(model, facts, model.backend_on(pool))
         else:
             memory, vram = llamacpp_estimate(model, facts, model.backend_on(pool)), None
         backend = model.backend_on(pool) if model.uses_gpu(pool) else "cpu"

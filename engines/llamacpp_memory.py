@@ -26,9 +26,27 @@ KV_BYTES_PER_ELEMENT = 2  # f16 K and V, llama.cpp's default cache type
 # 18, q4_1 20, q5_0 22, q5_1 24, iq4_nl 18).
 KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
                  "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
-# The compute buffer on a discrete GPU grows with the micro-batch (llama.cpp logs it at start as
-# "CUDA0 compute buffer size"): 0.5 GiB per 512 tokens of micro-batch. A margin, not a measurement.
+# On a discrete card other than CUDA (ROCm, Vulkan, SYCL: not measured), the compute buffer is a margin
+# that grows with the micro-batch: 0.5 GiB per 512 tokens, beside VRAM_CONTEXT_GIB.
 VRAM_COMPUTE_GIB_PER_512 = 0.5
+# CUDA, measured (NVIDIA H200, b10729, 24 servers: bench/results-vram-h200.json): what the process holds
+# beyond llama.cpp's own buffers is 588-597 MiB at load (CUDA context, cuBLAS) and 12-28 MiB more after the
+# first full micro-batch; F16/BF16 weights (cuBLAS workspace) or a mixture of experts (mul_mat_id's pool)
+# add 98-122 MiB more.
+CUDA_CONTEXT_MIB = 620.0
+CUDA_POOL_MIB = 100.0
+# The CUDA compute buffer (its "CUDA0 compute buffer size"), fitted on the same 24: the f16 mask (micro-batch
+# x cells x 2 bytes, live through the graph) plus the larger of two phases - the feed-forward, 12 bytes per
+# token per column of the FFN (the routed experts' for a mixture of experts) and of the hidden state, and
+# attention, where a quantized cache is copied to F16 for flash attention (ggml-cuda/fattn-common.cuh,
+# get_f16_extra_data: the whole cache, K and V) beside 16 bytes per token per hidden column. Weights kept in
+# system RAM are copied to the card for a large batch, one tensor at a time: a dense block's largest tensor
+# (~0.4 of a block) or, with experts in RAM, up to 0.86 of a block's experts (Qwen3.6-35B-A3B; Qwen3-30B-A3B
+# 0.49). An embedding server's buffer is its outputs, as on the CPU (compute_bytes).
+CUDA_FFN_BYTES = 12
+CUDA_ATTENTION_BYTES = 16
+CUDA_DENSE_COPY_SHARE = 0.4
+CUDA_EXPERT_COPY_SHARE = 0.86
 CTX_PAD = 256  # llama.cpp pads the context to a multiple of this
 AUTO_SLOTS = 4  # --parallel unset: 4 slots sharing one unified KV pool
 DEFAULT_CACHE_RAM_MIB = 8192  # --cache-ram unset
@@ -123,9 +141,46 @@ def llamacpp_estimate(model: "ModelServer", facts: "ModelFacts", backend: "GpuBa
     )
 
 
-def vram_reserve_gib(model: "ModelServer") -> float:
-    ubatch = model.ubatch_size or DEFAULT_UBATCH
-    return VRAM_CONTEXT_GIB + VRAM_COMPUTE_GIB_PER_512 * ubatch / 512
+def cuda_compute_bytes(model: "ModelServer", facts: "ModelFacts", place: "Layout") -> Optional[float]:
+    """llama.cpp's CUDA compute buffer (see CUDA_FFN_BYTES); None: the facts lack the widths."""
+    embd = facts.embedding_length
+    if not embd:
+        return None
+    if model.role == "embedding":
+        return compute_bytes(model, facts)
+    width = (facts.experts_used * facts.expert_feed_forward_length if facts.experts_used and facts.expert_feed_forward_length
+             else facts.feed_forward_length)
+    if not width:
+        return None
+    tokens = min(model.ubatch_size or DEFAULT_UBATCH, model.ctx_size)
+    cells = math.ceil(model.ctx_size / CTX_PAD) * CTX_PAD
+    quantized = sum(1 for t in (model.cache_type_k, model.cache_type_v) if t not in (None, "f16"))
+    f16_copy = cells * facts.kv_heads * facts.head_dim * 2 * quantized
+    attention = f16_copy + tokens * embd * CUDA_ATTENTION_BYTES
+    ffn = tokens * CUDA_FFN_BYTES * (width + embd)
+    copies = 0.0
+    if place.gpu_blocks < place.layers:
+        copies += CUDA_DENSE_COPY_SHARE * place.dense_per_block
+    if place.experts_in_ram or place.gpu_blocks < place.layers:
+        copies += CUDA_EXPERT_COPY_SHARE * place.experts_per_block
+    return tokens * cells * 2 + max(attention, ffn) + copies
+
+
+def vram_reserve_gib(model: "ModelServer", facts: "ModelFacts", place: "Layout", backend: str) -> float:
+    """What the card holds beside the weights, KV and recurrent state: the runtime and the compute buffer.
+    Measured on CUDA; elsewhere the margins (VRAM_CONTEXT_GIB, VRAM_COMPUTE_GIB_PER_512)."""
+    compute = cuda_compute_bytes(model, facts, place) if backend == "cuda" else None
+    if compute is None:
+        ubatch = model.ubatch_size or DEFAULT_UBATCH
+        return VRAM_CONTEXT_GIB + VRAM_COMPUTE_GIB_PER_512 * ubatch / 512
+    pool = CUDA_POOL_MIB if (facts.experts_used or facts.expert_params_b or weight_is_16bit(model, facts)) else 0.0
+    return (CUDA_CONTEXT_MIB + pool) / 1024 + compute / GIB
+
+
+def weight_is_16bit(model: "ModelServer", facts: "ModelFacts") -> bool:
+    if facts.bits_per_weight is not None:
+        return facts.bits_per_weight >= 16
+    return model.hf_repo is not None and quant_of(model.hf_repo) in ("F16", "BF16", "F32")
 
 
 @dataclass(frozen=True)
@@ -139,7 +194,8 @@ class Layout:
     gpu_blocks: int  # transformer blocks offloaded
     output_on_gpu: bool
     experts_in_ram: int  # offloaded blocks whose experts stay in system RAM
-    embedding: float  # bytes of the input embedding (and of the output layer), 0 when unknown
+    embedding: float  # bytes of the input embedding, 0 when unknown
+    output: float  # bytes of the output layer (a copy of the embedding where tied; 0 for an encoder)
     dense_per_block: float  # bytes of a block's attention and shared weights
     experts_per_block: float  # bytes of a block's routed experts
     active_expert_share: float  # the share of a block's experts read per token
@@ -149,7 +205,15 @@ class Layout:
     @property
     def vram_weights(self) -> float:
         return (self.gpu_blocks * self.dense_per_block + (self.gpu_blocks - self.experts_in_ram) * self.experts_per_block
-                + (self.embedding if self.output_on_gpu else 0.0))
+                + (self.output if self.output_on_gpu else 0.0))
+
+    @property
+    def ram_weights(self) -> float:
+        """The weights in system RAM: the input embedding, the blocks (or experts) not offloaded, and the output
+        layer unless offloaded."""
+        ram_blocks = self.layers - self.gpu_blocks
+        return (self.embedding + ram_blocks * self.dense_per_block + (ram_blocks + self.experts_in_ram) * self.experts_per_block
+                + (0.0 if self.output_on_gpu else self.output))
 
     def read_per_token(self, discrete: bool = True) -> tuple[float, float]:
         """(bytes from VRAM, bytes from system RAM) read for one generated token; on unified memory or
@@ -159,9 +223,9 @@ class Layout:
         vram = self.gpu_blocks * self.dense_per_block + (self.gpu_blocks - self.experts_in_ram) * experts
         ram = ram_blocks * self.dense_per_block + (ram_blocks + self.experts_in_ram) * experts
         if self.output_on_gpu:
-            vram += self.embedding
+            vram += self.output
         else:
-            ram += self.embedding
+            ram += self.output
         vram, ram = vram * self.read_share, ram * self.read_share
         return (vram, ram) if discrete else (0.0, vram + ram)
 
@@ -171,7 +235,9 @@ def layout(model: "ModelServer", facts: "ModelFacts") -> Layout:
     bytes_per_param = weights / (facts.params_b * 1e9)
     embedding = (facts.vocab_size * facts.embedding_length * bytes_per_param
                  if facts.vocab_size and facts.embedding_length else 0.0)
-    per_block = max(weights - 2 * embedding, 0.0) / facts.layers
+    # The file holds the output layer only where it is separate; llama.cpp makes the tied one a copy.
+    in_file = {"separate": 2, "tied": 1, "none": 1}[facts.output_layer]
+    per_block = max(weights - in_file * embedding, 0.0) / facts.layers
     experts = facts.expert_params_b * 1e9 * bytes_per_param / facts.layers if facts.expert_params_b else 0.0
     experts = min(experts, per_block)
     if facts.expert_params_b and facts.active_params_b:
@@ -188,6 +254,7 @@ def layout(model: "ModelServer", facts: "ModelFacts") -> Layout:
         output_on_gpu=ngl >= 1,
         experts_in_ram=max(0, in_ram - (facts.layers - gpu_blocks)),
         embedding=embedding,
+        output=0.0 if facts.output_layer == "none" else embedding,
         dense_per_block=per_block - experts,
         experts_per_block=experts,
         active_expert_share=share,
@@ -195,7 +262,7 @@ def layout(model: "ModelServer", facts: "ModelFacts") -> Layout:
     )
 
 
-def discrete_split(model: "ModelServer", facts: "ModelFacts") -> tuple[MemoryEstimate, VramEstimate]:
+def discrete_split(model: "ModelServer", facts: "ModelFacts", backend: str) -> tuple[MemoryEstimate, VramEstimate]:
     """llama.cpp on discrete GPUs: the offloaded blocks' weights (less experts kept in RAM), their KV
     and recurrent state, and the output layer live in VRAM, split evenly over the replica's GPUs
     (--tensor-split, the output layer on the last); the rest, the host caches and the runtime live in
@@ -206,18 +273,18 @@ def discrete_split(model: "ModelServer", facts: "ModelFacts") -> tuple[MemoryEst
     share = place.gpu_blocks / facts.layers
     cards = model.gpus
     vram_weights = place.vram_weights / GIB
-    output = place.embedding / GIB if place.output_on_gpu else 0.0
+    output = place.output / GIB if place.output_on_gpu else 0.0
     vram = VramEstimate(
         layers_offloaded=place.gpu_blocks,
         layers=facts.layers,
         weights_gib=(vram_weights - output) / cards + output,
         kv_gib=whole.kv_gib * share / cards,
         recurrent_gib=whole.recurrent_gib * share / cards,
-        reserve_gib=vram_reserve_gib(model),
+        reserve_gib=vram_reserve_gib(model, facts, place, backend),
         gpus=cards,
         experts_in_ram=place.experts_in_ram,
     )
-    ram_weights = whole.weights_gib - vram_weights
+    ram_weights = place.ram_weights / GIB
     ram = MemoryEstimate(
         weights_gib=ram_weights,
         kv_gib=whole.kv_gib * (1 - share),

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Union
 from common.errors import CapacityError
 from common.quantity import Quantity, gib
 
-from .memory import Estimate, MemoryEstimate, OnRequest, VramEstimate
+from .memory import VRAM_PLAN_MOST_UNDER_GIB, Estimate, MemoryEstimate, OnRequest, VramEstimate
 from .residency import ADMISSION_MEMORY_REQUEST, KEEPER_MEMORY_REQUEST, Residency, ResidentModel, limit_gib, plan_residency, summed_estimate, summed_vram
 from .startup import StartupBudget, startup_budget, swap_seconds
 
@@ -213,7 +213,8 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
         estimate = entry.estimate
         resident.append(ResidentModel(
             name=entry.name, pinned=entry.pinned, ram_gib=_hundredths(estimate.memory.total_gib * (1 + LIMIT_HEADROOM)),
-            vram_gib=_hundredths(estimate.vram.total_gib) if estimate.vram is not None else 0.0, weights_gib=gib(estimate.weights),
+            vram_gib=_hundredths(estimate.vram.total_gib + VRAM_PLAN_MOST_UNDER_GIB) if estimate.vram is not None else 0.0,
+            weights_gib=gib(estimate.weights),
             swap_seconds=swap_seconds(estimate.weights, estimate.vram.weights_gib if estimate.vram is not None else 0.0,
                                       stack.startup),
             decode_predicted_tok_s=estimate.decode_predicted_tok_s, estimate=estimate.memory, vram=estimate.vram,

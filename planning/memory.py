@@ -15,11 +15,16 @@ if TYPE_CHECKING:
     from config.gpus import GpuBackend
     from config.types import ModelServer
 
-# A discrete GPU holds, besides what the engine puts there, the runtime's context (~0.3-0.5 GiB).
-# A margin, not a measurement.
+# A discrete GPU holds, besides what the engine puts there, the runtime's context: measured 0.57-0.60 GiB
+# with CUDA (engines/llamacpp_memory.py CUDA_CONTEXT_MIB); a margin for the other runtimes.
 VRAM_CONTEXT_GIB = 0.5
-# What the process keeps in system RAM beside a discrete GPU: the runtime, pinned staging buffers
-# and the token-embedding table, which llama.cpp always keeps on the CPU. A margin, not a measurement.
+# The most a server's VRAM plan was below what its process held on a real card (nvidia-smi, 24 servers on an
+# H200: bench/results-vram-h200.json, recomputed by bench/vram_error.py; tests/test_vram_measured.py holds
+# it). A router reserves it for each resident model, so that a full resident set stays on the card
+# however many models it holds.
+VRAM_PLAN_MOST_UNDER_GIB = 0.16
+# What the process keeps in system RAM beside a discrete GPU besides the weights there (the input embedding
+# among them): the runtime and pinned staging buffers. A margin, not a measurement.
 DISCRETE_HOST_GIB = 1.0
 
 

@@ -20,6 +20,31 @@ from the vocab-only GGUFs in llama.cpp's source (models/ggml-vocab-*.gguf), cut 
 Zero weights are harmless to the programs (norms of zero are zero, no NaN), with one exception written
 for real: Llama 3.1's `rope_freqs.weight` (RoPE frequency divisors) is filled with 1.0, since zeros there
 divide by zero (256 bytes, one disk block).
+
+Routing (mixture-of-experts presets, arch qwen3moe and qwen35moe). With zero weights every token's router
+logits are zero, so every token picks the same top-k experts: decode is timed right, but prefill (a batch
+of tokens touches only k experts instead of most of them) and expert offload (llama.cpp copies only the
+experts in use to the GPU for a large batch) are not; measured on an H200 (issue #33 item 7), a file with
+token-dependent routing prefilled 1.7x slower on the GPU and 10.5x slower with 24 blocks of experts in RAM.
+`routing=` picks:
+
+    write_real_shape("qwen3-30b-a3b", out)                     # routing="zero": all holes, same experts
+    write_real_shape("qwen3-30b-a3b", out, routing="token")    # experts chosen by the token
+
+"token" writes real data for exactly what makes the choice depend on the token, the rest staying a hole:
+  - `token_embd.weight`: random values (seeded, reproducible) in the tensor's own type, as valid blocks
+    built by hand (gguf-py has no K-quant quantizer): random quant codes, 6-bit sub-block scales and
+    mins centred so the values have mean ~0, an f16 block scale jittered per block, std ~0.02; F16/BF16/
+    Q4_0-style types go through gguf.quants.quantize of N(0, 0.02) floats;
+  - every block's router `ffn_gate_inp.weight` (F32): N(0, 1/n_embd), so logits are ~N(0, 1);
+  - the norm in front of the router, 1.0: `ffn_norm.weight` (qwen3moe), `post_attention_norm.weight`
+    (qwen35moe).
+attn_norm stays zero, so attention (and Gated DeltaNet) sees a zero input and adds zero; the experts'
+down projections are zero, so the FFN adds zero too: the residual stream is the token's embedding at
+every layer, and each layer's router sees rms_norm(embedding) and routes by the token (differently per
+layer, the routers being independent). The file's header, tensor offsets and size are byte-identical to
+the "zero" file's; what is written on disk is the embedding and the routers (qwen3-30b-a3b Q4_K_M:
+~175 MB + 50 MB).
 """
 from __future__ import annotations
 
@@ -173,6 +198,28 @@ PRESETS: dict[str, Shape] = {
         name="llama-3.1-8b", arch="llama", source="meta-llama/Llama-3.1-8B-Instruct config.json",
         n_embd=4096, n_layer=32, n_head=32, n_head_kv=8, head_dim=128, n_ff=14336, n_vocab=128256,
         n_ctx_train=131072, rope_theta=5e5, rms_eps=1e-5, quant="Q4_K_M", vocab="llama-bpe", rope_freqs=True),
+    # meta-llama/Llama-3.2-3B-Instruct config.json: hidden_size 3072, num_hidden_layers 28, num_attention_heads
+    # 24, num_key_value_heads 8, head_dim 128, intermediate_size 8192, vocab_size 128256, rope_theta 500000,
+    # rms_norm_eps 1e-5, rope_scaling llama3, tie_word_embeddings true (no output.weight in its GGUF).
+    "llama-3.2-3b": Shape(
+        name="llama-3.2-3b", arch="llama", source="meta-llama/Llama-3.2-3B-Instruct config.json",
+        n_embd=3072, n_layer=28, n_head=24, n_head_kv=8, head_dim=128, n_ff=8192, n_vocab=128256,
+        n_ctx_train=131072, rope_theta=5e5, rms_eps=1e-5, quant="Q4_K_M", vocab="llama-bpe", rope_freqs=True, tied=True),
+    # mistralai/Mistral-Nemo-Instruct-2407 config.json (MistralForCausalLM, llama arch in GGUF): hidden_size
+    # 5120, num_hidden_layers 40, num_attention_heads 32, num_key_value_heads 8, head_dim 128, intermediate_size
+    # 14336, vocab_size 131072, rope_theta 1e6, rms_norm_eps 1e-5, tie_word_embeddings false. The tokenizer
+    # here is llama-bpe's, padded to the vocabulary (its own Tekken is not in llama.cpp's source).
+    "mistral-nemo-12b": Shape(
+        name="mistral-nemo-12b", arch="llama", source="mistralai/Mistral-Nemo-Instruct-2407 config.json",
+        n_embd=5120, n_layer=40, n_head=32, n_head_kv=8, head_dim=128, n_ff=14336, n_vocab=131072,
+        n_ctx_train=1024000, rope_theta=1e6, rms_eps=1e-5, quant="Q4_K_M", vocab="llama-bpe"),
+    # mistralai/Mistral-Small-3.2-24B-Instruct-2506 text_config: hidden_size 5120, num_hidden_layers 40,
+    # num_attention_heads 32, num_key_value_heads 8, head_dim 128, intermediate_size 32768, vocab_size 131072,
+    # rope_theta 1e9, rms_norm_eps 1e-5, untied (llama arch in GGUF; the vision tower is a separate mmproj).
+    "mistral-small-24b": Shape(
+        name="mistral-small-24b", arch="llama", source="mistralai/Mistral-Small-3.2-24B-Instruct-2506 config.json",
+        n_embd=5120, n_layer=40, n_head=32, n_head_kv=8, head_dim=128, n_ff=32768, n_vocab=131072,
+        n_ctx_train=131072, rope_theta=1e9, rms_eps=1e-5, quant="Q4_K_M", vocab="llama-bpe"),
 }
 
 # file type -> (default tensor type, llama.cpp ftype); llama-quantize's names and aliases
@@ -499,12 +546,21 @@ def _add_hparams(w: GGUFWriter, p: Shape, ftype: str) -> None:
         w.add_full_attention_interval(p.full_attention_interval)
 
 
-def write_real_shape(preset: str, out: Path, quant: str | None = None, vocab: Path | None = None) -> Path:
+def write_real_shape(preset: str, out: Path, quant: str | None = None, vocab: Path | None = None,
+                     routing: str = "zero") -> Path:
     """Write `preset`'s shape to `out` (quantization `quant`, default the preset's), full size and sparse:
-    header, metadata and tensor infos are written, the data region is a hole up to the exact end."""
+    header, metadata and tensor infos are written, the data region is a hole up to the exact end.
+    routing "token" (MoE presets only) writes the embedding, routers and pre-router norms for real (see the
+    module docstring); "zero" (the default) leaves them holes."""
     if preset not in PRESETS:
         raise KeyError(f"preset {preset!r}: one of {', '.join(PRESETS)}")
     p = PRESETS[preset]
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing {routing!r}: one of {', '.join(ROUTINGS)}")
+    if routing == "token" and not p.n_expert:
+        raise ValueError(f"routing 'token': preset {preset!r} (arch {p.arch}) has no experts to route;"
+                         " it is for the mixture-of-experts presets "
+                         + ", ".join(n for n, s in PRESETS.items() if s.n_expert))
     ftype = _file_type(quant or p.quant)
     table = tensor_table(preset, ftype)
     out = Path(out)
@@ -523,10 +579,94 @@ def write_real_shape(preset: str, out: Path, quant: str | None = None, vocab: Pa
     fout = w.fout[0]
     data_start = GGUFWriter.ggml_pad(fout.tell(), w.data_alignment)
     fout.truncate(data_start + offset)  # extends with a hole: no blocks allocated, nothing written
-    if "rope_freqs.weight" in offsets:
-        (_, ne, _, _), = [r for r in table if r[0] == "rope_freqs.weight"]
-        fout.seek(data_start + offsets["rope_freqs.weight"])
-        fout.write(np.ones(ne, dtype=np.float32).tobytes())
+    for name, ne, t, nbytes in table:
+        if name == "rope_freqs.weight":
+            fout.seek(data_start + offsets[name])
+            fout.write(np.ones(ne, dtype=np.float32).tobytes())
+        elif routing == "token":
+            _write_routing(fout, data_start + offsets[name], p, name, ne, t, nbytes)
     w.close()
     return out
+
+
+# --- token-dependent routing (routing="token") -------------------------------------------------------
+
+ROUTINGS = ("zero", "token")
+ROUTING_SEED = 33       # issue #33: the same bytes on every run
+EMBD_STD = 0.02         # token embedding values, about a real model's
+
+
+def routing_norm(p: Shape) -> str:
+    """The norm tensor (per block) that the router's input passes through, by architecture."""
+    return "post_attention_norm" if p.arch == "qwen35moe" else "ffn_norm"
+
+
+def _write_routing(fout: Any, at: int, p: Shape, name: str, ne: tuple[int, ...], t: T, nbytes: int) -> None:
+    parts = name.split(".")
+    rng = np.random.default_rng([ROUTING_SEED, int(parts[1]) + 1 if parts[0] == "blk" else 0])
+    if name == "token_embd.weight":
+        n_cols, n_rows = ne
+        step = max(1, (32 << 20) // (nbytes // n_rows))  # rows per 32 MiB written
+        fout.seek(at)
+        for r in range(0, n_rows, step):
+            fout.write(random_rows(t, min(step, n_rows - r), n_cols, rng).tobytes())
+    elif parts[-2] == "ffn_gate_inp" and len(ne) == 2:
+        assert t == T.F32, (name, t)
+        fout.seek(at)
+        fout.write((rng.standard_normal(ne[::-1], dtype=np.float32) / np.float32(np.sqrt(ne[0]))).tobytes())
+    elif parts[-2] == routing_norm(p):
+        assert t == T.F32, (name, t)
+        fout.seek(at)
+        fout.write(np.ones(ne, dtype=np.float32).tobytes())
+
+
+def _pack_k_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """Q4_K/Q5_K's 12 bytes of 6-bit sub-block scales and mins ((n, 8) each; inverse of gguf-py's
+    Q4_K.get_scale_min, ggml's get_scale_min_k4)."""
+    sc, mn = sc.astype(np.uint8), mn.astype(np.uint8)
+    lo = sc[:, :4] | ((sc[:, 4:] >> 4) << 6)
+    mid = mn[:, :4] | ((mn[:, 4:] >> 4) << 6)
+    hi = (sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4)
+    return np.concatenate([lo, mid, hi], axis=1)
+
+
+def random_rows(t: T, n_rows: int, n_cols: int, rng: np.random.Generator, std: float = EMBD_STD) -> np.ndarray:
+    """`n_rows` rows of `n_cols` random values ~std, mean ~0, as valid blocks of type `t`: uint8
+    (n_rows, row bytes). K-quants and Q8_0 are built by hand (random codes under random sane scales);
+    others go through gguf.quants.quantize of N(0, std) floats."""
+    from gguf import quants
+    block, size = GGML_QUANT_SIZES[t]
+    n = n_rows * n_cols // block
+    jitter = rng.uniform(0.5, 1.5, n).astype(np.float32)
+
+    def f16(x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float16).view(np.uint8).reshape(n, 2)
+
+    def codes(width: int) -> np.ndarray:
+        return rng.integers(0, 256, (n, width), dtype=np.uint8)
+
+    if t in (T.Q4_K, T.Q5_K):
+        # value = d*sc*q - dmin*m with dmin = d and m = sc*(q_max/2): centred at 0; std = d*sc*std(q)
+        bits = 4 if t == T.Q4_K else 5
+        q_half = ((1 << bits) - 1) / 2
+        sc = rng.integers(4, 9, (n, 8)) if bits == 4 else rng.integers(2, 5, (n, 8))  # m = sc*q_half <= 63
+        mn = np.rint(sc * q_half)
+        q_std = np.sqrt(((1 << bits) ** 2 - 1) / 12)
+        d = f16(std / (sc.mean() * q_std) * jitter)
+        parts = [d, d, _pack_k_scales(sc, mn)]
+        parts += [codes(block // 8), codes(block // 2)] if bits == 5 else [codes(block // 2)]
+    elif t == T.Q6_K:
+        # value = d*scale*(q - 32), q 6 bits; ql[128] qh[64] scales[16] (int8) d
+        sc = rng.integers(16, 49, (n, 16)).astype(np.int8).view(np.uint8)
+        q_std = np.sqrt((64 ** 2 - 1) / 12)
+        parts = [codes(block // 2), codes(block // 4), sc, f16(std / (32 * q_std) * jitter)]
+    elif t == T.Q8_0:
+        q = rng.integers(-127, 128, (n, block), dtype=np.int8).view(np.uint8)
+        parts = [f16(std / np.sqrt((255 ** 2 - 1) / 12) * jitter), q]
+    else:
+        x = rng.standard_normal((n_rows, n_cols), dtype=np.float32) * np.float32(std)
+        return np.asarray(quants.quantize(x, t)).view(np.uint8).reshape(n_rows, -1)
+    blocks = np.concatenate(parts, axis=1)
+    assert blocks.shape == (n, size), (t, blocks.shape)
+    return blocks.reshape(n_rows, n_cols // block * size)
 

