@@ -62,6 +62,8 @@ bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python bench/run.py
 	@echo "==> decode prediction against every recorded measurement (docs/capacity-planning.md: Decode speed)"
 	@$(BIN)/python bench/decode_error.py
+	@echo "==> VRAM plan against every recorded server on a card (docs/capacity-planning.md: VRAM)"
+	@$(BIN)/python bench/vram_error.py
 	@echo "==> what the admission proxy adds to a request (real CPU router, tiny models; docs/models-on-demand.md)"
 	@$(BIN)/python bench/admission_latency.py
 	@if command -v nvidia-smi > /dev/null 2>&1; then $(MAKE) --no-print-directory router-soak; else \

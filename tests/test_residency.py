@@ -288,7 +288,7 @@ def test_the_admission_proxy_held_the_real_router_to_the_plan_on_a_gpu():
     run, _, _ = rendered(config())
     plan = run.outputs["capacity_plan"]["servers"]["library"]["residency"]
     assert {n: m["vram_gib"] for n, m in ADMITTED["plan"]["models"].items()} == {n: m["vram_gib"] for n, m in plan["models"].items()}
-    assert ADMITTED["requests"]["sent"] >= 190 and ADMITTED["requests"]["answered_200"] == ADMITTED["requests"]["sent"]
+    assert ADMITTED["requests"]["sent"] >= 150 and ADMITTED["requests"]["answered_200"] == ADMITTED["requests"]["sent"]
     assert ADMITTED["gpu"]["peak_over_baseline_gib"] <= plan["vram_budget_gib"]
     assert all(s["peak_gib"] <= s["planned_vram_gib"] for s in ADMITTED["resident_sets"])
     assert ADMITTED["most_running_seen"] == plan["most_resident"] == 3 and ADMITTED["evictions"] == []
