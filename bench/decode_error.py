@@ -59,21 +59,35 @@ RECORDS = [
 ]
 
 
-def prediction(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus) -> float:
+# The CI machine's read bandwidth by threads (bench/host_bandwidth.c, 2 GiB): the GPU machine's is in its record.
+CI_HOST = {1: 24.1, 2: 49.6}  # this project's CI machine, bench/host_bandwidth.c 2 GiB
+
+
+def prediction(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
+               threads=8, host=None) -> float:
     model_facts = lookup(facts) if isinstance(facts, str) else ModelFacts.model_validate(facts)
     model = ModelServer.model_validate({
         "role": "chat", "name": "m", "image": "ghcr.io/ggml-org/llama.cpp:server-b10731", "node_pool": "p",
-        "hf_repo": f"x/y-GGUF:{quant}", "weights": f"{weights_gib:.3f}Gi", "gpu_layers": 999 if discrete else 0,
-        "ctx_size": max(depth, 512) * 2, "gpus": gpus, "facts": model_facts.model_dump(),
-        "resources": {"cpu_request": "1", "cpu_limit": "8"},
+        "hf_repo": f"x/y-GGUF:{quant}", "weights": f"{weights_gib:.3f}Gi",
+        "gpu_layers": (999 if ngl is None or ngl >= 99 else ngl) if discrete else 0, "cpu_moe_layers": cpu_moe or None,
+        "ctx_size": max(depth, 512) * 2, "gpus": gpus, "facts": model_facts.model_dump(), "threads": threads,
+        "resources": {"cpu_request": "1", "cpu_limit": str(max(threads, 8))},
     })
     pool = NodePool.model_validate({
-        "memory": "256Gi", "allocatable": "250Gi", "memory_bandwidth_gbs": 60 if discrete else bandwidth,
-        "decode_profile": profile, "backend": backend,
+        "memory": "256Gi", "allocatable": "250Gi", "memory_bandwidth_gbs": max((host or {0: 60}).values()) if discrete else bandwidth,
+        "memory_bandwidth_by_threads": host, "decode_profile": profile if backend != "cpu" else None, "backend": backend,
         **({"vram": "80Gi", "vram_bandwidth_gbs": bandwidth, "gpu_resource": "nvidia.com/gpu", "gpus_per_node": gpus} if discrete else {}),
     })
     rates = predict_tok_s(model, model_facts, pool, backend, discrete, {"depth": depth})
     return rates["depth"] if rates else None
+
+
+def placement(discrete: bool, ngl, cpu_moe) -> str:
+    if not discrete:
+        return "CPU only"
+    if cpu_moe:
+        return "experts in RAM"
+    return "partial offload" if ngl is not None and ngl < 99 else "GPU only"
 
 
 def preset_facts(preset: str) -> dict:
@@ -94,6 +108,13 @@ def preset_facts(preset: str) -> dict:
     return facts
 
 
+# Rows of results-speed-h200.json a profile was solved from: (shape, quant, threads, layers offloaded or None,
+# blocks of experts in RAM or None, depth). HOST (engines/llamacpp_speed.py): the weight share from Llama-3.1-8B
+# all in RAM, the KV rate from the same at depth 4096, the experts' share and per-block cost from Qwen3-30B-A3B
+# with 24 and 48 blocks in RAM at 4 and 16 threads; the hybrid's DeltaNet cost from Qwen3.6-35B-A3B on the card.
+SPEED_CALIBRATION = ({("llama-3.1-8b", "Q4_K_M", t, 0, None, d) for t in (4, 8, 16) for d in (0, 4096)}
+                     | {("qwen3-30b-a3b", "Q4_K_M", t, None, m, 0) for t in (4, 16) for m in (24, 48)}
+                     | {("qwen3.6-35b-a3b", "Q4_K_M", 16, None, None, 0)})
 # Rows of bench/measure_decode.py results the profiles were solved from (shape, quant, depth).
 H200_CALIBRATION = ({("llama-3.1-8b", q, d) for q in ("Q4_K_M", "Q8_0", "F16") for d in (0, 16384)}
                     | {("qwen3-30b-a3b", "Q4_K_M", 0), ("qwen3.6-35b-a3b", "Q4_K_M", 0)})
@@ -104,19 +125,38 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
     for device, profile, backend, bw, discrete, facts, quant, weights, depth, gpus, measured, cal, source in RECORDS:
         predicted = prediction(profile, backend, bw, discrete, facts, quant, weights, depth, gpus)
         name = facts if isinstance(facts, str) else f"{facts['params_b']:g}B dense"
-        out.append((device, f"{name} {quant}", depth, measured, predicted, cal, source))
+        where = "GPU only" if discrete else ("CPU only" if backend == "cpu" else "GPU, unified memory")
+        out.append((device, f"{name} {quant}", depth, measured, predicted, cal, source, where, None))
     for path, (profile, backend, bandwidth, discrete) in measured_files.items():
         if not Path(path).exists():
             continue
-        for r in json.loads(Path(path).read_text()):
+        record = json.loads(Path(path).read_text())
+        runs = record["runs"] if isinstance(record, dict) else [{"rows": record, "host_read_gbs": None}]
+        for run, r in ((run, r) for run in runs for r in run["rows"]):
+            if r.get("n_prompt"):
+                continue  # prefill: bench/prefill_error.py
             weights = r.get("weights_bytes")
             if weights is None:
                 weights = expected_weights_bytes(r["shape"], r["quant"])
-            predicted = prediction(profile, backend, bandwidth, discrete, preset_facts(r["shape"]), r["quant"],
-                                   weights / GIB, r["depth"], 1)
-            cal = r.get("cal", (r["shape"], r["quant"], r["depth"]) in H200_CALIBRATION and profile == "nvidia-datacenter")
+            ngl = r.get("ngl") if r.get("ngl") is not None and r.get("ngl") < 99 else None
+            cpu_moe, threads = r.get("n_cpu_moe") or None, r.get("threads") or 8
+            on_card = discrete and ngl != 0
+            # The host's read bandwidth as measured before the run (bench/host_bandwidth.c), as a user gives it.
+            host = ({int(k): v for k, v in run["host_read_gbs"].items()} if run["host_read_gbs"]
+                    else None if discrete else CI_HOST)
+            predicted = prediction(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
+                                   on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
+                                   threads, host)
+            cal = r.get("cal", (r["shape"], r["quant"], r["depth"]) in H200_CALIBRATION and profile == "nvidia-datacenter"
+                        and not isinstance(record, dict)) or (
+                r["shape"], r["quant"], threads, r.get("ngl") if r.get("ngl") != 99 else None, cpu_moe, r["depth"]) in SPEED_CALIBRATION
+            if PRESETS[r["shape"]].n_expert and r.get("routing") != "token":
+                cal = "zero routing"  # every token routed alike (issue #33 item 7): shown, not counted
+            where = placement(on_card, ngl, cpu_moe)
+            detail = (f"t{threads}" + (f" ngl {ngl}" if ngl else "") + (f" cmoe {cpu_moe}" if cpu_moe else "")
+                      + (" token routing" if r.get("routing") == "token" else "")) if isinstance(record, dict) else None
             out.append((r["device"], f"{r['shape']} {r['quant']}", r["depth"], r["tok_s"], predicted, cal,
-                        f"bench/measure_decode.py, b10729 ({Path(path).name})"))
+                        f"bench/measure_decode.py, b10729 ({Path(path).name})", where, detail))
     return out
 
 
@@ -125,16 +165,34 @@ def main(argv: list[str]) -> int:
     parser.parse_args(argv)
     measured = {
         str(ROOT / "bench" / "results-decode-h200.json"): ("nvidia-datacenter", "cuda", 4800, True),
-        str(ROOT / "bench" / "results-decode-cpu.json"): ("cpu", "cpu", 26, False),
+        str(ROOT / "bench" / "results-speed-h200.json"): ("nvidia-datacenter", "cuda", 4800, True),
+        str(ROOT / "bench" / "results-decode-cpu.json"): ("cpu", "cpu", None, False),
     }
-    print("| device | model | depth | measured t/s | predicted t/s | error | source |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for device, model, depth, measured_tok_s, predicted, cal, source in rows(measured):
+    table = rows(measured)
+    print("| placement | device | model | settings | depth | measured t/s | predicted t/s | error | source |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for device, model, depth, measured_tok_s, predicted, cal, source, where, detail in table:
         error = f"{(predicted - measured_tok_s) / measured_tok_s:+.0%}" if predicted else "-"
-        mark = " (cal)" if cal else ""
+        mark = f" ({cal})" if isinstance(cal, str) else " (cal)" if cal else ""
         shown = f"{predicted:.1f}" if predicted else "-"
-        print(f"| {device} | {model} | {depth} | {measured_tok_s:.2f} | {shown} | {error}{mark} | {source} |")
+        print(f"| {where} | {device} | {model} | {detail or ''} | {depth} | {measured_tok_s:.2f} | {shown} | {error}{mark} | {source} |")
+    print()
+    for where, within, count in summary(table):
+        print(f"decode {where}: {within} of {count} predictions within +-{TOLERANCE:.0%} ({within / count:.0%}; goal 90%)")
     return 0
+
+
+TOLERANCE = 0.15
+
+
+def summary(table) -> list[tuple[str, int, int]]:
+    """Per placement: predictions (calibration rows left out) within TOLERANCE, and how many."""
+    out = []
+    for where in ("GPU only", "experts in RAM", "partial offload", "CPU only"):
+        errors = [abs(p - m) / m for _, _, _, m, p, cal, _, w, _ in table if w == where and p and not cal]
+        if errors:
+            out.append((where, sum(e <= TOLERANCE for e in errors), len(errors)))
+    return out
 
 
 if __name__ == "__main__":

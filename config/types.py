@@ -36,6 +36,7 @@ from .values import (
     Memory,
     Number,
     PinnedImage,
+    Positive,
     Reason,
     RepoId,
     ResourceName,
@@ -193,18 +194,26 @@ class NodePool(Strict):
     memory_bandwidth_gbs: Optional[Annotated[Number, Field(gt=0)]] = doc(
         "Sustained memory bandwidth of one node in GB/s, for the decode-speed bound; null: not shown.", default=None
     )
+    memory_bandwidth_by_threads: Optional[dict[Positive, Annotated[Number, Field(gt=0)]]] = doc(
+        "What the node reads in GB/s with N threads ({4: 28, 8: 49, 16: 82}), measured by `make host-bandwidth`: "
+        "the weights and KV cache a server keeps in system RAM are read by its --threads, so its decode follows this "
+        "figure at that count (interpolated). null: known only between a few GB/s per thread and memory_bandwidth_gbs, "
+        "and the plan shows that range.", default=None
+    )
     vram: Optional[Memory] = doc(
         "Memory of one discrete GPU (an RTX 4090: 24Gi). null: unified memory (iGPU/APU), the GPU uses the node's "
         "memory. Set, offloaded layers and their KV cache are planned in VRAM and only the rest in system RAM.",
         default=None,
     )
     gpus_per_node: Annotated[int, Field(gt=0, le=16)] = doc("Discrete GPUs per node the device plugin advertises.", default=1)
-    decode_profile: Optional[Literal["nvidia", "nvidia-datacenter", "cpu", "intel-igpu", "amd-apu", "amd-discrete-rocm",
+    decode_profile: Optional[Literal["nvidia", "nvidia-datacenter", "intel-igpu", "amd-apu", "amd-discrete-rocm",
                                      "amd-discrete-vulkan", "intel-arc-a", "intel-arc-b"]] = doc(
         "How the pool's GPUs turn bandwidth into tokens, for the decode prediction (engines/llamacpp_speed.py: "
         "measured or published per device class; nvidia: GeForce cards, nvidia-datacenter: H100/H200, amd-discrete-*: "
         "Radeon RX 7000, intel-arc-a: A770/A750, intel-arc-b: B580/B570). null: by backend and card (cuda: nvidia, rocm "
-        "with vram: amd-discrete-rocm, rocm without: amd-apu, cpu); Vulkan and SYCL need it named, else no prediction.",
+        "with vram: amd-discrete-rocm, rocm without: amd-apu); Vulkan and SYCL need it named, else no prediction. "
+        "What a CPU reads (a CPU pool, layers or experts kept in RAM) follows the node's read bandwidth at the "
+        "server's threads (memory_bandwidth_by_threads).",
         default=None,
     )
     vram_bandwidth_gbs: Optional[Annotated[Number, Field(gt=0)]] = doc(

@@ -15,7 +15,7 @@ from planning.memory import Estimate, weights_quantity
 
 from .base import Credentials, Engine, Problem
 from .llamacpp_flags import extra_args_problems
-from .llamacpp_speed import predict_tok_s
+from .llamacpp_speed import predict_range_tok_s
 from .llamacpp_memory import (
     DEFAULT_UBATCH,
     discrete_split,
@@ -199,8 +199,9 @@ class LlamaCpp(Engine):
         else:
             memory, vram = llamacpp_estimate(model, facts, model.backend_on(pool)), None
         backend = model.backend_on(pool) if model.uses_gpu(pool) else "cpu"
-        decode = predict_tok_s(model, facts, pool, backend, discrete,
-                               {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size})
+        span = predict_range_tok_s(model, facts, pool, backend, discrete,
+                                   {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size})
+        decode = {name: low for name, (low, _) in span.items()} if span else None
         download = weights_bytes(model, facts)
         if facts.mmproj is not None:
             # The projector: llama.cpp fetches it with the model and loads it on the GPU when the model
@@ -218,6 +219,7 @@ class LlamaCpp(Engine):
             weights=model.weights or weights_quantity(download),
             read_per_token=layout(model, facts).read_per_token(discrete),
             decode_predicted_tok_s=decode,
+            decode_range_tok_s=span if span and any(high > low * 1.005 for low, high in span.values()) else None,
             multimodal=facts.mmproj is not None,
         ), problems
 

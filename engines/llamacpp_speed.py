@@ -5,7 +5,10 @@ reaches is less, and it depends on the backend: a fixed cost per block per token
 synchronisation; larger for a mixture-of-experts block, which routes), an effective share of the
 bandwidth that depends on the weight type (F16 streams near the bandwidth, K-quants need more work
 per byte), and the KV cache, read once per token for every token already in the context, at a
-lower share still. So a prediction per context depth: empty, half and full.
+lower share still. So a prediction per context depth: empty, half and full. What stays in system RAM
+(a CPU server, blocks or experts kept there beside a discrete card) is read by the server's threads at
+the node's read bandwidth for that many threads (HOST, host_read_gbs); where the node's figure is not
+measured the prediction is a range.
 
 Each profile's numbers come from measurements, cited beside them; the error of the predictions
 against every recorded measurement is in docs/capacity-planning.md ("Decode speed: predicted and measured") and is
@@ -46,16 +49,12 @@ PROFILES: dict[str, DecodeProfile] = {
     # Measured: an NVIDIA H200 (4.8 TB/s), CUDA build of b10729, bench/measure_decode.py on real shapes
     # (bench/results-decode-h200.json): Llama-3.1-8B Q4_K_M / Q8_0 / F16 266 / 251 / 207 t/s at depth 0
     # and 215 / 206 / 176 at 16k, Qwen3-30B-A3B 297 t/s. On a card this fast decode is mostly fixed
-    # cost: ~35 us per block, K-quants at 38% of the bandwidth, Q8_0 62%, F16 90%; a Gated DeltaNet block
-    # of Qwen3.6-35B-A3B costs 40 us more (239 t/s).
+    # cost: ~35 us per block, K-quants at 38% of the bandwidth, Q8_0 62%, F16 90%. A Gated DeltaNet block of
+    # Qwen3.6-35B-A3B costs 67 us more: solved on a file whose routing depends on the token (199.7 t/s,
+    # bench/results-speed-h200.json; a zero-weight file, every token routed alike, decodes at 239).
     "nvidia-datacenter": DecodeProfile(block_us=35.0, moe_block_us=15.0, share={"f16": 0.90, "q8": 0.62, "kquant": 0.38},
-                                       kv_share=0.50, source="H200 llama-bench (bench/results-decode-h200.json)",
-                                       recurrent_block_us=40.0),
-    # Measured here: the CPU build of b10729 on this project's 2-core CI machine (26 GB/s copy),
-    # Llama-3.1-8B Q4_K_M 3.85 t/s at depth 0, 2.56 at 2048 (bench/results-decode-cpu.json): 73% of the
-    # bandwidth; attention over the cache is compute-bound on 2 cores (8% of the bandwidth's worth).
-    "cpu": DecodeProfile(block_us=0.0, moe_block_us=0.0, share={"f16": 0.73, "q8": 0.73, "kquant": 0.73},
-                         kv_share=0.08, source="measured on this project's CI machine (bench/results-decode-cpu.json)"),
+                                       kv_share=0.50, source="H200 llama-bench (bench/results-decode-h200.json, results-speed-h200.json)",
+                                       recurrent_block_us=67.0),
     # Intel Iris Xe, Vulkan (seed 000, llama-bench on the homelab node, against its 53.9 GB/s measured
     # for dense decoding): dense 8B Q4_K_M 10.78 t/s and dense 27B (16.5 GB/token) 3.3 t/s read at the
     # full 53.9 GB/s; the MoE block's extra cost (1.3 ms: routing on 96 EUs) is calibrated on the
@@ -85,10 +84,59 @@ PROFILES: dict[str, DecodeProfile] = {
     "intel-arc-a": DecodeProfile(block_us=0.0, moe_block_us=40.0, share={"f16": 0.37, "q8": 0.37, "kquant": 0.37},
                                  kv_share=0.40, source="Arc A770 Vulkan llama-bench 54.51 t/s (llama.cpp PR #10721)"),
 }
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    """How a CPU reads the weights and KV cache a server keeps in system RAM, with --threads T: at a share of
+    what the node reads with T threads (memory_bandwidth_by_threads), no faster than T times a thread's
+    compute ceiling; a block whose experts are in RAM costs a fixed time more (the hidden state to the CPU
+    and back, routing there)."""
+
+    weight_share: float  # of the node's read bandwidth at T threads, for dense weights
+    expert_share: float  # the same, for routed experts (many small matrices)
+    expert_block_us: float  # per block whose experts are in RAM, per token
+    thread_gbs: float  # a thread's ceiling: GB of K-quant weights it decodes per second
+    kv_thread_gbs: float  # a thread's rate reading the KV cache (attention is compute-bound on a CPU)
+    thread_read_gbs: float  # the least one thread of a busy node reads: the low end where no figure is given
+    source: str
+
+
+# Measured (bench/results-speed-h200.json, llama-bench b10729 on the H200 machine's 16-core Xeon, host read
+# 7.4/13-15.5/27-31/45-53/80-85 GB/s with 1/2/4/8/16 threads by bench/host_bandwidth.c): Llama-3.1-8B all in
+# RAM decodes at 0.90-0.93 of the read bandwidth at 4, 8 and 16 threads; Qwen3-30B-A3B and Qwen3.6-35B-A3B
+# with 12-48 blocks of experts in RAM at 0.75-0.83 of it plus ~110 us per such block; the KV cache in RAM at
+# 0.96-1.05 GB/s per thread (4, 8, 16 threads; the 2-core CI machine: 1.05). The CI machine's 2 threads
+# decode Q4_K_M at 9.5 GB/s each while reading 24 GB/s each: a compute ceiling (bench/results-decode-cpu.json).
+HOST = HostProfile(weight_share=0.92, expert_share=0.78, expert_block_us=110.0, thread_gbs=9.5, kv_thread_gbs=1.0,
+                   thread_read_gbs=5.0, source="H200 host Xeon and CI machine llama-bench (bench/results-speed-h200.json)")
+
+
+def host_read_gbs(pool: "NodePool", threads: int) -> Optional[tuple[float, float]]:
+    """(low, high) GB/s the node reads with this many threads: the measured figure (interpolated between the
+    counts given, proportional below the first, flat beyond the last) twice, or without it from
+    HOST.thread_read_gbs per thread up to memory_bandwidth_gbs, and memory_bandwidth_gbs. None: no figure."""
+    table = pool.memory_bandwidth_by_threads
+    if table:
+        points = sorted(table.items())
+        if threads <= points[0][0]:
+            value = points[0][1] * threads / points[0][0]
+        elif threads >= points[-1][0]:
+            value = points[-1][1]
+        else:
+            (t0, b0), (t1, b1) = next((a, b) for a, b in zip(points, points[1:]) if a[0] <= threads <= b[0])
+            value = b0 + (b1 - b0) * (threads - t0) / (t1 - t0)
+        return value, value
+    if pool.memory_bandwidth_gbs is None:
+        return None
+    top = float(pool.memory_bandwidth_gbs)
+    return min(top, threads * HOST.thread_read_gbs), top
+
+
 # The profile a pool gets when it names none (node_pools.<pool>.decode_profile): by backend and by
 # whether the card is discrete (vram set), never another class's. Vulkan and SYCL run on very different
 # GPUs (an Iris Xe, a Radeon APU, a discrete Radeon or Arc): no default, so no number.
-DEFAULT_PROFILE = {("cuda", True): "nvidia", ("cpu", False): "cpu", ("rocm", False): "amd-apu",
+DEFAULT_PROFILE = {("cuda", True): "nvidia", ("rocm", False): "amd-apu",
                    ("rocm", True): "amd-discrete-rocm"}
 
 
@@ -109,32 +157,67 @@ def kv_bytes_per_position(model: "ModelServer", facts: "ModelFacts") -> float:
 def predict_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
                   discrete: bool, depths: dict[str, int]) -> Optional[dict[str, float]]:
     """Predicted decode rate at each named context depth (tokens already in the context); None where
-    a bandwidth or the backend's profile is unknown (Vulkan unnamed, SYCL, MUSA: nothing measured)."""
-    main = PROFILES["cpu"] if backend == "cpu" else PROFILES.get(
-        pool.decode_profile or DEFAULT_PROFILE.get((backend or "", pool.vram is not None), ""))
-    if main is None or model.role == "embedding":
+    a bandwidth or the backend's profile is unknown (Vulkan unnamed, SYCL, MUSA: nothing measured). Where
+    part of the model is read by the CPU and the node's read bandwidth at the server's threads is not
+    measured, the low end of predict_range_tok_s."""
+    rates = predict_range_tok_s(model, facts, pool, backend, discrete, depths)
+    return {name: low for name, (low, _) in rates.items()} if rates else None
+
+
+def predict_range_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
+                        discrete: bool, depths: dict[str, int]) -> Optional[dict[str, tuple[float, float]]]:
+    """(low, high) decode rate at each depth: equal unless a CPU reads part of the model with a read bandwidth
+    known only as a range (host_read_gbs)."""
+    cpu_only = backend == "cpu"
+    main = None if cpu_only else PROFILES.get(pool.decode_profile or DEFAULT_PROFILE.get((backend or "", pool.vram is not None), ""))
+    if (main is None and not cpu_only) or model.role == "embedding":
         return None
     place = layout(model, facts)
-    vram_read, ram_read = place.read_per_token(discrete)
     kind = weight_class(model, facts)
-    fixed = facts.layers * (main.block_us + (main.moe_block_us if facts.expert_params_b or facts.active_params_b else 0.0)) / 1e6
-    if facts.full_attention_layers and facts.recurrent_state_mib:
-        fixed += (facts.layers - facts.full_attention_layers) * main.recurrent_block_us / 1e6
-    # Beside a discrete card, what stays in system RAM runs on the CPU.
-    ram_profile = PROFILES["cpu"] if discrete else main
-    rates: dict[str, float] = {}
+    # What the GPU reads (VRAM, or the node's memory on unified memory) and what the CPU reads.
+    on_card = discrete or not cpu_only
+    if discrete:
+        gpu_read, cpu_read = place.read_per_token(True)
+        gpu_bandwidth = pool.vram_bandwidth_gbs
+    elif cpu_only:
+        gpu_read, cpu_read = 0.0, sum(place.read_per_token(False))
+        gpu_bandwidth = None
+    else:
+        gpu_read, cpu_read = sum(place.read_per_token(False)), 0.0
+        gpu_bandwidth = pool.memory_bandwidth_gbs
+    ram_blocks = place.layers - place.gpu_blocks
+    experts_on_cpu = (ram_blocks + place.experts_in_ram) if (discrete and place.experts_per_block) else 0
+    expert_read = experts_on_cpu * place.experts_per_block * place.active_expert_share * place.read_share if discrete else 0.0
+    fixed = 0.0
+    if on_card and main is not None:
+        fixed = place.gpu_blocks if discrete else facts.layers
+        fixed = fixed * (main.block_us + (main.moe_block_us if facts.expert_params_b or facts.active_params_b else 0.0)) / 1e6
+        if facts.full_attention_layers and facts.recurrent_state_mib:
+            fixed += (facts.layers - facts.full_attention_layers) * main.recurrent_block_us / 1e6
+        if discrete:
+            fixed += experts_on_cpu * HOST.expert_block_us / 1e6
+    host = host_read_gbs(pool, model.threads) if cpu_read > 0 else (0.0, 0.0)
+    if host is None or (gpu_read > 0 and gpu_bandwidth is None):
+        return None
+    kv_layers_share = (place.gpu_blocks / facts.layers) if discrete else (0.0 if cpu_only else 1.0)
+    rates: dict[str, tuple[float, float]] = {}
     for name, depth in depths.items():
         kv = kv_bytes_per_position(model, facts) * depth
-        gpu_kv = kv * place.gpu_blocks / facts.layers if discrete else 0.0
-        seconds = fixed
-        for part, kv_part, bandwidth, profile in ((vram_read, gpu_kv, pool.vram_bandwidth_gbs, main),
-                                                  (ram_read, kv - gpu_kv, pool.memory_bandwidth_gbs, ram_profile)):
-            if part <= 0 and kv_part <= 0:
-                continue
-            if bandwidth is None:
-                return None
-            seconds += part / (bandwidth * 1e9 * profile.share[kind]) + kv_part / (bandwidth * 1e9 * profile.kv_share)
-        if seconds <= 0:
+        gpu_kv, cpu_kv = kv * kv_layers_share, kv * (1 - kv_layers_share)
+        ends = []
+        for read_gbs in host:
+            seconds = fixed
+            if gpu_read > 0 or gpu_kv > 0:
+                seconds += gpu_read / (gpu_bandwidth * 1e9 * main.share[kind]) + gpu_kv / (gpu_bandwidth * 1e9 * main.kv_share)
+            if cpu_read > 0:
+                dense = cpu_read - expert_read
+                ceiling = model.threads * HOST.thread_gbs * 1e9
+                seconds += dense / min(read_gbs * 1e9 * HOST.weight_share, ceiling)
+                seconds += expert_read / min(read_gbs * 1e9 * HOST.expert_share, ceiling)
+            if cpu_kv > 0:
+                seconds += cpu_kv / (model.threads * HOST.kv_thread_gbs * 1e9)
+            ends.append(1 / seconds if seconds > 0 else None)
+        if None in ends:
             return None
-        rates[name] = 1 / seconds
+        rates[name] = (min(ends), max(ends))
     return rates

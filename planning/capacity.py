@@ -71,6 +71,8 @@ class ServerPlan:
     vram: Optional[VramEstimate] = None
     # Predicted decode tok/s with the context empty, half and full (engines/llamacpp_speed.py).
     decode_predicted_tok_s: Optional[dict[str, float]] = None
+    # Where the node's read bandwidth at the server's threads is not measured: (low, high) per depth.
+    decode_range_tok_s: Optional[dict[str, tuple[float, float]]] = None
     # A server of models on demand: which may be resident together (planning/residency.py).
     residency: Optional[Residency] = None
 
@@ -192,6 +194,7 @@ def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", estimate:
         weights=estimate.weights,
         decode_bound_tok_s=decode_bound_tok_s(model, estimate.read_per_token, pool, estimate.vram),
         decode_predicted_tok_s=estimate.decode_predicted_tok_s,
+        decode_range_tok_s=estimate.decode_range_tok_s,
         vram=estimate.vram,
     )
 

@@ -113,6 +113,9 @@ class Estimate:
     weights: str  # the download, as a quantity (configured, or derived from the architecture)
     read_per_token: Optional[tuple[float, float]]  # bytes from VRAM, bytes from the node's memory; None: unknown
     decode_predicted_tok_s: Optional[dict[str, float]]  # context empty, half and full; None: not predicted
+    # (low, high) per depth where a CPU reads part of the model at a bandwidth known only as a range (the low
+    # end is decode_predicted_tok_s); None: the prediction is one figure.
+    decode_range_tok_s: Optional[dict[str, tuple[float, float]]] = None
     multimodal: bool = False  # a vision projector is loaded beside the model (counted in the figures above)
 
 

@@ -24,11 +24,17 @@ from common.constants import probe_allows_seconds
 from policy.rules import RESOURCE_RULES, STACK_RULES, run_rules
 
 
-def predicted_cell(predicted: Optional[dict]) -> str:
-    """The predicted decode rates (engines/llamacpp_speed.py), context empty / half / full."""
+def predicted_cell(predicted: Optional[dict], span: Optional[dict] = None) -> str:
+    """The predicted decode rates (engines/llamacpp_speed.py), context empty / half / full; where the node's
+    read bandwidth at the server's threads is unmeasured, the range up to the high end."""
     if not predicted:
         return "-"
-    return "/".join(f"{predicted[k]:.1f}" if predicted[k] < 100 else f"{predicted[k]:.0f}" for k in ("empty", "half", "full")) + " tok/s"
+    def rate(value: float) -> str:
+        return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+    cell = "/".join(rate(predicted[k]) for k in ("empty", "half", "full")) + " tok/s"
+    if span:
+        cell += " (to " + "/".join(rate(span[k][1]) for k in ("empty", "half", "full")) + ": host bandwidth unmeasured)"
+    return cell
 
 
 def vram_cell(vram: dict) -> str:
@@ -141,7 +147,7 @@ def plan_tables(plan: dict | None) -> list[str]:
             server["name"], f"{e['weights_gib']:.1f}", f"{e['kv_gib']:.2f}", f"{e['recurrent_gib']:.2f}",
             f"{e['overhead_gib']:.1f}", f"{e['host_caches_gib']:.1f}", f"{e['total_gib']:.1f}",
             server["memory_request"], server["memory_limit"], f"{server['budget']['startup_seconds'] / 60:.0f} min",
-            predicted_cell(server.get("decode_predicted_tok_s")),
+            predicted_cell(server.get("decode_predicted_tok_s"), server.get("decode_range_tok_s")),
             f"{bound:.1f} tok/s" if bound else "-",
         ]
         if discrete:
