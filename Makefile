@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 CHECKOV_VENV := .venv-checkov
 
-.PHONY: render test quick bench clean contract docs diff llama promtool
+.PHONY: render test quick bench clean contract docs diff llama promtool host-bandwidth
 
 # Rebuilt when the pinned requirements change; a fresh clone builds it on first use.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -62,6 +62,8 @@ bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python bench/run.py
 	@echo "==> decode prediction against every recorded measurement (docs/capacity-planning.md: Decode speed)"
 	@$(BIN)/python bench/decode_error.py
+	@echo "==> prefill prediction against every recorded llama-bench pp run (docs/capacity-planning.md: Prefill)"
+	@$(BIN)/python bench/prefill_error.py
 	@echo "==> VRAM plan against every recorded server on a card (docs/capacity-planning.md: VRAM)"
 	@$(BIN)/python bench/vram_error.py
 	@echo "==> what the admission proxy adds to a request (real CPU router, tiny models; docs/models-on-demand.md)"
@@ -95,3 +97,9 @@ diff: $(VENV)/.installed
 .PHONY: new-stack
 new-stack: $(VENV)/.installed
 	$(BIN)/python -m tools.new_stack $(ARGS)
+
+# What this node reads with 1, 2, 4, 8 ... threads (the decode plan's host term): run on a node of the pool and
+# copy the printed line into node_pools.<pool> (docs/capacity-planning.md: Decode speed).
+host-bandwidth:
+	@mkdir -p bench/results && cc -O2 -march=native -fopenmp bench/host_bandwidth.c -o bench/results/host_bandwidth
+	@n=$$(nproc); t=""; for c in 1 2 4 8 16 32 64 128; do [ $$c -lt $$n ] && t="$$t $$c"; done; bench/results/host_bandwidth 4 $$t $$n

@@ -15,7 +15,9 @@ int main(int argc, char **argv) {
     if (!a) { perror("malloc"); return 1; }
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) a[i] = i;  /* first touch spread over the threads */
-    for (int k = 2; k < argc; k++) {
+    double figures[64];
+    int counts[64], m = 0;
+    for (int k = 2; k < argc && m < 64; k++) {
         int threads = atoi(argv[k]);
         double best = 0;
         uint64_t total = 0;
@@ -30,7 +32,12 @@ int main(int argc, char **argv) {
         }
         printf("threads %d read_gbs %.1f (checksum %llu)\n", threads, best, (unsigned long long)(total & 0xff));
         fflush(stdout);
+        counts[m] = threads;
+        figures[m++] = best;
     }
+    printf("for the stack file (node_pools.<pool>): memory_bandwidth_by_threads: {");
+    for (int i = 0; i < m; i++) printf("%s%d: %.0f", i ? ", " : "", counts[i], figures[i]);
+    printf("}\n");
     free(a);
     return 0;
 }

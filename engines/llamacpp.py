@@ -15,7 +15,7 @@ from planning.memory import Estimate, weights_quantity
 
 from .base import Credentials, Engine, Problem
 from .llamacpp_flags import extra_args_problems
-from .llamacpp_speed import predict_range_tok_s
+from .llamacpp_speed import predict_range_tok_s, prefill
 from .llamacpp_memory import (
     DEFAULT_UBATCH,
     discrete_split,
@@ -202,6 +202,7 @@ class LlamaCpp(Engine):
         span = predict_range_tok_s(model, facts, pool, backend, discrete,
                                    {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size})
         decode = {name: low for name, (low, _) in span.items()} if span else None
+        prompt = prefill(model, facts, pool, backend, discrete)
         download = weights_bytes(model, facts)
         if facts.mmproj is not None:
             # The projector: llama.cpp fetches it with the model and loads it on the GPU when the model
@@ -220,6 +221,8 @@ class LlamaCpp(Engine):
             read_per_token=layout(model, facts).read_per_token(discrete),
             decode_predicted_tok_s=decode,
             decode_range_tok_s=span if span and any(high > low * 1.005 for low, high in span.values()) else None,
+            prefill_tok_s=round(prompt[0], 1) if prompt else None,
+            first_token_full_s=round(prompt[1], 2) if prompt else None,
             multimodal=facts.mmproj is not None,
         ), problems
 

@@ -221,3 +221,83 @@ def predict_range_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePo
             return None
         rates[name] = (min(ends), max(ends))
     return rates
+
+
+# --- prefill (prompt processing) ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PrefillProfile:
+    """How a backend class turns a prompt into a KV cache: matrix products at an effective rate (FLOPs of
+    2 x parameters read per token), a mixture of experts at a share of it, attention at its own rate."""
+
+    tflops: dict[str, float]  # weight class -> effective TFLOPS of the matrix products
+    moe_share: float  # a mixture of experts' share of that (many small products)
+    attention_tflops: float  # 4 x layers x width x depth FLOPs per token
+    source: str
+    recurrent_layer_us: float = 0.0  # per token per linear-attention (Gated DeltaNet) layer
+
+
+PREFILL: dict[str, PrefillProfile] = {
+    # Measured (bench/results-speed-h200.json, llama-bench pp512/pp4096, b10729 CUDA on an H200): dense
+    # Q4_K_M 8B-70B 147-168 TFLOPS effective, Q8_0 183, F16 360; Qwen3-30B-A3B and Qwen3.6-35B-A3B with
+    # token-dependent routing 36-45 (0.27 of dense); qwen3-8b pp512 at depth 4096/16384 for attention.
+    # Qwen3.6-35B-A3B's 30 Gated DeltaNet layers cost 1.5 us per token each (solved on its pp4096: in-sample).
+    "nvidia-datacenter": PrefillProfile(tflops={"kquant": 150.0, "q8": 180.0, "f16": 350.0}, moe_share=0.27,
+                                        attention_tflops=250.0, source="H200 llama-bench pp (bench/results-speed-h200.json)",
+                                        recurrent_layer_us=1.5),
+}
+# A CPU: GFLOPS per thread of the matrix products, measured on the CI machine (llama-bench pp, 2 threads,
+# Qwen3-1.7B 89 and Llama-3.1-8B 57 per thread: bench/results-prefill-cpu.json); its attention at the same rate.
+CPU_PREFILL_GFLOPS_PER_THREAD = 57.0
+# Weights kept in system RAM are copied to the card for every micro-batch of a prompt (llama.cpp offloads a
+# large batch's products): measured 6.6-9.1 GB/s on the H200 machine (mmap'd, pageable memory), for
+# Llama-3.1-8B / Qwen3-14B with 13 / 17 blocks in RAM and Qwen3 MoE with 20-24 blocks of experts in RAM.
+HOST_TO_CARD_GBS = 7.0
+PROMPT_TOKENS = 4096  # the prompt a prefill figure is given for (a RAG or coding prompt), or the context if smaller
+
+
+def prefill(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
+            discrete: bool) -> Optional[tuple[float, float]]:
+    """(prompt tokens/s at PROMPT_TOKENS or the context, seconds to the first token of a prompt that fills the
+    context); None where the backend class has no measured prefill (only the H200's CUDA and a CPU are)."""
+    seconds = prompt_seconds(model, facts, pool, backend, discrete)
+    if seconds is None:
+        return None
+    prompt = min(PROMPT_TOKENS, model.ctx_size)
+    return prompt / seconds(prompt, 0), seconds(model.ctx_size, 0)
+
+
+def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str], discrete: bool):
+    """seconds(tokens, depth): the time to process a prompt of `tokens` after `depth` already in the cache;
+    None where not predicted."""
+    if model.role == "embedding":
+        return None
+    cpu_only = backend == "cpu"
+    profile = None if cpu_only else PREFILL.get(pool.decode_profile or DEFAULT_PROFILE.get((backend or "", pool.vram is not None), ""))
+    if profile is None and not cpu_only:
+        return None
+    place = layout(model, facts)
+    kind = weight_class(model, facts)
+    active = (facts.active_params_b or facts.params_b) * 1e9
+    if facts.vocab_size and facts.embedding_length:
+        active -= facts.vocab_size * facts.embedding_length  # the input embedding is a lookup, not a product
+    moe = bool(facts.expert_params_b or facts.active_params_b)
+    width = facts.embedding_length or (facts.kv_heads * facts.head_dim)
+    attention_layers = facts.full_attention_layers or facts.layers
+    if cpu_only:
+        rate = model.threads * CPU_PREFILL_GFLOPS_PER_THREAD * 1e9
+        matmul, attention_rate, copy = 2 * active / rate, rate, 0.0
+    else:
+        matmul = 2 * active / (profile.tflops[kind] * 1e12 * (profile.moe_share if moe else 1.0))
+        attention_rate = profile.attention_tflops * 1e12
+        ubatch = model.ubatch_size or 512
+        copy = place.ram_weights / ubatch / (HOST_TO_CARD_GBS * 1e9) if discrete else 0.0
+        copy -= place.embedding / ubatch / (HOST_TO_CARD_GBS * 1e9) if discrete else 0.0  # the lookup is not copied
+        if facts.full_attention_layers and facts.recurrent_state_mib:
+            matmul += (facts.layers - facts.full_attention_layers) * profile.recurrent_layer_us / 1e6
+
+    def seconds(tokens: int, depth: int) -> float:
+        # Each token attends to what was there before and half of the prompt before it, on average.
+        return tokens * (matmul + copy + 4 * attention_layers * width * (depth + tokens / 2) / attention_rate)
+
+    return seconds

@@ -73,6 +73,9 @@ class ServerPlan:
     decode_predicted_tok_s: Optional[dict[str, float]] = None
     # Where the node's read bandwidth at the server's threads is not measured: (low, high) per depth.
     decode_range_tok_s: Optional[dict[str, tuple[float, float]]] = None
+    # Prompt tokens/s at a 4096-token prompt, and seconds to the first token of a full-context prompt.
+    prefill_tok_s: Optional[float] = None
+    first_token_full_s: Optional[float] = None
     # A server of models on demand: which may be resident together (planning/residency.py).
     residency: Optional[Residency] = None
 
@@ -195,6 +198,8 @@ def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", estimate:
         decode_bound_tok_s=decode_bound_tok_s(model, estimate.read_per_token, pool, estimate.vram),
         decode_predicted_tok_s=estimate.decode_predicted_tok_s,
         decode_range_tok_s=estimate.decode_range_tok_s,
+        prefill_tok_s=estimate.prefill_tok_s,
+        first_token_full_s=estimate.first_token_full_s,
         vram=estimate.vram,
     )
 

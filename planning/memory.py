@@ -116,6 +116,10 @@ class Estimate:
     # (low, high) per depth where a CPU reads part of the model at a bandwidth known only as a range (the low
     # end is decode_predicted_tok_s); None: the prediction is one figure.
     decode_range_tok_s: Optional[dict[str, tuple[float, float]]] = None
+    # Prompt tokens/s at a 4096-token prompt (or the context), and seconds to the first token of a prompt that
+    # fills the context; None: not predicted (engines/llamacpp_speed.py prefill).
+    prefill_tok_s: Optional[float] = None
+    first_token_full_s: Optional[float] = None
     multimodal: bool = False  # a vision projector is loaded beside the model (counted in the figures above)
 
 

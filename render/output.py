@@ -37,6 +37,13 @@ def predicted_cell(predicted: Optional[dict], span: Optional[dict] = None) -> st
     return cell
 
 
+def prefill_cell(rate: Optional[float], first_token_s: Optional[float]) -> str:
+    """Prompt processing at a 4096-token prompt, and the wait for the first token of a full-context prompt."""
+    if not rate:
+        return "-"
+    return f"{rate:,.0f} tok/s ({first_token_s:.1f} s)" if first_token_s < 100 else f"{rate:,.0f} tok/s ({first_token_s / 60:.1f} min)"
+
+
 def vram_cell(vram: dict) -> str:
     """The VRAM column: per card, with where the layers and experts are."""
     where = f"{vram['layers_offloaded']}/{vram['layers']} layers"
@@ -136,7 +143,7 @@ def plan_tables(plan: dict | None) -> list[str]:
             lines.append(f"    {'  GPU ' + str(gpu['gpu'] + 1) + ' VRAM':<22}{gpu['vram_gib']:>8.1f}{gpu['planned_gib']:>9.1f}{free:>8.1f}")
     discrete = any("vram" in server for server in plan["servers"].values())
     header = ["server", "weights", "KV", "state", "backend", "caches", "total", "mem request", "mem limit",
-              "startup", "decode ~ empty/half/full ctx", "decode <="]
+              "startup", "decode ~ empty/half/full ctx", "decode <=", "prefill ~ (full ctx: first token)"]
     if discrete:
         header[1:1] = ["VRAM"]
     rows = []
@@ -149,6 +156,7 @@ def plan_tables(plan: dict | None) -> list[str]:
             server["memory_request"], server["memory_limit"], f"{server['budget']['startup_seconds'] / 60:.0f} min",
             predicted_cell(server.get("decode_predicted_tok_s"), server.get("decode_range_tok_s")),
             f"{bound:.1f} tok/s" if bound else "-",
+            prefill_cell(server.get("prefill_tok_s"), server.get("first_token_full_s")),
         ]
         if discrete:
             vram = server.get("vram")

@@ -194,11 +194,12 @@ def test_decode_column_stays_apart_past_100_tok_s():
     plan = {"nodes": [], "servers": {"x": {
         "name": "x", "memory_request": "1Gi", "memory_limit": "2Gi", "decode_bound_tok_s": 107.5,
         "decode_predicted_tok_s": {"empty": 101.2, "half": 99.5, "full": 97.0},
+        "prefill_tok_s": 2514.3, "first_token_full_s": 12.04,
         "budget": {"startup_seconds": 600},
         "estimate": {k: 0.1 for k in ("weights_gib", "kv_gib", "recurrent_gib", "overhead_gib", "host_caches_gib", "total_gib")},
     }}}
     row = plan_tables(plan)[-1]
-    assert row.endswith(" 10 min           101/99.5/97.0 tok/s  107.5 tok/s")
+    assert row.endswith(" 10 min           101/99.5/97.0 tok/s  107.5 tok/s  2,514 tok/s (12.0 s)")
 
 
 @pytest.mark.parametrize("stack", STACKS)

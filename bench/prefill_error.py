@@ -1,0 +1,84 @@
+"""The prefill prediction (engines/llamacpp_speed.py prompt_seconds) against every recorded llama-bench
+prompt-processing run: one row per run with the predicted rate and the error; docs/capacity-planning.md's
+table ("Prefill: predicted and measured") is this output.
+
+    python bench/prefill_error.py   (reads bench/results-speed-h200.json and bench/results-prefill-cpu.json)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests" / "contract"))
+
+from config.types import ModelFacts, ModelServer, NodePool  # noqa: E402
+from decode_error import CI_HOST, GIB, preset_facts  # noqa: E402
+from engines.llamacpp_speed import prompt_seconds  # noqa: E402
+
+TOLERANCE = 0.25
+# Runs a profile's numbers were solved from (shape, quant, routing, prompt, depth, layers offloaded, experts in RAM).
+CALIBRATION = {("llama-3.1-8b", "Q4_K_M", "zero", 4096, 0, 99, 0), ("llama-3.1-8b", "Q8_0", "zero", 4096, 0, 99, 0),
+               ("llama-3.1-8b", "F16", "zero", 4096, 0, 99, 0), ("qwen3-30b-a3b", "Q4_K_M", "token", 4096, 0, 99, 0),
+               ("qwen3.6-35b-a3b", "Q4_K_M", "token", 4096, 0, 99, 0),
+               ("qwen3-8b", "Q4_K_M", "zero", 512, 16384, 99, 0), ("llama-3.1-8b", "Q4_K_M", "zero", 4096, 0, 20, 0),
+               ("llama-3.1-8b", "Q4_K_M", "zero", 256, 0, -1, 0)}
+
+
+def predicted(r: dict, discrete: bool, host: dict) -> float:
+    facts = ModelFacts.model_validate(preset_facts(r["shape"]))
+    ngl = r.get("ngl")
+    model = ModelServer.model_validate({
+        "role": "chat", "name": "m", "image": "ghcr.io/ggml-org/llama.cpp:server-b10731", "node_pool": "p",
+        "hf_repo": f"x/y-GGUF:{r['quant']}", "weights": f"{r['weights_bytes'] / GIB:.3f}Gi",
+        "gpu_layers": (999 if ngl is None or ngl >= 99 else ngl) if discrete else 0, "cpu_moe_layers": r.get("n_cpu_moe") or None,
+        "ctx_size": max(r["n_prompt"] + r["depth"], 512), "facts": facts.model_dump(), "threads": r.get("threads") or 2,
+        "ubatch_size": r.get("n_ubatch") or None, "resources": {"cpu_request": "1", "cpu_limit": "16"},
+    })
+    pool = NodePool.model_validate({
+        "memory": "256Gi", "allocatable": "250Gi", "memory_bandwidth_gbs": max(host.values()), "memory_bandwidth_by_threads": host,
+        "backend": "cuda" if discrete else "cpu",
+        **({"vram": "141Gi", "vram_bandwidth_gbs": 4800, "gpu_resource": "nvidia.com/gpu", "decode_profile": "nvidia-datacenter"}
+           if discrete else {}),
+    })
+    seconds = prompt_seconds(model, facts, pool, "cuda" if discrete else "cpu", discrete)
+    return r["n_prompt"] / seconds(r["n_prompt"], r["depth"]) if seconds else None
+
+
+def rows() -> list[tuple]:
+    out = []
+    for path, discrete in ((ROOT / "bench" / "results-speed-h200.json", True), (ROOT / "bench" / "results-prefill-cpu.json", False)):
+        record = json.loads(path.read_text())
+        for run in record["runs"]:
+            host = {int(k): v for k, v in (run.get("host_read_gbs") or CI_HOST).items()}
+            for r in run["rows"]:
+                if not r.get("n_prompt"):
+                    continue
+                key = (r["shape"], r["quant"], r.get("routing", "zero"), r["n_prompt"], r["depth"], r.get("ngl"), r.get("n_cpu_moe") or 0)
+                where = ("CPU only" if not discrete else "experts in RAM" if r.get("n_cpu_moe")
+                         else "partial offload" if (r.get("ngl") or 99) < 99 else "GPU only")
+                zero_moe = "qwen3" in r["shape"] and "a3b" in r["shape"] and r.get("routing") != "token"
+                out.append((where, r["device"], f"{r['shape']} {r['quant']}", r["n_prompt"], r["depth"], r["tok_s"],
+                            predicted(r, discrete, host), "zero routing" if zero_moe else key in CALIBRATION, path.name))
+    return out
+
+
+def main() -> int:
+    table = rows()
+    print("| placement | device | model | prompt | depth | measured t/s | predicted t/s | error | source |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for where, device, model, prompt, depth, measured, pred, cal, source in table:
+        error = f"{(pred - measured) / measured:+.0%}" if pred else "-"
+        mark = f" ({cal})" if isinstance(cal, str) else " (cal)" if cal else ""
+        print(f"| {where} | {device} | {model} | {prompt} | {depth} | {measured:,.1f} | {pred:,.1f} | {error}{mark} | {source} |")
+    counted = [abs(p - m) / m for *_, m, p, cal, _ in table if p and not cal]
+    print(f"\nprefill: {sum(e <= TOLERANCE for e in counted)} of {len(counted)} predictions within +-{TOLERANCE:.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
