@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
 from config.types import ModelFacts, ModelServer, NodePool  # noqa: E402
 from engines.llamacpp_speed import predict_tok_s  # noqa: E402
-from planning.catalog import lookup  # noqa: E402
+from config.catalog import lookup  # noqa: E402
 from real_shape import PRESETS, expected_weights_bytes, tensor_table  # noqa: E402
 
 GIB = 2**30

@@ -115,7 +115,7 @@ def shipped() -> list[str]:
 
 def case_spec(case: str, origin: str, update: dict | None) -> dict:
     from engines import engine_of
-    from planning.catalog import facts_for
+    from config.catalog import facts_for
 
     model, _ = model_of(origin, update)
     if model.gpus > 1:  # one card here: the server as it would run on one

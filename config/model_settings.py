@@ -18,7 +18,10 @@ class ModelSettings(Strict):
     weights: Optional[Memory] = doc(
         "Size of the weights download; null: parameters x the quant's bits per weight.", default=None
     )
-    facts: Optional[ModelFacts] = doc("Architecture facts; null: taken from the catalog by hf_repo.", default=None)
+    facts: Optional[ModelFacts] = doc(
+        "Architecture facts; null: the catalog's for hf_repo. For a repo in the catalog, each key given replaces that "
+        "one of the catalog's entry (an explicit null unsets an optional one); for another repo, the whole set.",
+        default=None)
     gpu_layers: LayerCount = doc(
         "--n-gpu-layers: llama.cpp offloads the output layer and then the last N-1 transformer blocks; 0 runs on the "
         "CPU and requests no GPU; layers + 1 or more: everything.",
@@ -50,6 +53,19 @@ class ModelSettings(Strict):
         "itself where the backend supports it); null: f16.",
         default=None,
     )
+
+
+def over_the_catalog(data: object) -> object:
+    """A `facts` block given for a repo in the catalog is read over the catalog's entry, key by key (the rest
+    kept; an explicit null replaces too): one field changed without copying the other nine."""
+    if not (isinstance(data, dict) and isinstance(data.get("facts"), dict) and isinstance(data.get("hf_repo"), str)):
+        return data
+    from .catalog import lookup
+
+    base = lookup(data["hf_repo"])
+    if base is None:
+        return data
+    return {**data, "facts": {**base.model_dump(exclude_defaults=True), **data["facts"]}}
 
 
 # What a model of a router never takes from the server: what it is (its download, its architecture).

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .defaults import PREFETCH_IMAGE
-from .model_settings import ModelOverrides
+from .model_settings import ModelOverrides, over_the_catalog
 from .values import HfRepo, PinnedImage, Strict, doc
 
 # The most models one router serves: the plan checks every set of them that can be resident (2^16).
@@ -22,6 +22,11 @@ ModelName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[a-z0-
 class OnDemandModel(ModelOverrides):
     """One model the router may load: its own llama.cpp settings (config/model_settings.py), each null for
     the server's."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _facts_over_the_catalog(cls, data: object) -> object:
+        return over_the_catalog(data)
 
     hf_repo: HfRepo = doc("llama.cpp's --hf-repo for this model (org/Model-GGUF:QUANT).")
     pinned: bool = doc(

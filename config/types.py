@@ -17,7 +17,7 @@ from .gpus import DEVICE_PLUGIN_SHARING, GpuBackend
 from .images import backend_of_image
 from .facts import ModelFacts  # noqa: F401 - the config's types are imported from here
 from .gateway import GatewayConfig
-from .model_settings import OWN, ModelSettings
+from .model_settings import OWN, ModelSettings, over_the_catalog
 from .on_demand import OnDemand
 from .values import (
     doc,
@@ -430,8 +430,8 @@ class ModelServer(ModelSettings):
     @classmethod
     def _role_defaults(cls, data: object) -> object:
         if isinstance(data, dict) and isinstance(data.get("role"), str):
-            return {**ROLE_DEFAULTS.get(data["role"], {}), **data}
-        return data
+            data = {**ROLE_DEFAULTS.get(data["role"], {}), **data}
+        return over_the_catalog(data)
 
     role: Literal["chat", "embedding"] = doc("chat, or embedding (never on a chat route; behind an Ingress only on request, for /v1/embeddings alone).")
     name: DnsLabel = doc("Name of its Service, its pods' app.kubernetes.io/name and (unless workload.name) its workload.")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 
 from common.constants import EMBEDDINGS_PATH, LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, METRICS_TOKEN_KEY
 from common.quantity import GIB, MIB, parse_quantity
-from planning.catalog import facts_for, near_repos, repo_of
+from config.catalog import facts_for, near_repos, repo_of
 from planning.memory import Estimate, weights_quantity
 
 from .base import Credentials, Engine, Problem
@@ -207,7 +207,7 @@ class LlamaCpp(Engine):
         if facts.mmproj is not None:
             # The projector: llama.cpp fetches it with the model and loads it on the GPU when the model
             # offloads (mmproj_use_gpu, common/common.h), else in the node's memory; its weights and the
-            # compute buffer it reserves at load (planning/catalog.yaml, measured by the projector oracle).
+            # compute buffer it reserves at load (config/catalog.yaml, measured by the projector oracle).
             weights, compute = projector_gib(facts.mmproj, backend)
             if vram is not None:
                 vram = dataclasses.replace(vram, weights_gib=vram.weights_gib + weights, reserve_gib=vram.reserve_gib + compute)

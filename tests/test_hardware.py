@@ -15,9 +15,12 @@ from plane import plan_capacity
 from common.quantity import GIB, MIB
 
 # Llama 3.1/3.3 70B (config.json: 80 layers, 8 KV heads, head_dim 128, 70.6B parameters).
-LLAMA_70B = {"params_b": 70.6, "layers": 80, "kv_heads": 8, "head_dim": 128}
+# The widths are unset (explicit nulls over the catalog's entry, which has them): the arithmetic of a model
+# known only by its layers, each layer an equal share of the weights, the GPU reserve the stated margin.
+NO_WIDTHS = {"embedding_length": None, "vocab_size": None, "feed_forward_length": None}
+LLAMA_70B = {"params_b": 70.6, "layers": 80, "kv_heads": 8, "head_dim": 128, **NO_WIDTHS}
 # Qwen3-32B (config.json: 64 layers, 8 KV heads, head_dim 128, 32.8B parameters).
-QWEN3_32B = {"params_b": 32.8, "layers": 64, "kv_heads": 8, "head_dim": 128}
+QWEN3_32B = {"params_b": 32.8, "layers": 64, "kv_heads": 8, "head_dim": 128, **NO_WIDTHS}
 
 
 def rtx() -> dict:
@@ -307,7 +310,7 @@ def test_llamacpp_replicas_on_the_shared_cache_are_refused():
 def test_sliding_window_layers_hold_a_window_per_slot_not_the_context():
     """Gemma 3 27B: 10 global layers keep the whole context; the 52 sliding-window layers keep 1024
     tokens per slot plus one micro-batch (llama-server leaves --swa-full off)."""
-    from planning.catalog import catalog
+    from config.catalog import catalog
 
     values = rtx()
     chat = values["models"]["chat"]

@@ -42,7 +42,7 @@ GREEDY = {"temperature": 0, "top_k": 1, "seed": 0}
 def servers() -> list[tuple[str, str, dict, dict | None, str, str | None]]:
     """(stack, model key, container, scrape endpoint, role, pooling) for every llama.cpp server; the
     container carries its pod's securityContext under POD_SECURITY (the server runs as the pod)."""
-    from planning.catalog import facts_for
+    from config.catalog import facts_for
     from render.offline import run_stack
     from render.manifests import manifests
 

@@ -94,7 +94,7 @@ def _repo(args: list[str]) -> str:
 @pytest.mark.parametrize("case", cases(), ids=lambda c: f"{c[0]}/{c[1]}")
 def test_the_plan_matches_what_llama_cpp_allocates(case):
     from engines.llamacpp_memory import llamacpp_estimate
-    from planning.catalog import facts_for
+    from config.catalog import facts_for
     from render.offline import run_stack
 
     stack, key, container, *_ = case

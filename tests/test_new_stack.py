@@ -14,7 +14,7 @@ import yaml
 from conftest import ROOT, stack_file_config
 from common.quantity import GIB, parse_quantity
 from plane import parse_stack, plan_capacity
-from planning.catalog import lookup
+from config.catalog import lookup
 from policy.rules import run_rules
 from render.output import policy_config, render_stack
 from tools import new_stack

@@ -95,7 +95,9 @@ def test_without_expert_offload_the_moe_does_not_fit_12_gib():
 
 def test_expert_offload_needs_the_experts_size():
     stack = values("rtx3060")
-    stack["models"]["chat"]["facts"] = {"params_b": 30.5, "active_params_b": 3.3, "layers": 48, "kv_heads": 4, "head_dim": 128}
+    # Over the catalog's entry, which has it: an explicit null unsets it.
+    stack["models"]["chat"]["facts"] = {"params_b": 30.5, "active_params_b": 3.3, "layers": 48, "kv_heads": 4, "head_dim": 128,
+                                        "expert_params_b": None}
     with pytest.raises(CapacityError, match=r"models\.chat\.facts\.expert_params_b: cpu_moe_layers keeps experts in RAM"):
         plan_capacity(parse_stack(stack))
 
@@ -267,3 +269,26 @@ def test_experts_in_ram_are_predicted_slower_than_all_on_the_card():
     stack["models"]["chat"]["cpu_moe_layers"] = None
     on_card = plan_capacity(parse_stack(stack)).servers["chat"].decode_predicted_tok_s["empty"]
     assert offloaded < on_card / 2
+
+
+def test_a_facts_block_changes_single_fields_of_the_catalog_entry():
+    """#34 item 3: to run gpt-oss-120b with experts in RAM one field is enough (the catalog's others kept); an
+    explicit null unsets an optional one; a repo not in the catalog needs the whole set, each missing field named."""
+    from config.catalog import lookup
+
+    stack = values("rtx3060")
+    stack["models"]["chat"]["facts"] = {"expert_params_b": 27.0}
+    facts = parse_stack(stack).models["chat"].facts
+    catalog = lookup("ggml-org/Qwen3-30B-A3B-GGUF")
+    assert facts.expert_params_b == 27.0
+    assert facts.model_dump(exclude={"expert_params_b"}) == catalog.model_dump(exclude={"expert_params_b"})
+    stack["models"]["chat"]["facts"] = {"vocab_size": None}
+    assert parse_stack(stack).models["chat"].facts.vocab_size is None
+    stack["models"]["chat"]["hf_repo"] = "someone/Not-In-The-Catalog-GGUF:Q4_K_M"
+    stack["models"]["chat"]["facts"] = {"params_b": 30.5}
+    with pytest.raises(ConfigError, match=r"models\.chat\.facts\.layers: required"):
+        parse_stack(stack)
+    # gpt-oss carries its experts' size, so cpu_moe_layers plans without a facts block.
+    gpt = lookup("ggml-org/gpt-oss-120b-GGUF")
+    assert gpt.expert_params_b == pytest.approx(36 * 128 * 3 * 2880 * 2880 / 1e9, abs=0.01)
+    assert lookup("ggml-org/gpt-oss-20b-GGUF").expert_params_b == pytest.approx(24 * 32 * 3 * 2880 * 2880 / 1e9, abs=0.01)

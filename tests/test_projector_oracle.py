@@ -42,11 +42,11 @@ from real_shape_mmproj import expected_mmproj_bytes, write_mmproj, write_text_sh
 from server import free_port, log_until  # noqa: E402
 
 # The figures the planner counts for the projector that ggml-org/gemma-3-12b-it-GGUF ships
-# (mmproj-model-f16.gguf) and its also-repos, as planning/catalog.yaml carries them (MiB; llama-server
+# (mmproj-model-f16.gguf) and its also-repos, as config/catalog.yaml carries them (MiB; llama-server
 # b10729 measured them on the CPU: weights 814.60, compute 121.25 with flash attention, 1132.00 without).
 # Weights: the whole F16 file's tensors. Compute: the buffer reserved for one 896 x 896 image with flash
 # attention on (the default, `auto`, on CPU and CUDA).
-from planning.catalog import lookup  # noqa: E402
+from config.catalog import lookup  # noqa: E402
 
 _PROJECTOR = lookup("ggml-org/gemma-3-12b-it-GGUF").mmproj
 MEASURED_GEMMA3_MMPROJ_WEIGHTS_MIB = _PROJECTOR.weights_mib

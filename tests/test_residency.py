@@ -229,7 +229,7 @@ def test_a_vision_projector_is_counted_where_llama_cpp_loads_it():
     its weights and its compute buffer (flash attention on CUDA; the larger buffer where not known) are in
     the VRAM figure, the download grows by the file, and the plan says the model is multimodal."""
     from engines import engine_of
-    from planning.catalog import facts_for
+    from config.catalog import facts_for
     from plane import parse_stack
 
     stack = parse_stack(plain_values(STACK))

@@ -5,7 +5,7 @@
     python tools/gguf_facts.py https://huggingface.co/org/repo/resolve/main/model.gguf
 
 The output is YAML to paste under ``models.<key>`` in a stack file, for a model the built-in
-catalog (planning/catalog.yaml) does not know. Only the header is read: the fixed preamble, the
+catalog (config/catalog.yaml) does not know. Only the header is read: the fixed preamble, the
 key/value metadata and the tensor table. A partial download works as long as the metadata is
 whole; without the tensor table the parameter count comes from ``general.size_label``.
 

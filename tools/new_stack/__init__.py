@@ -1,7 +1,7 @@
 """`make new-stack`: a working stack file (Pulumi.<NAME>.yaml) for your hardware, every value
 commented. Run as `python -m tools.new_stack NAME --gpu ... --ram GiB` (usage: cli.py).
 
-The chat and embedding models are picked from the catalog (planning/catalog.yaml) with the
+The chat and embedding models are picked from the catalog (config/catalog.yaml) with the
 program's own planner: for each candidate a stack is built, validated (plane.parse_stack) and
 planned (plane.plan_capacity); only plans without problems or warnings are kept. The chat model is
 the largest (most parameters) that fits with a usable context (8k tokens or more) and is predicted

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from planning.catalog import lookup
+from config.catalog import lookup
 
 
 # The llama.cpp build the shipped stacks pin (the contract tests run b10729, the nearest PyPI sdist).
@@ -72,7 +72,7 @@ EMBED_CANDIDATES = (
 
 def params_b(candidate: Candidate) -> float:
     facts = lookup(candidate.repo)
-    assert facts is not None, f"{candidate.repo} is not in planning/catalog.yaml"
+    assert facts is not None, f"{candidate.repo} is not in config/catalog.yaml"
     return facts.params_b
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from common.errors import CapacityError, ConfigError
-from planning.catalog import lookup
+from config.catalog import lookup
 from tools.new_stack.candidates import CHAT_CANDIDATES, EMBED_CANDIDATES, Candidate, ChatSetup, params_b
 from tools.new_stack.hardware import Cluster, Hardware
 from tools.new_stack.stack_file import build_config, stack_values

@@ -34,7 +34,7 @@ from common.errors import one_line
 from common.quantity import GIB, parse_quantity
 from config.images import backend_of_image
 from config.values import _DNS_LABEL, _DNS_NAME, _HOSTNAME
-from planning.catalog import lookup
+from config.catalog import lookup
 from tools.new_stack.choice import EMBED_SHARE, Choice, NoFit, choose, decode_floor
 from tools.new_stack.hardware import DISCRETE, INGRESS, KINDS, STORAGE, Cluster, Hardware
 from tools.new_stack.stack_file import build_config, gib, stack_text, stack_values

@@ -11,7 +11,7 @@ import yaml
 
 from common.constants import PROJECT
 from config.checks import private_suffix
-from planning.catalog import lookup
+from config.catalog import lookup
 from tools.new_stack.candidates import IMAGES, Candidate, ChatSetup
 from tools.new_stack.hardware import INGRESS, KINDS, STORAGE, Cluster, Hardware
 

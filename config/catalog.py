@@ -14,10 +14,10 @@ from __future__ import annotations
 import re
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 if TYPE_CHECKING:
-    from config.types import ModelFacts, ModelServer
+    from config.facts import ModelFacts
 
 CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 
@@ -50,7 +50,7 @@ def parse_catalog(text: str, where: str = "catalog.yaml") -> dict[str, "ModelFac
     """Every repo (entries and their ``also`` aliases) mapped to its validated facts."""
     from pydantic import ValidationError
 
-    from config.types import ModelFacts
+    from config.facts import ModelFacts
 
     try:
         data = _load_yaml(text)
@@ -132,7 +132,14 @@ def near_repos(repo: str) -> list[str]:
     return [folded[n] for n in difflib.get_close_matches(repo_of(repo).casefold(), list(folded), n=2, cutoff=0.85)]
 
 
-def facts_for(model: "ModelServer") -> Optional["ModelFacts"]:
+class _Served(Protocol):
+    """A model server or a router's model: what facts_for reads (config.types imports this module)."""
+
+    facts: Optional["ModelFacts"]
+    hf_repo: Optional[str]
+
+
+def facts_for(model: _Served) -> Optional["ModelFacts"]:
     """The model's own facts, else the catalog's for its repo, else None."""
     if model.facts is not None:
         return model.facts
