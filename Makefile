@@ -87,6 +87,7 @@ contract: $(VENV)/.installed llama
 # The configuration reference in docs/configuration.md, regenerated from config/types.py (a test checks it).
 docs: $(VENV)/.installed
 	$(BIN)/python tools/config_docs.py
+	$(BIN)/python tools/bench_tables.py
 
 # What `pulumi up` would do after a stack edit, per resource and for the running servers:
 # `make diff STACK=homelab BASE=<git ref or stack file>` (default: the last commit).

@@ -70,9 +70,12 @@ PROFILES: dict[str, DecodeProfile] = {
     # tg128): so one share and no fixed cost, a fit to that point; the MoE block and KV costs are not
     # measured (taken as NVIDIA's GeForce profile). RX 7900 XTX (960 GB/s), ROCm, build 2f0c2db:
     # 167.11 t/s (discussion #15021, as transcribed in two independent copies; issue #20934, March 2026,
-    # reports 129-144 with -fa 1 -b 128): 67% of the bandwidth.
-    "amd-discrete-rocm": DecodeProfile(block_us=0.0, moe_block_us=40.0, share={"f16": 0.67, "q8": 0.67, "kquant": 0.67},
-                                       kv_share=0.40, source="RX 7900 XTX ROCm llama-bench 167.11 t/s (llama.cpp #15021)"),
+    # reports 129-144 with -fa 1 -b 128): 67% of the bandwidth. A second, newer point of the same card on ROCm
+    # (llama.cpp PR #26284, RDNA3 MMQ tuning): Llama-3-8B Q4_K_M (4.92 GB) tg64 105.75 t/s and 98.67 at depth 4096:
+    # K-quants at 51% of the bandwidth (of the 4.6 GB read per token), the f16 KV cache at 82%; Q4_0 stays at 67%
+    # (weight class "legacy").
+    "amd-discrete-rocm": DecodeProfile(block_us=0.0, moe_block_us=40.0, share={"f16": 0.67, "q8": 0.67, "kquant": 0.51, "legacy": 0.67},
+                                       kv_share=0.82, source="RX 7900 XTX ROCm llama-bench (llama.cpp #15021, PR #26284)"),
     # RX 7900 XTX, Vulkan RADV: 182.63 t/s (discussion #10879, transcribed; issue #20934: 167-177): 73%.
     "amd-discrete-vulkan": DecodeProfile(block_us=0.0, moe_block_us=40.0, share={"f16": 0.73, "q8": 0.73, "kquant": 0.73},
                                          kv_share=0.40, source="RX 7900 XTX Vulkan llama-bench 182.63 t/s (llama.cpp #10879)"),
@@ -141,10 +144,18 @@ DEFAULT_PROFILE = {("cuda", True): "nvidia", ("rocm", False): "amd-apu",
 
 
 def weight_class(model: "ModelServer", facts: "ModelFacts") -> str:
+    """f16, q8, legacy (Q4_0, Q4_1, Q5_0, Q5_1: simpler blocks, read faster where measured) or kquant."""
     if facts.bits_per_weight is not None and facts.bits_per_weight >= 16:
         return "f16"
     quant = quant_of(model.hf_repo or ":Q4_K_M")
-    return "f16" if quant in ("F16", "BF16", "F32") else "q8" if quant == "Q8_0" else "kquant"
+    if quant in ("F16", "BF16", "F32"):
+        return "f16"
+    return "q8" if quant == "Q8_0" else "legacy" if quant in ("Q4_0", "Q4_1", "Q5_0", "Q5_1") else "kquant"
+
+
+def share_of(shares: dict[str, float], kind: str) -> float:
+    """A class's share; a profile that has no figure for legacy quants reads them as K-quants."""
+    return shares.get(kind, shares["kquant"])
 
 
 def kv_bytes_per_position(model: "ModelServer", facts: "ModelFacts") -> float:
@@ -208,7 +219,7 @@ def predict_range_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePo
         for read_gbs in host:
             seconds = fixed
             if gpu_read > 0 or gpu_kv > 0:
-                seconds += gpu_read / (gpu_bandwidth * 1e9 * main.share[kind]) + gpu_kv / (gpu_bandwidth * 1e9 * main.kv_share)
+                seconds += gpu_read / (gpu_bandwidth * 1e9 * share_of(main.share, kind)) + gpu_kv / (gpu_bandwidth * 1e9 * main.kv_share)
             if cpu_read > 0:
                 dense = cpu_read - expert_read
                 ceiling = model.threads * HOST.thread_gbs * 1e9
@@ -288,7 +299,7 @@ def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", 
         rate = model.threads * CPU_PREFILL_GFLOPS_PER_THREAD * 1e9
         matmul, attention_rate, copy = 2 * active / rate, rate, 0.0
     else:
-        matmul = 2 * active / (profile.tflops[kind] * 1e12 * (profile.moe_share if moe else 1.0))
+        matmul = 2 * active / (share_of(profile.tflops, kind) * 1e12 * (profile.moe_share if moe else 1.0))
         attention_rate = profile.attention_tflops * 1e12
         ubatch = model.ubatch_size or 512
         copy = place.ram_weights / ubatch / (HOST_TO_CARD_GBS * 1e9) if discrete else 0.0

@@ -140,3 +140,10 @@ def test_invariants_are_errors_not_asserts():
                 if line.strip().startswith("assert "):
                     offenders.append(f"{path.relative_to(ROOT)}:{number}")
     assert offenders == []
+
+
+def test_the_measured_tables_in_the_docs_are_the_bench_scripts_output():
+    """docs/capacity-planning.md's VRAM, decode and prefill tables are what bench/*_error.py print today (`make docs`
+    writes them): a change to the plan's model or to a record shows there, not only in make bench."""
+    result = subprocess.run([sys.executable, "tools/bench_tables.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
