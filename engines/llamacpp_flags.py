@@ -50,8 +50,9 @@ REFUSED: dict[str, str] = {
                     "use model_cache.hub_token or api_key (Secrets)"),
     "--rpc": "offloads layers to another host over the network, outside the plan and the network policy",
     **dict.fromkeys(("--mlock", "--no-mmap", "--mmap", "--load-mode", "--numa"),
-                    "changes how the weights are held in memory (mlock needs a capability the pod drops), which the "
-                    "plan does not model"),
+                    "changes how the weights are held in memory (mlock needs a capability the pod drops; --no-mmap "
+                    "copies them into anonymous memory, which a memory limit kills instead of reclaiming: "
+                    "tests/test_load_memory.py), which the plan does not model"),
     **dict.fromkeys(("-fa", "--flash-attn", "--swa-full", "--override-kv", "-ot", "--override-tensor", "-nkvo",
                      "--no-kv-offload", "-dev", "--device", "--fit", "-fit"),
                     "changes what llama.cpp allocates where, which the plan does not see; use the typed fields "
