@@ -125,14 +125,9 @@ def case_spec(case: str, origin: str, update: dict | None) -> dict:
     repo, _, quant = model.hf_repo.partition(":")
     if repo not in REPO_SHAPES:
         raise SystemExit(f"measure_vram: no real shape for {repo} ({case}); add it to REPO_SHAPES")
-    kept, skip = [], 0
-    for arg in args:
-        if skip:
-            skip -= 1
-        elif arg in DROPPED:
-            skip = DROPPED[arg]
-        else:
-            kept.append(arg)
+    from server import without
+
+    kept = without(args, DROPPED)
     return {"case": case, "origin": origin, "update": update or {}, "shape": REPO_SHAPES[repo], "quant": quant,
             "mmproj": REPO_PROJECTORS.get(repo) if facts_for(model).mmproj is not None else None,
             "embedding": model.role == "embedding", "ubatch": model.ubatch_size or 512, "args": kept}

@@ -113,7 +113,7 @@ def write_library(library: dict, folder: Path, dense: set[str]) -> dict[str, dic
     """One subfolder per public name holding its model GGUF (and projector), as --models-dir reads them.
     Sparse (a hole for the data) except the models in `dense`, whose zeros are written for real so that
     a load after dropping the page cache reads them from disk."""
-    from real_shape import PRESETS, expected_weights_bytes, write_real_shape
+    from real_shape import PRESETS, densify, expected_weights_bytes, write_real_shape
 
     try:
         import real_shape_mmproj as mm
@@ -147,22 +147,6 @@ def write_library(library: dict, folder: Path, dense: set[str]) -> dict[str, dic
         entry["dense"] = name in dense
         files[name] = entry
     return files
-
-
-def densify(path: Path, chunk: int = 64 << 20) -> None:
-    """Give the file's holes real blocks: every chunk read (a hole reads as zeros) and written back in
-    place, so the bytes are unchanged; then sync, so that the page cache can be dropped."""
-    size = path.stat().st_size
-    with open(path, "r+b") as f:
-        offset = 0
-        while offset < size:
-            f.seek(offset)
-            data = f.read(min(chunk, size - offset))
-            f.seek(offset)
-            f.write(data)
-            offset += len(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def read_through(paths: list[Path]) -> float:

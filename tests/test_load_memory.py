@@ -76,7 +76,7 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
-from real_shape import write_real_shape  # noqa: E402
+from real_shape import densify, write_real_shape  # noqa: E402
 from server import free_port  # noqa: E402
 
 MIB = 1 << 20
@@ -263,22 +263,6 @@ def _fstype(path: Path) -> str:
         if (resolved == point or resolved.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
             best, kind = point, fstype
     return kind
-
-
-def densify(path: Path, chunk: int = 64 << 20) -> None:
-    """Give the file's hole real blocks (each chunk read, a hole reads as zeros, and written back in
-    place: the bytes are unchanged), then fsync, so that its page cache is clean and can be dropped."""
-    size = path.stat().st_size
-    with open(path, "r+b") as f:
-        offset = 0
-        while offset < size:
-            f.seek(offset)
-            data = f.read(min(chunk, size - offset))
-            f.seek(offset)
-            f.write(data)
-            offset += len(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def drop_cache(path: Path) -> None:

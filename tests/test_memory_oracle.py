@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from build_llama_server import BuildError, build  # noqa: E402
 from common.quantity import MIB, parse_quantity  # noqa: E402
 from real_shape import write_real_shape  # noqa: E402
-from server import free_port, log_until  # noqa: E402
+from server import free_port, log_until, without  # noqa: E402
 
 TOLERANCE = 0.10
 # The published GGUF each shipped hf_repo names, as a real shape (tests/contract/real_shape.py).
@@ -58,15 +58,7 @@ def llama_cpp_reports(args: list[str], model: Path) -> dict[str, float]:
         binary = build()
     except BuildError as e:
         pytest.fail(str(e), pytrace=False)
-    kept: list[str] = []
-    skip = 0
-    for arg in args:
-        if skip:
-            skip -= 1
-        elif arg in DROPPED:
-            skip = DROPPED[arg]
-        else:
-            kept.append(arg)
+    kept = without(args, DROPPED)
     # No warm-up pass (it would read every zero page) and no repacking into a second copy: neither
     # changes the buffers llama.cpp reserves.
     cmd = [str(binary), "-m", str(model), *kept, "--host", "127.0.0.1", "--port", str(free_port()), "--threads", "2",

@@ -48,6 +48,7 @@ the "zero" file's; what is written on disk is the embedding and the routers (qwe
 """
 from __future__ import annotations
 
+import os
 import struct
 import sys
 from dataclasses import dataclass
@@ -670,3 +671,18 @@ def random_rows(t: T, n_rows: int, n_cols: int, rng: np.random.Generator, std: f
     assert blocks.shape == (n, size), (t, blocks.shape)
     return blocks.reshape(n_rows, n_cols // block * size)
 
+
+def densify(path: Path, chunk: int = 64 << 20) -> None:
+    """Give a real-shape file's holes real blocks: every chunk read (a hole reads as zeros) and written back in
+    place, so the bytes are unchanged; then sync, so that the page cache can be dropped."""
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        offset = 0
+        while offset < size:
+            f.seek(offset)
+            data = f.read(min(chunk, size - offset))
+            f.seek(offset)
+            f.write(data)
+            offset += len(data)
+        f.flush()
+        os.fsync(f.fileno())

@@ -114,6 +114,20 @@ def local_args(args: list[str], model: Optional[Path], port: int, key_file: Opti
     return out
 
 
+def without(args: list[str], dropped: dict[str, int]) -> list[str]:
+    """The args less each flag in ``dropped`` and the values it takes (flag -> how many)."""
+    kept: list[str] = []
+    skip = 0
+    for arg in args:
+        if skip:
+            skip -= 1
+        elif arg in dropped:
+            skip = dropped[arg]
+        else:
+            kept.append(arg)
+    return kept
+
+
 class StoppedEarly(Exception):
     """serve() stopped the server during its start, as asked (``stop_when``)."""
 
