@@ -37,6 +37,7 @@ from .values import (
     Number,
     PinnedImage,
     Positive,
+    ThreadCount,
     Reason,
     RepoId,
     ResourceName,
@@ -194,7 +195,7 @@ class NodePool(Strict):
     memory_bandwidth_gbs: Optional[Annotated[Number, Field(gt=0)]] = doc(
         "Sustained memory bandwidth of one node in GB/s, for the decode-speed bound; null: not shown.", default=None
     )
-    memory_bandwidth_by_threads: Optional[dict[Positive, Annotated[Number, Field(gt=0)]]] = doc(
+    memory_bandwidth_by_threads: Optional[dict[ThreadCount, Annotated[Number, Field(gt=0)]]] = doc(
         "What the node reads in GB/s with N threads ({4: 28, 8: 49, 16: 82}), measured by `make host-bandwidth`: "
         "the weights and KV cache a server keeps in system RAM are read by its --threads, so its decode follows this "
         "figure at that count (interpolated). null: known only between a few GB/s per thread and memory_bandwidth_gbs, "

@@ -134,6 +134,16 @@ Labels = Annotated[dict[str, str], AfterValidator(_labels)]
 ConfigKey = Annotated[str, matches(_CONFIG_KEY, "a config key name (lower-case, digits, '_')")]
 ResourceName = Annotated[str, matches(LABEL_KEY, "a resource name such as gpu.intel.com/i915")]
 Positive = Annotated[int, Field(gt=0)]
+
+
+def _count_key(value: object) -> object:
+    """A mapping's keys reach the program as text (Pulumi stores config objects as JSON): a whole number
+    written as a key ({8: 49}) is that number."""
+    return int(value) if isinstance(value, str) and value.isdigit() else value
+
+
+# A thread count used as a mapping key (memory_bandwidth_by_threads).
+ThreadCount = Annotated[int, BeforeValidator(_count_key), Field(gt=0, le=1024)]
 # llama.cpp server settings, with the bounds a model server and an on-demand model share.
 LayerCount = Annotated[int, Field(ge=0, le=999)]  # --n-gpu-layers, --n-cpu-moe
 ContextTokens = Annotated[int, Field(gt=0, le=4_194_304)]  # --ctx-size

@@ -90,3 +90,21 @@ def test_the_predictions_hold_to_the_recorded_measurements_per_placement():
         assert total >= 10 and within / total >= 0.90, (where, counts[where])
     errors = [abs(p - m) / m for *_, m, p, cal, _ in prefill_error.rows() if p and not cal]
     assert len(errors) >= 20 and sum(e <= 0.25 for e in errors) / len(errors) >= 0.85
+
+
+def test_the_thread_table_survives_pulumis_json_config():
+    """Pulumi stores a config object as JSON, so the thread counts reach the program as text keys: the program run
+    on the stack file (as `pulumi up` and `make render` read it) plans with the measured figure, one number, no
+    range; a key that is not a thread count is refused by its path."""
+    from conftest import run_stack_file, stack_file_config
+
+    mapping = stack_file_config("cpu-cluster")
+    mapping["inference-plane:node_pools"]["minipc"]["memory_bandwidth_by_threads"] = {4: 28, 8: 49}
+    run = run_stack_file("cpu-cluster", mapping)
+    chat = run.outputs["capacity_plan"]["servers"]["chat"]
+    assert chat["decode_range_tok_s"] is None and chat["decode_predicted_tok_s"]["empty"] > 0
+    mapping["inference-plane:node_pools"]["minipc"]["memory_bandwidth_by_threads"] = {"four": 28}
+    import pulumi
+
+    with pytest.raises(pulumi.RunError, match=r"node_pools\.minipc\.memory_bandwidth_by_threads\.four"):
+        run_stack_file("cpu-cluster", mapping)
