@@ -102,7 +102,7 @@ def preset_facts(preset: str) -> dict:
     params = sum(math.prod(ne) for _, ne, _, _ in table) / 1e9
     experts = sum(math.prod(ne) for name, ne, _, _ in table if "_exps" in name) / 1e9
     facts = dict(params_b=params, layers=shape.n_layer, kv_heads=shape.n_head_kv, head_dim=shape.head_dim,
-                 embedding_length=shape.n_embd, vocab_size=shape.n_vocab)
+                 embedding_length=shape.n_embd, vocab_size=shape.n_vocab, attention_heads=shape.n_head)
     if shape.full_attention_interval:
         facts["full_attention_layers"] = shape.n_layer // shape.full_attention_interval
         facts["recurrent_state_mib"] = 62.8  # llama.cpp's RS buffer per slot (tests/test_memory_oracle.py)

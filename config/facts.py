@@ -66,6 +66,10 @@ class ModelFacts(Strict):
         "Mixture-of-experts: width of one expert's feed-forward layer (moe_intermediate_size).", default=None
     )
     kv_heads: Positive = doc("Key/value heads per attention layer.")
+    attention_heads: Optional[Positive] = doc(
+        "Query heads per attention layer (num_attention_heads): a CPU's attention over the KV cache costs per query "
+        "head, so the decode prediction reads the cache slower where more query heads share a KV head. null: 4 per "
+        "KV head, the measured models' usual.", default=None)
     head_dim: Positive = doc("Dimension of one head.")
     recurrent_state_mib: Annotated[Number, Field(ge=0)] = doc(
         "Fixed-size recurrent state per slot (hybrid models), independent of context.", default=0.0

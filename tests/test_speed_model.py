@@ -44,14 +44,18 @@ def test_a_cpu_server_decodes_as_its_threads_read_and_the_summary_shows_the_rang
     faster = plan_capacity(parse_stack(cpu_cluster(TABLE, threads=8))).servers["chat"]
     assert measured.decode_range_tok_s is None
     # The weights are read at 0.92 of what 4 and 8 threads read (28 and 49 GB/s) unless a thread's compute
-    # ceiling binds (4 x 9.5 = 38 GB/s > 0.92 x 28; 8 x 9.5 = 76 > 0.92 x 49): with an empty context the rate
-    # follows the read bandwidth.
-    assert faster.decode_predicted_tok_s["empty"] / measured.decode_predicted_tok_s["empty"] == pytest.approx(49 / 28, rel=1e-6)
+    # ceiling binds (4 x 15.3 GB/s > 0.92 x 28; 8 x 15.3 > 0.92 x 49); the per-block cost is the same at both, so
+    # with an empty context the two times differ by the bytes read per token (the bound's: 70 GB/s x its time)
+    # over the two bandwidths.
+    read = 70e9 / measured.decode_bound_tok_s
+    slower, quicker = (1 / p.decode_predicted_tok_s["empty"] for p in (measured, faster))
+    assert slower - quicker == pytest.approx(read / HOST.weight_share * (1 / 28e9 - 1 / 49e9), rel=1e-6)
     unmeasured = plan_capacity(parse_stack(cpu_cluster(threads=8))).servers["chat"]
     low, high = unmeasured.decode_range_tok_s["empty"]
     assert unmeasured.decode_predicted_tok_s["empty"] == low < high
-    # The low end reads 8 threads x 5 GB/s, the high end the node's 70 GB/s (at 0.92, under the 76 GB/s ceiling).
-    assert high / low == pytest.approx(70 / 40, rel=1e-6)
+    # The low end reads 8 threads x 5 GB/s, the high end the node's 70 GB/s (at 0.92, under the 122 GB/s ceiling).
+    read = 70e9 / unmeasured.decode_bound_tok_s
+    assert 1 / low - 1 / high == pytest.approx(read / HOST.weight_share * (1 / 40e9 - 1 / 70e9), rel=1e-6)
     from render.output import predicted_cell
 
     assert "host bandwidth unmeasured" in predicted_cell(unmeasured.decode_predicted_tok_s, unmeasured.decode_range_tok_s)

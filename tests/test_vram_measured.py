@@ -71,3 +71,24 @@ def test_the_parts_agree_with_llama_cpps_own_breakdown():
     # RAM the table again (Q6_K, as llama-quantize types a tied table: 210 bytes per 256 values).
     assert card == pytest.approx(1101457408 / 2**20, rel=0.001)
     assert host == pytest.approx(151936 * 2048 * 210 / 256 / 2**20, rel=0.001)
+
+
+def test_the_catalog_facts_the_vram_plan_reads_are_the_real_shapes():
+    """Each measured repo's catalog entry agrees with the real shape it was measured as (tests/contract/real_shape.py,
+    from the model's config.json): width, vocabulary, FFN width, query and KV heads, and whether the output layer is
+    tied to the embedding (no output.weight) — the facts the VRAM and decode plans read."""
+    sys.path.insert(0, str(ROOT / "tests" / "contract"))
+    from real_shape import PRESETS
+    from real_shape_mmproj import TEXT
+
+    from config.catalog import lookup
+    from measure_vram import REPO_SHAPES
+
+    for repo, name in REPO_SHAPES.items():
+        shape = PRESETS[name] if name in PRESETS else TEXT[name].shape
+        facts = lookup(repo)
+        assert (facts.embedding_length, facts.vocab_size, facts.kv_heads, facts.attention_heads) == (
+            shape.n_embd, shape.n_vocab, shape.n_head_kv, shape.n_head), repo
+        assert (facts.output_layer == "tied") == shape.tied, repo
+        if not shape.n_expert:
+            assert facts.feed_forward_length == shape.n_ff, repo
