@@ -77,7 +77,7 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
 from real_shape import densify, write_real_shape  # noqa: E402
-from server import free_port  # noqa: E402
+from server import free_port, stop  # noqa: E402
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -439,12 +439,7 @@ def run_case(binary: Path, model: Path, case: str, limit: Optional[int], mmap: b
         outcome.exit_code = proc.poll()
     finally:
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, 15)
         try:
             outcome.peak, outcome.oom_kills, outcome.limit_hits = cgroup.peak(), cgroup.oom_kills(), cgroup.limit_hits()
         finally:

@@ -114,6 +114,16 @@ def local_args(args: list[str], model: Optional[Path], port: int, key_file: Opti
     return out
 
 
+def stop(proc: subprocess.Popen, seconds: float = 10) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within ``seconds``; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def without(args: list[str], dropped: dict[str, int]) -> list[str]:
     """The args less each flag in ``dropped`` and the values it takes (flag -> how many)."""
     kept: list[str] = []
@@ -245,12 +255,7 @@ def serve(binary: Path, container: dict, model: Path, probe_path: str, startup_s
             time.sleep(0.05)
         yield running
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         if owned:
             shutil.rmtree(work, ignore_errors=True)
 
