@@ -31,21 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
-# The real shape of each published GGUF a case names (tests/contract/real_shape.py, real_shape_mmproj.py).
-REPO_SHAPES = {
-    "Qwen/Qwen3-8B-GGUF": "qwen3-8b", "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF": "llama-3.1-8b",
-    "Qwen/Qwen3-14B-GGUF": "qwen3-14b", "Qwen/Qwen3-30B-A3B-GGUF": "qwen3-30b-a3b",
-    "ggml-org/Qwen3-30B-A3B-GGUF": "qwen3-30b-a3b", "ggml-org/gemma-3-12b-it-GGUF": "gemma-3-12b",
-    "ggml-org/gemma-3-4b-it-GGUF": "gemma-3-4b", "ggml-org/gemma-3-27b-it-GGUF": "gemma-3-27b",
-    "ggml-org/Qwen3.6-35B-A3B-GGUF": "qwen3.6-35b-a3b", "Qwen/Qwen3-Embedding-0.6B-GGUF": "qwen3-embedding-0.6b",
-    "Qwen/Qwen3-Embedding-8B-GGUF": "qwen3-embedding-8b", "bartowski/Llama-3.3-70B-Instruct-GGUF": "llama-3.3-70b",
-    "Qwen/Qwen3-1.7B-GGUF": "qwen3-1.7b", "Qwen/Qwen3-32B-GGUF": "qwen3-32b",
-    "bartowski/Llama-3.2-3B-Instruct-GGUF": "llama-3.2-3b", "bartowski/Mistral-Nemo-Instruct-2407-GGUF": "mistral-nemo-12b",
-    "unsloth/Mistral-Small-3.2-24B-Instruct-2506-GGUF": "mistral-small-24b",
-}
-# Repos whose projector llama.cpp loads beside the model (the plan counts facts.mmproj).
-REPO_PROJECTORS = {"ggml-org/gemma-3-12b-it-GGUF": "gemma-3-12b", "ggml-org/gemma-3-4b-it-GGUF": "gemma-3-4b",
-                   "ggml-org/gemma-3-27b-it-GGUF": "gemma-3-27b"}
+from repo_shapes import REPO_PROJECTORS, REPO_SHAPES  # noqa: E402
 
 # Beyond the shipped servers: (case, the shipped server it varies, the settings changed). Chosen to vary
 # what the VRAM plan depends on: tied and untied embeddings, width and depth, quant, context and
@@ -124,7 +110,7 @@ def case_spec(case: str, origin: str, update: dict | None) -> dict:
     args = engine_of(model).args(model)
     repo, _, quant = model.hf_repo.partition(":")
     if repo not in REPO_SHAPES:
-        raise SystemExit(f"measure_vram: no real shape for {repo} ({case}); add it to REPO_SHAPES")
+        raise SystemExit(f"measure_vram: no real shape for {repo} ({case}); add it to tests/contract/repo_shapes.py")
     from server import without
 
     kept = without(args, DROPPED)

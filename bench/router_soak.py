@@ -40,18 +40,13 @@ sys.path.insert(0, str(ROOT / "tests" / "contract"))
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from repo_shapes import REPO_PROJECTORS, REPO_SHAPES  # noqa: E402
 from soak_report import report, summary_lines  # noqa: E402
 from soak_watch import (CardMemory, LogTail, ProcessMemory, Result, Statuses, chat, get, have_gpu, now,  # noqa: E402
                         post)
 
 RESULTS = ROOT / "bench" / "results"
 RUNNING = ("loading", "loaded", "sleeping")
-# The published repos of the shipped libraries, as real shapes (tests/contract/real_shape.py's names).
-REPO_SHAPES = {"Qwen/Qwen3-8B-GGUF": "qwen3-8b", "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF": "llama-3.1-8b",
-               "Qwen/Qwen3-14B-GGUF": "qwen3-14b", "Qwen/Qwen3-30B-A3B-GGUF": "qwen3-30b-a3b",
-               "ggml-org/Qwen3-30B-A3B-GGUF": "qwen3-30b-a3b", "ggml-org/gemma-3-12b-it-GGUF": "gemma-3-12b"}
-# Repos that ship a vision projector the init container links beside the model (llama.cpp loads it).
-REPO_PROJECTORS = {"ggml-org/gemma-3-12b-it-GGUF": "gemma-3-12b"}
 
 
 # --- what the plan renders ---------------------------------------------------------------------------
@@ -135,7 +130,7 @@ def write_library(library: dict, folder: Path, dense: set[str]) -> dict[str, dic
             weights = sum(row[3] for row in mm.text_table(shape))
         else:
             raise SystemExit(f"router_soak: no real shape for {name} ({source}); add it to tests/contract/real_shape.py "
-                             "and REPO_SHAPES in bench/router_soak.py")
+                             "and tests/contract/repo_shapes.py")
         entry = {"file": str(path), "shape": shape, "quant": quant, "weights_bytes": weights, "mmproj": None}
         if projector and mm is not None and projector in getattr(mm, "PROJECTORS", {}):
             mmproj = mm.write_mmproj(projector, sub / "mmproj-model-f16.gguf")

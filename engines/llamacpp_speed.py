@@ -145,6 +145,11 @@ def host_read_gbs(pool: "NodePool", threads: int) -> Optional[tuple[float, float
     return min(top, threads * HOST.thread_read_gbs), top
 
 
+def profile_name(pool: "NodePool", backend: Optional[str]) -> str:
+    """The pool's named profile, else its default by backend and card (DEFAULT_PROFILE); "" where none."""
+    return pool.decode_profile or DEFAULT_PROFILE.get((backend or "", pool.vram is not None), "")
+
+
 # The profile a pool gets when it names none (node_pools.<pool>.decode_profile): by backend and by
 # whether the card is discrete (vram set), never another class's. Vulkan and SYCL run on very different
 # GPUs (an Iris Xe, a Radeon APU, a discrete Radeon or Arc): no default, so no number.
@@ -189,13 +194,12 @@ def predict_range_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePo
     """(low, high) decode rate at each depth: equal unless a CPU reads part of the model with a read bandwidth
     known only as a range (host_read_gbs)."""
     cpu_only = backend == "cpu"
-    main = None if cpu_only else PROFILES.get(pool.decode_profile or DEFAULT_PROFILE.get((backend or "", pool.vram is not None), ""))
+    main = None if cpu_only else PROFILES.get(profile_name(pool, backend))
     if (main is None and not cpu_only) or model.role == "embedding":
         return None
     place = layout(model, facts)
     kind = weight_class(model, facts)
     # What the GPU reads (VRAM, or the node's memory on unified memory) and what the CPU reads.
-    on_card = discrete or not cpu_only
     if discrete:
         gpu_read, cpu_read = place.read_per_token(True)
         gpu_bandwidth = pool.vram_bandwidth_gbs
@@ -207,9 +211,9 @@ def predict_range_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePo
         gpu_bandwidth = pool.memory_bandwidth_gbs
     ram_blocks = place.layers - place.gpu_blocks
     experts_on_cpu = (ram_blocks + place.experts_in_ram) if (discrete and place.experts_per_block) else 0
-    expert_read = experts_on_cpu * place.experts_per_block * place.active_expert_share * place.read_share if discrete else 0.0
+    expert_read = experts_on_cpu * place.experts_per_block * place.active_expert_share * place.read_share
     fixed = 0.0
-    if on_card and main is not None:
+    if not cpu_only:
         fixed = place.gpu_blocks if discrete else facts.layers
         fixed = fixed * (main.block_us + (main.moe_block_us if facts.expert_params_b or facts.active_params_b else 0.0)) / 1e6
         if facts.full_attention_layers and facts.recurrent_state_mib:
@@ -297,7 +301,7 @@ def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", 
     if model.role == "embedding":
         return None
     cpu_only = backend == "cpu"
-    profile = None if cpu_only else PREFILL.get(pool.decode_profile or DEFAULT_PROFILE.get((backend or "", pool.vram is not None), ""))
+    profile = None if cpu_only else PREFILL.get(profile_name(pool, backend))
     if profile is None and not cpu_only:
         return None
     place = layout(model, facts)
@@ -315,8 +319,8 @@ def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", 
         matmul = 2 * active / (share_of(profile.tflops, kind) * 1e12 * (profile.moe_share if moe else 1.0))
         attention_rate = profile.attention_tflops * 1e12
         ubatch = model.ubatch_size or 512
-        copy = place.ram_weights / ubatch / (HOST_TO_CARD_GBS * 1e9) if discrete else 0.0
-        copy -= place.embedding / ubatch / (HOST_TO_CARD_GBS * 1e9) if discrete else 0.0  # the lookup is not copied
+        # What stays in RAM but the input embedding (a lookup), copied once per micro-batch.
+        copy = (place.ram_weights - place.embedding) / ubatch / (HOST_TO_CARD_GBS * 1e9) if discrete else 0.0
         if facts.full_attention_layers and facts.recurrent_state_mib:
             matmul += (facts.layers - facts.full_attention_layers) * profile.recurrent_layer_us / 1e6
 

@@ -27,17 +27,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 from build_llama_server import BuildError, build  # noqa: E402
 from common.quantity import MIB, parse_quantity  # noqa: E402
 from real_shape import write_real_shape  # noqa: E402
+from repo_shapes import REPO_SHAPES  # noqa: E402
 from server import free_port, log_until, without  # noqa: E402
 
 TOLERANCE = 0.10
-# The published GGUF each shipped hf_repo names, as a real shape (tests/contract/real_shape.py).
-SHAPES = {
-    "ggml-org/Qwen3.6-35B-A3B-GGUF": "qwen3.6-35b-a3b",
-    "Qwen/Qwen3-Embedding-0.6B-GGUF": "qwen3-embedding-0.6b",
-    "Qwen/Qwen3-Embedding-8B-GGUF": "qwen3-embedding-8b",
-    "ggml-org/Qwen3-30B-A3B-GGUF": "qwen3-30b-a3b",
-    "bartowski/Llama-3.3-70B-Instruct-GGUF": "llama-3.3-70b",
-}
 # llama.cpp's load log at -lv 4 (formats: src/llama-model.cpp, llama-kv-cache.cpp,
 # llama-memory-recurrent.cpp, llama-context.cpp; each line may carry a timestamp prefix).
 BUFFER = re.compile(r"(?P<kind>model|KV|RS|compute|output) buffer size = +(?P<mib>[0-9.]+) MiB")
@@ -76,7 +69,7 @@ def llama_cpp_reports(args: list[str], model: Path) -> dict[str, float]:
 def cases():
     from test_llama_contract import servers
 
-    return [c for c in servers() if _repo(c[2]["args"]) in SHAPES]
+    return [c for c in servers() if _repo(c[2]["args"]) in REPO_SHAPES]
 
 
 def _repo(args: list[str]) -> str:
@@ -93,7 +86,7 @@ def test_the_plan_matches_what_llama_cpp_allocates(case):
     run = run_stack(stack)
     model = run.config.models[key]
     facts = facts_for(model)
-    reports = llama_cpp_reports(container["args"], shape_file(SHAPES[_repo(container["args"])]))
+    reports = llama_cpp_reports(container["args"], shape_file(REPO_SHAPES[_repo(container["args"])]))
     # The plan for the same flags on a CPU (the build here): llama.cpp's buffers are all host buffers.
     plan = llamacpp_estimate(model, facts, "cpu")
     figures = {"model": plan.weights_gib * 1024, "KV": plan.kv_gib * 1024, "RS": plan.recurrent_gib * 1024,

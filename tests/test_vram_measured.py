@@ -82,7 +82,7 @@ def test_the_catalog_facts_the_vram_plan_reads_are_the_real_shapes():
     from real_shape_mmproj import TEXT
 
     from config.catalog import lookup
-    from measure_vram import REPO_SHAPES
+    from repo_shapes import REPO_SHAPES
 
     for repo, name in REPO_SHAPES.items():
         shape = PRESETS[name] if name in PRESETS else TEXT[name].shape
