@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 CHECKOV_VENV := .venv-checkov
 
-.PHONY: render test quick bench clean contract docs diff llama promtool host-bandwidth
+.PHONY: render test quick bench clean contract docs diff llama promtool host-bandwidth host-profile
 
 # Rebuilt when the pinned requirements change; a fresh clone builds it on first use.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -104,3 +104,9 @@ new-stack: $(VENV)/.installed
 host-bandwidth:
 	@mkdir -p bench/results && cc -O2 -march=native -fopenmp bench/host_bandwidth.c -o bench/results/host_bandwidth
 	@n=$$(nproc); t=""; for c in 1 2 4 8 16 32 64 128; do [ $$c -lt $$n ] && t="$$t $$c"; done; bench/results/host_bandwidth 4 $$t $$n
+
+# The read bandwidth and what llama.cpp's decode costs this node's CPU (block time, KV cache rate) with N threads,
+# from a real llama-bench run (builds llama.cpp on first use, ~5 min on 2 cores; then 1-4 min): copy the two printed
+# lines into node_pools.<pool>. THREADS="4,16" measures those counts (default: powers of two and all cores).
+host-profile: $(VENV)/.installed
+	$(BIN)/python bench/host_profile.py $(if $(THREADS),--threads $(THREADS))

@@ -14,13 +14,14 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
 from config.types import ModelFacts, ModelServer, NodePool  # noqa: E402
-from engines.llamacpp_speed import predict_tok_s  # noqa: E402
+from engines.llamacpp_speed import HostCost, predict_tok_s, solve_host_cost  # noqa: E402
 from config.catalog import lookup  # noqa: E402
 from real_shape import PRESETS, expected_weights_bytes, tensor_table  # noqa: E402
 
@@ -65,12 +66,10 @@ RECORDS = [
 ]
 
 
-# The CI machine's read bandwidth by threads (bench/host_bandwidth.c, 2 GiB): the GPU machine's is in its record.
-CI_HOST = {1: 24.1, 2: 49.6}  # this project's CI machine, bench/host_bandwidth.c 2 GiB
-
-
-def prediction(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
-               threads=8, host=None) -> float:
+def server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
+                    threads=8, host=None, cost=None):
+    """The model server and node pool a measured row stands for: host is the node's read bandwidth by threads
+    (memory_bandwidth_by_threads), cost its decode figures by threads (cpu_decode_by_threads)."""
     model_facts = lookup(facts) if isinstance(facts, str) else ModelFacts.model_validate(facts)
     model = ModelServer.model_validate({
         "role": "chat", "name": "m", "image": "ghcr.io/ggml-org/llama.cpp:server-b10731", "node_pool": "p",
@@ -81,11 +80,28 @@ def prediction(profile, backend, bandwidth, discrete, facts, quant, weights_gib,
     })
     pool = NodePool.model_validate({
         "memory": "256Gi", "allocatable": "250Gi", "memory_bandwidth_gbs": max((host or {0: 60}).values()) if discrete else bandwidth,
-        "memory_bandwidth_by_threads": host, "decode_profile": profile if backend != "cpu" else None, "backend": backend,
+        "memory_bandwidth_by_threads": host, "cpu_decode_by_threads": cost,
+        "decode_profile": profile if backend != "cpu" else None, "backend": backend,
         **({"vram": "80Gi", "vram_bandwidth_gbs": bandwidth, "gpu_resource": "nvidia.com/gpu", "gpus_per_node": gpus} if discrete else {}),
     })
+    return model, model_facts, pool
+
+
+def prediction(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
+               threads=8, host=None, cost=None) -> float:
+    model, model_facts, pool = server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth,
+                                               gpus, ngl, cpu_moe, threads, host, cost)
     rates = predict_tok_s(model, model_facts, pool, backend, discrete, {"depth": depth})
     return rates["depth"] if rates else None
+
+
+def solved_cost(shape: str, quant: str, threads: int, depth: int, empty_tok_s: float, deep_tok_s: float,
+                host: dict[int, float]) -> HostCost:
+    """A node's decode figures at a thread count from llama-bench's rates for a CPU server of a real shape at an
+    empty context and at depth (what `make host-profile` measures), given its read bandwidth by threads."""
+    model, model_facts, pool = server_and_pool("cpu", "cpu", None, False, preset_facts(shape), quant,
+                                               expected_weights_bytes(shape, quant) / GIB, depth, 1, threads=threads, host=host)
+    return solve_host_cost(model, model_facts, pool, depth, 1 / empty_tok_s, 1 / deep_tok_s)
 
 
 def placement(discrete: bool, ngl, cpu_moe) -> str:
@@ -126,6 +142,31 @@ H200_CALIBRATION = ({("llama-3.1-8b", q, d) for q in ("Q4_K_M", "Q8_0", "F16") f
                     | {("qwen3-30b-a3b", "Q4_K_M", 0), ("qwen3.6-35b-a3b", "Q4_K_M", 0)})
 
 
+def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[dict], set]:
+    """What `make host-profile` gives a user for the host a run was measured on: its read bandwidth by threads
+    and its decode figures by threads (cpu_decode_by_threads), both from the one run of that host that holds the
+    CPU-only rows host_cost_from names (solved from them), and those rows' keys (shape, quant, threads, depth).
+    Every run of the host is predicted from these, as a user's servers would be."""
+    source = run.get("host_cost_from")
+    home = next((other for other in runs if other.get("host") == run.get("host") and other.get("host_read_gbs")
+                 and any(r["shape"] == source["shape"] and r["quant"] == source["quant"] and not r.get("ngl")
+                         and r["depth"] == source["depth"] for r in other["rows"])), None) if source else None
+    if home is None:
+        bandwidth = run.get("host_read_gbs")
+        return ({int(k): v for k, v in bandwidth.items()} if bandwidth else None), None, set()
+    host = {int(k): v for k, v in home["host_read_gbs"].items()}
+    rates = {(r["threads"], r["depth"]): r["tok_s"] for r in home["rows"] if not r.get("n_prompt") and not r.get("ngl")
+             and (r["shape"], r["quant"]) == (source["shape"], source["quant"]) and r["depth"] in (0, source["depth"])}
+    costs, used = {}, set()
+    for threads in sorted({t for t, _ in rates}):
+        if (threads, 0) in rates and (threads, source["depth"]) in rates:
+            cost = solved_cost(source["shape"], source["quant"], threads, source["depth"], rates[(threads, 0)],
+                               rates[(threads, source["depth"])], host)
+            costs[threads] = {"block_us": cost.block_us, "kv_gbs_per_thread": cost.kv_gbs}
+            used |= {(source["shape"], source["quant"], threads, d) for d in (0, source["depth"])}
+    return host, costs or None, (used if run is home else set())
+
+
 def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]:
     out = []
     for device, profile, backend, bw, discrete, facts, quant, weights, depth, gpus, measured, cal, source in RECORDS:
@@ -137,44 +178,73 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
         if not Path(path).exists():
             continue
         record = json.loads(Path(path).read_text())
-        runs = record["runs"] if isinstance(record, dict) else [{"rows": record, "host_read_gbs": None}]
-        for run, r in ((run, r) for run in runs for r in run["rows"]):
-            if r.get("n_prompt"):
-                continue  # prefill: bench/prefill_error.py
-            weights = r.get("weights_bytes")
-            if weights is None:
-                weights = expected_weights_bytes(r["shape"], r["quant"])
-            ngl = r.get("ngl") if r.get("ngl") is not None and r.get("ngl") < 99 else None
-            cpu_moe, threads = r.get("n_cpu_moe") or None, r.get("threads") or 8
-            on_card = discrete and ngl != 0
-            # The host's read bandwidth as measured before the run (bench/host_bandwidth.c), as a user gives it.
-            host = ({int(k): v for k, v in run["host_read_gbs"].items()} if run["host_read_gbs"]
-                    else None if discrete else CI_HOST)
-            predicted = prediction(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
-                                   on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
-                                   threads, host)
-            cal = r.get("cal", (r["shape"], r["quant"], r["depth"]) in H200_CALIBRATION and profile == "nvidia-datacenter"
-                        and not isinstance(record, dict)) or (
-                r["shape"], r["quant"], threads, r.get("ngl") if r.get("ngl") != 99 else None, cpu_moe, r["depth"]) in SPEED_CALIBRATION
-            if PRESETS[r["shape"]].n_expert and r.get("routing") != "token":
-                cal = "zero routing"  # every token routed alike (issue #33 item 7): shown, not counted
-            where = placement(on_card, ngl, cpu_moe)
-            detail = (f"t{threads}" + (f" ngl {ngl}" if ngl else "") + (f" cmoe {cpu_moe}" if cpu_moe else "")
-                      + (" token routing" if r.get("routing") == "token" else "")) if isinstance(record, dict) else None
-            out.append((r["device"], f"{r['shape']} {r['quant']}", r["depth"], r["tok_s"], predicted, cal,
-                        f"bench/measure_decode.py, b10729 ({Path(path).name})", where, detail))
+        runs = record["runs"] if isinstance(record, dict) else [{"rows": record}]
+        for run in runs:
+            host, cost, cost_rows = node_figures(runs, run)
+            for r in run["rows"]:
+                if r.get("n_prompt"):
+                    continue  # prefill: bench/prefill_error.py
+                out.append(measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows))
+    return out
+
+
+def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows) -> tuple:
+    weights = r.get("weights_bytes")
+    if weights is None:
+        weights = expected_weights_bytes(r["shape"], r["quant"])
+    ngl = r.get("ngl") if r.get("ngl") is not None and r.get("ngl") < 99 else None
+    cpu_moe, threads = r.get("n_cpu_moe") or None, r.get("threads") or 8
+    on_card = discrete and ngl != 0
+    predicted = prediction(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
+                           on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
+                           threads, host, cost)
+    key = (r["shape"], r["quant"], threads, r["depth"])
+    cal = r.get("cal", (r["shape"], r["quant"], r["depth"]) in H200_CALIBRATION and profile == "nvidia-datacenter"
+                and "host" not in run) or (
+        r["shape"], r["quant"], threads, r.get("ngl") if r.get("ngl") != 99 else None, cpu_moe, r["depth"]) in SPEED_CALIBRATION
+    if not on_card and key in cost_rows:
+        cal = "node figures"  # the host's decode figures were solved from this row (make host-profile's)
+    if PRESETS[r["shape"]].n_expert and r.get("routing") != "token":
+        cal = "zero routing"  # every token routed alike (issue #33 item 7): shown, not counted
+    if run.get("not_counted"):
+        cal = "not reproduced"
+    where = placement(on_card, ngl, cpu_moe)
+    detail = (f"t{threads}" + (f" ngl {ngl}" if ngl else "") + (f" cmoe {cpu_moe}" if cpu_moe else "")
+              + (" token routing" if r.get("routing") == "token" else ""))
+    device = f"{r['device']}, {run['host']}" if run.get("host") and run["host"] not in r["device"] else r["device"]
+    return (device, f"{r['shape']} {r['quant']}", r["depth"], r["tok_s"], predicted, cal,
+            f"bench/measure_decode.py, b10729 ({Path(path).name})", where, detail)
+
+
+MEASURED = {
+    str(ROOT / "bench" / "results-decode-h200.json"): ("nvidia-datacenter", "cuda", 4800, True),
+    str(ROOT / "bench" / "results-speed-h200.json"): ("nvidia-datacenter", "cuda", 4800, True),
+    str(ROOT / "bench" / "results-decode-cpu.json"): ("cpu", "cpu", None, False),
+}
+
+
+def recorded_node_figures() -> dict[str, tuple[dict, dict]]:
+    """Each measured host's read bandwidth and decode figures by threads, as make host-profile gives them."""
+    out = {}
+    for path in MEASURED:
+        record = json.loads(Path(path).read_text())
+        for run in record["runs"] if isinstance(record, dict) else []:
+            host, costs, _ = node_figures(record["runs"], run)
+            if costs:
+                out[run["host"]] = (host, costs)
     return out
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
-    parser.parse_args(argv)
-    measured = {
-        str(ROOT / "bench" / "results-decode-h200.json"): ("nvidia-datacenter", "cuda", 4800, True),
-        str(ROOT / "bench" / "results-speed-h200.json"): ("nvidia-datacenter", "cuda", 4800, True),
-        str(ROOT / "bench" / "results-decode-cpu.json"): ("cpu", "cpu", None, False),
-    }
-    table = rows(measured)
+    parser.add_argument("--node-figures", action="store_true", help="print each measured host's figures instead")
+    args = parser.parse_args(argv)
+    if args.node_figures:
+        for name, (host, costs) in recorded_node_figures().items():
+            print(f"{name}: read GB/s {host}; " + ", ".join(
+                f"{t} threads {c['block_us']:.0f} us a block, KV {c['kv_gbs_per_thread']:.2f} GB/s a thread" for t, c in costs.items()))
+        return 0
+    table = rows(MEASURED)
     print("| placement | device | model | settings | depth | measured t/s | predicted t/s | error | source |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for device, model, depth, measured_tok_s, predicted, cal, source, where, detail in table:

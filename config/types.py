@@ -162,6 +162,16 @@ class NamespaceConfig(Strict):
 
 
 
+class HostDecodeFigure(Strict):
+    """What llama.cpp's decode costs a node's CPU beyond reading the weights, at one thread count
+    (engines/llamacpp_speed.py, HostCost)."""
+
+    block_us: Annotated[Number, Field(ge=0, le=100_000)] = doc(
+        "Microseconds per block the CPU runs, per token (its threads meet after every operation).")
+    kv_gbs_per_thread: Annotated[Number, Field(gt=0, le=1000)] = doc(
+        "GB/s of KV cache a thread attends over, for 4 query heads per KV head.")
+
+
 class NodePool(Strict):
     """Identical nodes that model servers are placed on."""
 
@@ -200,6 +210,12 @@ class NodePool(Strict):
         "the weights and KV cache a server keeps in system RAM are read by its --threads, so its decode follows this "
         "figure at that count (interpolated). null: known only between a few GB/s per thread and memory_bandwidth_gbs, "
         "and the plan shows that range.", default=None
+    )
+    cpu_decode_by_threads: Optional[dict[ThreadCount, HostDecodeFigure]] = doc(
+        "What llama.cpp's decode costs the node's CPU beyond reading the weights, with N threads ({4: {block_us: "
+        "79, kv_gbs_per_thread: 1.33}}), measured by `make host-profile` (llama-bench on a real-shape model at an "
+        "empty context and at depth): it differs from host to host (the KV cache's rate by 5x among the three "
+        "measured). null: the plan shows the range between the slowest and fastest host measured.", default=None
     )
     vram: Optional[Memory] = doc(
         "Memory of one discrete GPU (an RTX 4090: 24Gi). null: unified memory (iGPU/APU), the GPU uses the node's "

@@ -7,8 +7,9 @@ bandwidth that depends on the weight type (F16 streams near the bandwidth, K-qua
 per byte), and the KV cache, read once per token for every token already in the context, at a
 lower share still. So a prediction per context depth: empty, half and full. What stays in system RAM
 (a CPU server, blocks or experts kept there beside a discrete card) is read by the server's threads at
-the node's read bandwidth for that many threads (HOST, host_read_gbs); where the node's figure is not
-measured the prediction is a range.
+the node's read bandwidth for that many threads (HOST, host_read_gbs), and costs per block and for the
+KV cache that differ from host to host (HostCost, measured by `make host-profile`); where the node's
+figures are not measured the prediction is a range.
 
 Each profile's numbers come from measurements, cited beside them; the error of the predictions
 against every recorded measurement is in docs/capacity-planning.md ("Decode speed: predicted and measured") and is
@@ -91,36 +92,51 @@ PROFILES: dict[str, DecodeProfile] = {
 
 @dataclass(frozen=True)
 class HostProfile:
-    """How a CPU reads the weights and KV cache a server keeps in system RAM, with --threads T: at a share of
-    what the node reads with T threads (memory_bandwidth_by_threads), no faster than T times a thread's
-    compute ceiling; a block whose experts are in RAM costs a fixed time more (the hidden state to the CPU
-    and back, routing there)."""
+    """How a CPU reads the weights a server keeps in system RAM, with --threads T: at a share of what the node
+    reads with T threads (memory_bandwidth_by_threads), no faster than T times a thread's compute ceiling; a
+    block whose experts are in RAM costs a fixed time more (the hidden state to the CPU and back, routing
+    there). What else the CPU's decode costs differs from host to host: HostCost."""
 
     weight_share: float  # of the node's read bandwidth at T threads, for dense weights
     expert_share: float  # the same, for routed experts (many small matrices)
     expert_block_us: float  # per block whose experts are in RAM, per token
     thread_gbs: float  # a thread's ceiling: GB of K-quant weights it decodes per second
-    kv_thread_gbs: float  # a thread's rate reading the KV cache (attention is compute-bound on a CPU)
     thread_read_gbs: float  # the least one thread of a busy node reads: the low end where no figure is given
     source: str
-    block_us: float = 0.0  # per block the CPU runs, per token (its threads meet after every operation)
 
 
 # Measured (bench/results-speed-h200.json, llama-bench b10729 on the H200 machine's 16-core Xeon, host read
 # 7.4/13-15.5/27-31/45-53/80-85 GB/s with 1/2/4/8/16 threads by bench/host_bandwidth.c): Llama-3.1-8B all in
 # RAM decodes at 0.90-0.93 of the read bandwidth at 4, 8 and 16 threads; Qwen3-30B-A3B and Qwen3.6-35B-A3B
-# with 12-48 blocks of experts in RAM at 0.75-0.83 of it plus ~110 us per such block; the KV cache in RAM at
-# 0.96-1.05 GB/s per thread (4, 8, 16 threads; the 2-core CI machine: 1.05). The CI machine's 2 threads, quiet,
-# decode Llama-3.1-8B Q4_K_M at 15.3 GB/s each while reading 24 GB/s each: a compute ceiling
-# (bench/results-decode-cpu.json; an earlier session measured 3.85 t/s there, 9.5 GB/s a thread, on a busy machine).
-# A block the CPU runs costs 250 us per token more (its threads meet after every operation: Qwen3-1.7B all in RAM
-# is 20-50 % slower than its bytes say, Llama-3.1-8B 3-8 %). These seven numbers were chosen on the same H200-host
-# and CI rows the error table shows: for host placements it says how well they fit, not yet how well they predict.
-HOST = HostProfile(weight_share=0.92, expert_share=0.78, expert_block_us=110.0, thread_gbs=15.3, kv_thread_gbs=1.0,
-                   thread_read_gbs=5.0, source="H200 host Xeon and CI machine llama-bench (bench/results-speed-h200.json)", block_us=250.0)
+# with 12-48 blocks of experts in RAM at 0.75-0.83 of it plus ~110 us per such block. The CI machine's 2
+# threads, quiet, decode Llama-3.1-8B Q4_K_M at 15.3 GB/s each while reading 24 GB/s each: a compute
+# ceiling (bench/results-decode-cpu.json). These five numbers were chosen on the first H200 host's and the
+# CI machine's rows; a second H200 host (runs 3-4 of results-speed-h200.json) was measured after, out of sample.
+HOST = HostProfile(weight_share=0.92, expert_share=0.78, expert_block_us=110.0, thread_gbs=15.3,
+                   thread_read_gbs=5.0, source="H200 host Xeon and CI machine llama-bench (bench/results-speed-h200.json)")
 
 
-# The query heads per KV head the KV rate was measured with (Llama-3.1-8B: 32 / 8).
+@dataclass(frozen=True)
+class HostCost:
+    """What llama.cpp's decode costs a node's CPU beyond reading the weights, at a thread count: per block it
+    runs, per token (its threads meet after every operation), and the KV cache's rate per thread (attention
+    on a CPU is compute-bound: half of its cost grows with the query heads; the rate is for 4 per KV head).
+    Measured per node by `make host-profile` (bench/host_profile.py: llama-bench on a real-shape model at an
+    empty context and at depth, solved by solve_host_cost); node_pools.<pool>.cpu_decode_by_threads."""
+
+    block_us: float
+    kv_gbs: float
+
+
+# Five hosts measured (bench/decode_error.py --node-figures solves them from llama-bench rows): the H200 machine's
+# 16-core Xeon on four leases, 197-695 us a block and 0.96-1.05 GB/s a thread (4-16 threads) on the first two,
+# 76-314 us and 1.33-1.90 GB/s on the third, 188-287 us and 0.83-1.16 GB/s on the fourth (make host-profile's
+# own output); the CI machine's 2-core EPYC 0-106 us and 3.45-3.57 GB/s (make host-profile). A node not measured
+# is planned between the slowest and the fastest of them (tests/test_speed_model.py holds the ends to the records).
+HOST_COST_SLOW = HostCost(block_us=700.0, kv_gbs=0.8)
+HOST_COST_FAST = HostCost(block_us=0.0, kv_gbs=3.6)
+
+# The query heads per KV head the KV rate is stated for (Llama-3.1-8B: 32 / 8).
 HOST_KV_GROUP = 4
 
 
@@ -179,20 +195,61 @@ def kv_bytes_per_position(model: "ModelServer", facts: "ModelFacts") -> float:
     return layers * facts.kv_heads * facts.head_dim * per_element
 
 
-def predict_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
-                  discrete: bool, depths: dict[str, int]) -> Optional[dict[str, float]]:
-    """Predicted decode rate at each named context depth (tokens already in the context); None where
-    a bandwidth or the backend's profile is unknown (Vulkan unnamed, SYCL, MUSA: nothing measured). Where
-    part of the model is read by the CPU and the node's read bandwidth at the server's threads is not
-    measured, the low end of predict_range_tok_s."""
-    rates = predict_range_tok_s(model, facts, pool, backend, discrete, depths)
-    return {name: low for name, (low, _) in rates.items()} if rates else None
+def host_cost(pool: "NodePool", threads: int) -> tuple[HostCost, HostCost]:
+    """(slow, fast) HostCost at this many threads: the node's measured figures (cpu_decode_by_threads,
+    interpolated between the counts given, the nearest beyond them) twice, or without them the slowest and the
+    fastest host measured (HOST_COST_SLOW, HOST_COST_FAST)."""
+    table = pool.cpu_decode_by_threads
+    if not table:
+        return HOST_COST_SLOW, HOST_COST_FAST
+    points = sorted((count, HostCost(float(f.block_us), float(f.kv_gbs_per_thread))) for count, f in table.items())
+    if threads <= points[0][0]:
+        cost = points[0][1]
+    elif threads >= points[-1][0]:
+        cost = points[-1][1]
+    else:
+        (t0, a), (t1, b) = next((a, b) for a, b in zip(points, points[1:]) if a[0] <= threads <= b[0])
+        w = (threads - t0) / (t1 - t0)
+        cost = HostCost(a.block_us + (b.block_us - a.block_us) * w, a.kv_gbs + (b.kv_gbs - a.kv_gbs) * w)
+    return cost, cost
 
 
-def predict_range_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
-                        discrete: bool, depths: dict[str, int]) -> Optional[dict[str, tuple[float, float]]]:
-    """(low, high) decode rate at each depth: equal unless a CPU reads part of the model with a read bandwidth
-    known only as a range (host_read_gbs)."""
+@dataclass(frozen=True)
+class DecodeTerms:
+    """One server's decode, term by term: seconds per token = fixed + the CPU's blocks x block_us + what the
+    card reads at its share + what the CPU reads at the node's read bandwidth + the KV cache on each side."""
+
+    fixed: float  # seconds: the card's blocks, blocks whose experts are in RAM
+    host_blocks: int  # blocks the CPU runs (HostCost.block_us each)
+    gpu_read: float  # bytes per token the card (or unified memory) reads, at gpu_rate
+    gpu_rate: float  # bytes/s
+    gpu_kv_rate: float  # bytes/s for the KV cache on that side
+    dense: float  # bytes of dense weights per token the CPU reads
+    experts: float  # bytes of routed experts per token the CPU reads
+    kv_per_position: float  # KV bytes per token already in the context
+    kv_layers_share: float  # of the KV cache on the card's side
+    group: float  # query heads per KV head
+    threads: int
+
+    def cpu_kv_work(self, depth: int) -> float:
+        """The CPU's KV cache at this depth in bytes as HostCost.kv_gbs is stated (4 query heads per KV head)."""
+        return self.kv_per_position * depth * (1 - self.kv_layers_share) * (1 + self.group / HOST_KV_GROUP) / 2
+
+    def seconds(self, depth: int, read_gbs: float, cost: HostCost) -> float:
+        gpu_kv = self.kv_per_position * depth * self.kv_layers_share
+        seconds = self.fixed + self.host_blocks * cost.block_us / 1e6
+        if self.gpu_read > 0 or gpu_kv > 0:
+            seconds += self.gpu_read / self.gpu_rate + gpu_kv / self.gpu_kv_rate
+        if self.dense + self.experts > 0:
+            ceiling = self.threads * HOST.thread_gbs * 1e9
+            seconds += self.dense / min(read_gbs * 1e9 * HOST.weight_share, ceiling)
+            seconds += self.experts / min(read_gbs * 1e9 * HOST.expert_share, ceiling)
+        return seconds + self.cpu_kv_work(depth) / (self.threads * cost.kv_gbs * 1e9)
+
+
+def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
+                 discrete: bool) -> Optional[DecodeTerms]:
+    """The terms of a server's decode; None where the backend's profile or the card's bandwidth is unknown."""
     cpu_only = backend == "cpu"
     main = None if cpu_only else PROFILES.get(profile_name(pool, backend))
     if (main is None and not cpu_only) or model.role == "embedding":
@@ -209,6 +266,9 @@ def predict_range_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePo
     else:
         gpu_read, cpu_read = sum(place.read_per_token(False)), 0.0
         gpu_bandwidth = pool.memory_bandwidth_gbs
+    kv_layers_share = (place.gpu_blocks / facts.layers) if discrete else (0.0 if cpu_only else 1.0)
+    if (gpu_read > 0 or kv_layers_share > 0) and gpu_bandwidth is None:
+        return None
     ram_blocks = place.layers - place.gpu_blocks
     experts_on_cpu = (ram_blocks + place.experts_in_ram) if (discrete and place.experts_per_block) else 0
     expert_read = experts_on_cpu * place.experts_per_block * place.active_expert_share * place.read_share
@@ -220,35 +280,56 @@ def predict_range_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePo
             fixed += (facts.layers - facts.full_attention_layers) * main.recurrent_block_us / 1e6
         if discrete:
             fixed += experts_on_cpu * HOST.expert_block_us / 1e6
-    fixed += (facts.layers if cpu_only else ram_blocks if discrete else 0) * HOST.block_us / 1e6
-    host = host_read_gbs(pool, model.threads) if cpu_read > 0 else (0.0, 0.0)
-    if host is None or (gpu_read > 0 and gpu_bandwidth is None):
+    return DecodeTerms(
+        fixed=fixed, host_blocks=facts.layers if cpu_only else ram_blocks if discrete else 0,
+        gpu_read=gpu_read, gpu_rate=(gpu_bandwidth or 1) * 1e9 * (share_of(main.share, kind) if main else 1),
+        gpu_kv_rate=(gpu_bandwidth or 1) * 1e9 * (main.kv_share if main else 1),
+        dense=cpu_read - expert_read, experts=expert_read, kv_per_position=kv_bytes_per_position(model, facts),
+        kv_layers_share=kv_layers_share,
+        group=(facts.attention_heads / facts.kv_heads) if facts.attention_heads else HOST_KV_GROUP,
+        threads=model.threads)
+
+
+def predict_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
+                  discrete: bool, depths: dict[str, int]) -> Optional[dict[str, float]]:
+    """Predicted decode rate at each named context depth (tokens already in the context); None where
+    a bandwidth or the backend's profile is unknown (Vulkan unnamed, SYCL, MUSA: nothing measured). Where
+    the CPU does part of the work on a node not measured, the low end of predict_range_tok_s."""
+    rates = predict_range_tok_s(model, facts, pool, backend, discrete, depths)
+    return {name: low for name, (low, _) in rates.items()} if rates else None
+
+
+def predict_range_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
+                        discrete: bool, depths: dict[str, int]) -> Optional[dict[str, tuple[float, float]]]:
+    """(low, high) decode rate at each depth: equal unless the CPU does part of the work on a node whose read
+    bandwidth (host_read_gbs) or decode figures (host_cost) are known only as a range."""
+    terms = decode_terms(model, facts, pool, backend, discrete)
+    if terms is None:
         return None
-    kv_layers_share = (place.gpu_blocks / facts.layers) if discrete else (0.0 if cpu_only else 1.0)
+    cpu_work = terms.dense + terms.experts > 0
+    host = host_read_gbs(pool, model.threads) if cpu_work else (0.0, 0.0)
+    if host is None:
+        return None
+    ends = list(zip(host, host_cost(pool, model.threads)))
     rates: dict[str, tuple[float, float]] = {}
     for name, depth in depths.items():
-        kv = kv_bytes_per_position(model, facts) * depth
-        gpu_kv, cpu_kv = kv * kv_layers_share, kv * (1 - kv_layers_share)
-        ends = []
-        for read_gbs in host:
-            seconds = fixed
-            if gpu_read > 0 or gpu_kv > 0:
-                seconds += gpu_read / (gpu_bandwidth * 1e9 * share_of(main.share, kind)) + gpu_kv / (gpu_bandwidth * 1e9 * main.kv_share)
-            if cpu_read > 0:
-                dense = cpu_read - expert_read
-                ceiling = model.threads * HOST.thread_gbs * 1e9
-                seconds += dense / min(read_gbs * 1e9 * HOST.weight_share, ceiling)
-                seconds += expert_read / min(read_gbs * 1e9 * HOST.expert_share, ceiling)
-            if cpu_kv > 0:
-                # A CPU's attention over the cache: half reading it, half per query head (kv_thread_gbs is for 4
-                # query heads per KV head; fitted: Qwen3-1.7B's 2 and Qwen3-32B's 8 bracket it).
-                group = (facts.attention_heads / facts.kv_heads) if facts.attention_heads else HOST_KV_GROUP
-                seconds += cpu_kv * (1 + group / HOST_KV_GROUP) / 2 / (model.threads * HOST.kv_thread_gbs * 1e9)
-            ends.append(1 / seconds if seconds > 0 else None)
-        if None in ends:
-            return None
-        rates[name] = (min(ends), max(ends))
+        speeds = [1 / terms.seconds(depth, read_gbs, cost) for read_gbs, cost in ends]
+        rates[name] = (min(speeds), max(speeds))
     return rates
+
+
+def solve_host_cost(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", depth: int, empty_s: float,
+                    deep_s: float) -> HostCost:
+    """The HostCost that makes a CPU server's prediction meet llama-bench's seconds per token at an empty context
+    and at depth, given the node's read bandwidth at the server's threads (pool.memory_bandwidth_by_threads):
+    what the weights do not explain is spread over the blocks (never below 0), the rest at depth is the KV cache."""
+    terms = decode_terms(model, facts, pool, "cpu", False)
+    read = host_read_gbs(pool, model.threads)
+    if terms is None or read is None or read[0] != read[1] or not 0 < empty_s < deep_s or depth <= 0:
+        raise ValueError("solve_host_cost: a CPU server, the node's measured read bandwidth, and a slower token at depth")
+    weights_only = terms.seconds(0, read[0], HostCost(0.0, float("inf")))
+    block_us = max(0.0, (empty_s - weights_only) / terms.host_blocks * 1e6)
+    return HostCost(block_us=block_us, kv_gbs=terms.cpu_kv_work(depth) / ((deep_s - empty_s) * terms.threads) / 1e9)
 
 
 # --- prefill (prompt processing) ---------------------------------------------------------------------------

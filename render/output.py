@@ -25,15 +25,15 @@ from policy.rules import RESOURCE_RULES, STACK_RULES, run_rules
 
 
 def predicted_cell(predicted: Optional[dict], span: Optional[dict] = None) -> str:
-    """The predicted decode rates (engines/llamacpp_speed.py), context empty / half / full; where the node's
-    read bandwidth at the server's threads is unmeasured, the range up to the high end."""
+    """The predicted decode rates (engines/llamacpp_speed.py), context empty / half / full; where the CPU does
+    part of the work on a node whose read bandwidth or decode figures are not measured, the range to the high end."""
     if not predicted:
         return "-"
     def rate(value: float) -> str:
         return f"{value:.1f}" if value < 100 else f"{value:.0f}"
     cell = "/".join(rate(predicted[k]) for k in ("empty", "half", "full")) + " tok/s"
     if span:
-        cell += " (to " + "/".join(rate(span[k][1]) for k in ("empty", "half", "full")) + ": host bandwidth unmeasured)"
+        cell += " (to " + "/".join(rate(span[k][1]) for k in ("empty", "half", "full")) + ": this node's CPU not measured, make host-profile)"
     return cell
 
 

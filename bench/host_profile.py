@@ -1,0 +1,103 @@
+"""Measure a node's CPU for the decode prediction (`make host-profile`): what it reads with N threads and what
+llama.cpp's decode costs it beyond reading the weights, printed as the two stack-file lines of its pool.
+
+    python bench/host_profile.py [--threads 4,16] [--depth 4096] [--llama-bench PATH] [--out record.json]
+
+1. bench/host_bandwidth.c reads 4 GiB with each thread count: memory_bandwidth_by_threads.
+2. llama-bench (-ngl 0: on a GPU build too, the CPU decodes) generates 16 tokens of a real-shape Qwen3-1.7B
+   Q4_K_M (tests/contract/real_shape.py: the model's hyperparameters and tensor table, zero weights; no
+   download) at an empty context and at --depth, with each thread count.
+3. engines/llamacpp_speed.solve_host_cost turns the two rates into the node's figures at that count: the time
+   the weights do not explain, per block; the rest at depth, the KV cache's rate per thread:
+   cpu_decode_by_threads.
+
+Run it on the node that serves (or one of its kind), with nothing else running: a second H200 host read 30 %
+faster and attended twice as fast as the first (docs/capacity-planning.md, "Decode speed"). About a minute
+on 16 cores, 3-4 on 2 (the depth's prompt is processed on the CPU), after llama.cpp's build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tests" / "contract"))
+
+from decode_error import solved_cost  # noqa: E402
+from real_shape import write_real_shape  # noqa: E402
+
+SHAPE, QUANT = "qwen3-1.7b", "Q4_K_M"  # small: its blocks and KV cache weigh against its weights
+
+
+def default_threads() -> list[int]:
+    """Powers of two below the node's cores, and its cores (what `make host-bandwidth` measures)."""
+    cores = os.cpu_count() or 2
+    return sorted({*(c for c in (1, 2, 4, 8, 16, 32, 64, 128) if c < cores), cores})
+
+
+def read_bandwidth(threads: list[int], workdir: Path) -> dict[int, float]:
+    binary = workdir / "host_bandwidth"
+    subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", str(ROOT / "bench" / "host_bandwidth.c"), "-o", str(binary)],
+                   check=True)
+    out = subprocess.run([str(binary), "4", *map(str, threads)], check=True, capture_output=True, text=True).stdout
+    return {int(t): float(gbs) for t, gbs in re.findall(r"threads (\d+) read_gbs ([\d.]+)", out)}
+
+
+def decode_rates(binary: str, threads: list[int], depth: int, workdir: Path) -> list[dict]:
+    model = write_real_shape(SHAPE, workdir / f"{SHAPE}-{QUANT}.gguf", QUANT)
+    cmd = [binary, "-m", str(model), "-ngl", "0", "-p", "0", "-n", "16", "-d", f"0,{depth}", "-t", ",".join(map(str, threads)),
+           "-r", "3", "-o", "json"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"host_profile: llama-bench failed ({out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
+    return [{"threads": r["n_threads"], "depth": r.get("n_depth", 0), "tok_s": r["avg_ts"], "stddev": r.get("stddev_ts"),
+             "cpu": r.get("cpu_info"), "build": r.get("build_number"), "backend": r.get("backends")} for r in json.loads(out.stdout)]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", default=None, help="comma-separated thread counts (default: powers of two and all cores)")
+    parser.add_argument("--depth", type=int, default=4096, help="context depth for the KV cache's rate")
+    parser.add_argument("--llama-bench", default=None, help="default: the build tool's (LLAMA_CPP_BACKEND picks CPU or CUDA)")
+    parser.add_argument("--out", default=None, help="also write the measurements and figures as JSON")
+    args = parser.parse_args(argv)
+    threads = [int(t) for t in args.threads.split(",")] if args.threads else default_threads()
+    if any(t <= 0 for t in threads) or args.depth <= 0:
+        print("host_profile: --threads are positive counts and --depth a positive token count", file=sys.stderr)
+        return 2
+    binary = args.llama_bench
+    if binary is None:
+        from build_llama_server import build
+
+        binary = str(build(program="llama-bench"))
+    with tempfile.TemporaryDirectory(prefix="host-profile-") as tmp:
+        bandwidth = read_bandwidth(threads, Path(tmp))
+        rows = decode_rates(binary, threads, args.depth, Path(tmp))
+    rates = {(r["threads"], r["depth"]): r["tok_s"] for r in rows}
+    figures = {}
+    for t in threads:
+        cost = solved_cost(SHAPE, QUANT, t, args.depth, rates[(t, 0)], rates[(t, args.depth)], bandwidth)
+        figures[t] = {"block_us": round(cost.block_us), "kv_gbs_per_thread": round(cost.kv_gbs, 2)}
+        print(f"{t:3} threads: read {bandwidth[t]:.1f} GB/s; {SHAPE} {QUANT} {rates[(t, 0)]:.2f} tok/s empty, "
+              f"{rates[(t, args.depth)]:.2f} at {args.depth}: {cost.block_us:.0f} us a block, KV {cost.kv_gbs:.2f} GB/s a thread")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "depth": args.depth, "shape": SHAPE, "quant": QUANT,
+                                              "rows": rows, "cpu_decode_by_threads": figures}, indent=1))
+    print("for the stack file (node_pools.<pool>):")
+    print("  memory_bandwidth_by_threads: {" + ", ".join(f"{t}: {bandwidth[t]:.0f}" for t in threads) + "}")
+    print("  cpu_decode_by_threads: {" + ", ".join(
+        f"{t}: {{block_us: {f['block_us']}, kv_gbs_per_thread: {f['kv_gbs_per_thread']}}}" for t, f in figures.items()) + "}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

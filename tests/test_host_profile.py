@@ -1,0 +1,72 @@
+"""`make host-profile` run for real on this machine (bench/host_profile.py: bench/host_bandwidth.c, then llama.cpp's
+own llama-bench on a real-shape Qwen3-1.7B): the two lines it prints are a stack file's pool fields the program
+accepts and plans with (one decode figure, no range), and the figures give back the rates llama-bench measured.
+Timing on a shared machine varies, so the test holds what the figures are made of, not their size."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT, plain_values
+from engines.llamacpp_speed import predict_range_tok_s
+from plane import parse_stack, plan_capacity
+
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from build_llama_server import build  # noqa: E402  (a module that builds: its tests are marked llama)
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> tuple[str, dict]:
+    bench = build(program="llama-bench")
+    out = tmp_path_factory.mktemp("host-profile") / "record.json"
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "host_profile.py"), "--threads", "1,2", "--depth", "512",
+                          "--llama-bench", str(bench), "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout, json.loads(out.read_text())
+
+
+def test_the_printed_lines_are_pool_fields_the_plan_uses(profile):
+    stdout, record = profile
+    lines = stdout.split("for the stack file (node_pools.<pool>):\n", 1)[1]
+    fields = yaml.safe_load(lines)
+    assert set(fields) == {"memory_bandwidth_by_threads", "cpu_decode_by_threads"}
+    assert set(fields["cpu_decode_by_threads"]) == {1, 2} == set(fields["memory_bandwidth_by_threads"])
+    values = plain_values("cpu-cluster")
+    values["node_pools"]["minipc"].update(fields)
+    values["models"]["chat"]["threads"] = 2
+    chat = plan_capacity(parse_stack(values)).servers["chat"]
+    assert chat.decode_range_tok_s is None and chat.decode_predicted_tok_s["full"] < chat.decode_predicted_tok_s["empty"]
+    # The bandwidth printed is host_bandwidth's, the figures the record's (rounded for the stack file).
+    assert fields["memory_bandwidth_by_threads"] == {int(t): round(v) for t, v in record["host_read_gbs"].items()}
+    assert fields["cpu_decode_by_threads"] == {int(t): f for t, f in record["cpu_decode_by_threads"].items()}
+
+
+def test_the_figures_give_back_what_llama_bench_measured(profile):
+    """A CPU server of the profiled shape, planned with the node's figures, decodes at llama-bench's rates: at an
+    empty context where the weights leave time for the blocks (else the block time is 0 and the plan is the
+    slower), and always the same slow-down at depth (the KV cache's rate)."""
+    _, record = profile
+    import decode_error
+
+    for threads in (1, 2):
+        rates = {r["depth"]: r["tok_s"] for r in record["rows"] if r["threads"] == threads}
+        model, facts, pool = decode_error.server_and_pool(
+            "cpu", "cpu", None, False, decode_error.preset_facts(record["shape"]), record["quant"],
+            decode_error.expected_weights_bytes(record["shape"], record["quant"]) / decode_error.GIB, record["depth"], 1,
+            threads=threads, host={int(t): v for t, v in record["host_read_gbs"].items()},
+            cost=record["cpu_decode_by_threads"])
+        planned = predict_range_tok_s(model, facts, pool, "cpu", False, {"empty": 0, "deep": record["depth"]})
+        empty, deep = planned["empty"][0], planned["deep"][0]
+        assert planned["empty"][0] == planned["empty"][1]  # measured: one figure
+        if record["cpu_decode_by_threads"][str(threads)]["block_us"] > 0:
+            assert empty == pytest.approx(rates[0], rel=0.02)
+        else:
+            assert empty <= rates[0]
+        assert 1 / deep - 1 / empty == pytest.approx(1 / rates[record["depth"]] - 1 / rates[0], rel=0.02)
