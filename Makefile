@@ -62,6 +62,8 @@ bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python bench/run.py
 	@echo "==> decode prediction against every recorded measurement (docs/capacity-planning.md: Decode speed)"
 	@$(BIN)/python bench/decode_error.py
+	@echo "==> each measured host's CPU figures, solved as make host-profile does (docs/capacity-planning.md: Decode speed)"
+	@$(BIN)/python bench/decode_error.py --node-figures
 	@echo "==> prefill prediction against every recorded llama-bench pp run (docs/capacity-planning.md: Prefill)"
 	@$(BIN)/python bench/prefill_error.py
 	@echo "==> VRAM plan against every recorded server on a card (docs/capacity-planning.md: VRAM)"

@@ -206,16 +206,17 @@ class NodePool(Strict):
         "Sustained memory bandwidth of one node in GB/s, for the decode-speed bound; null: not shown.", default=None
     )
     memory_bandwidth_by_threads: Optional[dict[ThreadCount, Annotated[Number, Field(gt=0)]]] = doc(
-        "What the node reads in GB/s with N threads ({4: 28, 8: 49, 16: 82}), measured by `make host-bandwidth`: "
-        "the weights and KV cache a server keeps in system RAM are read by its --threads, so its decode follows this "
-        "figure at that count (interpolated). null: known only between a few GB/s per thread and memory_bandwidth_gbs, "
+        "What the node reads in GB/s with N threads ({4: 28, 8: 49, 16: 82}), measured by `make host-bandwidth` "
+        "(and by `make host-profile`): the weights a server keeps in system RAM are read by its --threads, so its "
+        "decode follows this figure at that count (interpolated). null: known only between a few GB/s per thread and memory_bandwidth_gbs, "
         "and the plan shows that range.", default=None
     )
     cpu_decode_by_threads: Optional[dict[ThreadCount, HostDecodeFigure]] = doc(
         "What llama.cpp's decode costs the node's CPU beyond reading the weights, with N threads ({4: {block_us: "
         "79, kv_gbs_per_thread: 1.33}}), measured by `make host-profile` (llama-bench on a real-shape model at an "
-        "empty context and at depth): it differs from host to host (the KV cache's rate by 5x among the three "
-        "measured). null: the plan shows the range between the slowest and fastest host measured.", default=None
+        "empty context and at depth, one command with the read bandwidth): it differs from host to host (0-700 us "
+        "a block, 0.8-3.6 GB/s a thread among the five hosts measured). null: the plan shows the range between "
+        "the slowest and the fastest of them.", default=None
     )
     vram: Optional[Memory] = doc(
         "Memory of one discrete GPU (an RTX 4090: 24Gi). null: unified memory (iGPU/APU), the GPU uses the node's "

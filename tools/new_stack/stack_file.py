@@ -113,6 +113,9 @@ def node_pool(hw: Hardware) -> dict[str, V]:
                          "Held by pods this program does not manage: k3s' CoreDNS, Traefik, metrics-server, "
                          "local-path provisioner and the OS beside them.")
     pool["memory_bandwidth_gbs"] = V(_number(hw.ram_bandwidth), hw.ram_bandwidth_why)
+    pool["cpu_decode_by_threads"] = V(None, "What llama.cpp's decode costs this node's CPU: run `make host-profile` on "
+                                      "a node and paste its two lines here (this and memory_bandwidth_by_threads); "
+                                      "null: the plan shows a range for what the CPU decodes.")
     if hw.discrete:
         pool["vram"] = V(gib(hw.vram_gib), "--vram: memory of the card; offloaded layers and their KV cache are "
                          "planned here, the rest in system RAM.")
