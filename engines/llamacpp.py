@@ -17,6 +17,7 @@ from .base import Credentials, Engine, Problem
 from .llamacpp_flags import extra_args_problems
 from .llamacpp_speed import predict_range_tok_s, prefill
 from .llamacpp_memory import (
+    DEFAULT_BATCH,
     DEFAULT_UBATCH,
     discrete_split,
     layout,
@@ -54,9 +55,6 @@ GENERATED_FLAGS = frozenset({
     "--batch-size", "-b", "--n-cpu-moe", "-ncmoe", "--cpu-moe", "-cmoe", "--split-mode", "-sm", "--tensor-split", "-ts",
     "--main-gpu", "-mg",
 })
-# common/common.h (b10729): n_batch 2048. llama.cpp clamps the micro-batch to the batch
-# (src/llama-context.cpp: n_ubatch = min(n_batch, n_ubatch)), so a larger ubatch needs --batch-size.
-DEFAULT_BATCH = 2048
 
 
 def first_key(key_file: str) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from .llamacpp_memory import KV_TYPE_BYTES, layout, quant_of
+from .llamacpp_memory import DEFAULT_BATCH, KV_TYPE_BYTES, layout, quant_of
 
 if TYPE_CHECKING:
     from config.types import ModelFacts, ModelServer, NodePool
@@ -344,6 +344,8 @@ class PrefillProfile:
     attention_tflops: float  # 4 x layers x width x depth FLOPs per token
     source: str
     recurrent_layer_us: float = 0.0  # per token per linear-attention (Gated DeltaNet) layer
+    call_ms: float = 0.0  # per call of up to a batch (--batch-size) of prompt tokens, dense
+    moe_call_ms: float = 0.0  # the same for a mixture of experts
 
 
 PREFILL: dict[str, PrefillProfile] = {
@@ -351,9 +353,11 @@ PREFILL: dict[str, PrefillProfile] = {
     # Q4_K_M 8B-70B 147-168 TFLOPS effective, Q8_0 183, F16 360; Qwen3-30B-A3B and Qwen3.6-35B-A3B with
     # token-dependent routing 36-45 (0.27 of dense); qwen3-8b pp512 at depth 4096/16384 for attention.
     # Qwen3.6-35B-A3B's 30 Gated DeltaNet layers cost 1.5 us per token each (solved on its pp4096: in-sample).
-    "nvidia-datacenter": PrefillProfile(tflops={"kquant": 150.0, "q8": 180.0, "f16": 350.0}, moe_share=0.27,
+    # A call of up to a batch of prompt tokens costs a fixed time more (6 ms dense, 27 a mixture of experts: the
+    # pp512 rows, one call, 4-20 ms slower than the pp4096 rates say; solved on them with the rates above).
+    "nvidia-datacenter": PrefillProfile(tflops={"kquant": 155.0, "q8": 185.0, "f16": 373.0}, moe_share=0.295,
                                         attention_tflops=250.0, source="H200 llama-bench pp (bench/results-speed-h200.json)",
-                                        recurrent_layer_us=1.5),
+                                        recurrent_layer_us=1.5, call_ms=6.0, moe_call_ms=27.0),
 }
 # A CPU: GFLOPS per thread of the matrix products, measured on the CI machine (llama-bench pp, 2 threads,
 # Qwen3-1.7B 89 and Llama-3.1-8B 57 per thread: bench/results-prefill-cpu.json); its attention at the same rate.
@@ -393,10 +397,13 @@ def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", 
     moe = bool(facts.expert_params_b or facts.active_params_b)
     width = facts.embedding_length or (facts.kv_heads * facts.head_dim)
     attention_layers = facts.full_attention_layers or facts.layers
+    batch = max(DEFAULT_BATCH, model.ubatch_size or 0)
+    call = 0.0
     if cpu_only:
         rate = model.threads * CPU_PREFILL_GFLOPS_PER_THREAD * 1e9
         matmul, attention_rate, copy = 2 * active / rate, rate, 0.0
     else:
+        call = (profile.moe_call_ms if moe else profile.call_ms) / 1e3
         matmul = 2 * active / (share_of(profile.tflops, kind) * 1e12 * (profile.moe_share if moe else 1.0))
         attention_rate = profile.attention_tflops * 1e12
         ubatch = model.ubatch_size or 512
@@ -407,6 +414,7 @@ def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", 
 
     def seconds(tokens: int, depth: int) -> float:
         # Each token attends to what was there before and half of the prompt before it, on average.
-        return tokens * (matmul + copy + 4 * attention_layers * width * (depth + tokens / 2) / attention_rate)
+        return (-(-tokens // batch) * call
+                + tokens * (matmul + copy + 4 * attention_layers * width * (depth + tokens / 2) / attention_rate))
 
     return seconds
