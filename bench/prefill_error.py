@@ -29,6 +29,13 @@ CALIBRATION = {("llama-3.1-8b", "Q4_K_M", "zero", 4096, 0, 99, 0), ("llama-3.1-8
                ("qwen3.6-35b-a3b", "Q4_K_M", "token", 4096, 0, 99, 0),
                ("qwen3-8b", "Q4_K_M", "zero", 512, 16384, 99, 0), ("llama-3.1-8b", "Q4_K_M", "zero", 4096, 0, 20, 0),
                ("llama-3.1-8b", "Q4_K_M", "zero", 256, 0, -1, 0)}
+# The pp512 rows (one call of the prompt) the per-call time was solved from (PrefillProfile.call_ms, moe_call_ms).
+CALIBRATION |= {("llama-3.1-8b", q, "zero", 512, 0, 99, 0) for q in ("Q4_K_M", "Q8_0", "F16")} | {
+    ("qwen3-8b", "Q4_K_M", "zero", 512, 0, 99, 0), ("qwen3-30b-a3b", "Q4_K_M", "token", 512, 0, 99, 0),
+    ("qwen3.6-35b-a3b", "Q4_K_M", "token", 512, 0, 99, 0)}
+# The narrow models the width term was solved from (PrefillProfile.full_width, width_power).
+CALIBRATION |= {("qwen3-1.7b", "Q4_K_M", "zero", p, 0, 99, 0) for p in (512, 4096)} | {
+    ("llama-3.2-3b", "Q4_K_M", "zero", p, 0, 99, 0) for p in (256, 1024, 2048, 4096)}
 
 
 def predicted(r: dict, discrete: bool, host: dict) -> float:

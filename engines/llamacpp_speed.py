@@ -346,6 +346,8 @@ class PrefillProfile:
     recurrent_layer_us: float = 0.0  # per token per linear-attention (Gated DeltaNet) layer
     call_ms: float = 0.0  # per call of up to a batch (--batch-size) of prompt tokens, dense
     moe_call_ms: float = 0.0  # the same for a mixture of experts
+    full_width: int = 0  # a dense model narrower than this (embedding_length) reaches (width / full_width) ** width_power
+    width_power: float = 0.0  # of the products' rate (small matrices leave the card partly idle)
 
 
 PREFILL: dict[str, PrefillProfile] = {
@@ -357,7 +359,10 @@ PREFILL: dict[str, PrefillProfile] = {
     # pp512 rows, one call, 4-20 ms slower than the pp4096 rates say; solved on them with the rates above).
     "nvidia-datacenter": PrefillProfile(tflops={"kquant": 155.0, "q8": 185.0, "f16": 373.0}, moe_share=0.295,
                                         attention_tflops=250.0, source="H200 llama-bench pp (bench/results-speed-h200.json)",
-                                        recurrent_layer_us=1.5, call_ms=6.0, moe_call_ms=27.0),
+                                        recurrent_layer_us=1.5, call_ms=6.0, moe_call_ms=27.0,
+                                        # Qwen3-1.7B (2048 wide) reached 0.61 of the 8B's rate, Llama-3.2-3B (3072)
+                                        # 0.79: a fit on those two (their rows are `cal`), none measured narrower.
+                                        full_width=4096, width_power=0.75),
 }
 # A CPU: GFLOPS per thread of the matrix products, measured on the CI machine (llama-bench pp, 2 threads,
 # Qwen3-1.7B 89 and Llama-3.1-8B 57 per thread: bench/results-prefill-cpu.json); its attention at the same rate.
@@ -404,7 +409,9 @@ def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", 
         matmul, attention_rate, copy = 2 * active / rate, rate, 0.0
     else:
         call = (profile.moe_call_ms if moe else profile.call_ms) / 1e3
-        matmul = 2 * active / (share_of(profile.tflops, kind) * 1e12 * (profile.moe_share if moe else 1.0))
+        # A dense model's; the mixture-of-experts share was measured on 2048-wide models and holds their width.
+        narrow = min(1.0, width / profile.full_width) ** profile.width_power if profile.full_width and not moe else 1.0
+        matmul = 2 * active / (share_of(profile.tflops, kind) * 1e12 * (profile.moe_share if moe else 1.0) * narrow)
         attention_rate = profile.attention_tflops * 1e12
         ubatch = model.ubatch_size or 512
         # What stays in RAM but the input embedding (a lookup), copied once per micro-batch.
