@@ -85,6 +85,11 @@ def main(argv: list[str]) -> int:
     rates = {(r["threads"], r["depth"]): r["tok_s"] for r in rows}
     figures = {}
     for t in threads:
+        if not rates[(t, args.depth)] < rates[(t, 0)]:
+            print(f"host_profile: with {t} threads the context of {args.depth} tokens was not slower than the empty one "
+                  f"({rates[(t, args.depth)]:.2f} against {rates[(t, 0)]:.2f} tok/s): the node was busy; run it again on a "
+                  f"quiet node, or with a larger --depth", file=sys.stderr)
+            return 1
         cost = solved_cost(SHAPE, QUANT, t, args.depth, rates[(t, 0)], rates[(t, args.depth)], bandwidth)
         figures[t] = {"block_us": round(cost.block_us), "kv_gbs_per_thread": round(cost.kv_gbs, 2)}
         print(f"{t:3} threads: read {bandwidth[t]:.1f} GB/s; {SHAPE} {QUANT} {rates[(t, 0)]:.2f} tok/s empty, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -21,8 +22,6 @@ from decode_error import GIB, preset_facts  # noqa: E402
 from engines.llamacpp_speed import prompt_seconds  # noqa: E402
 
 TOLERANCE = 0.25
-# The CI machine's read bandwidth by threads (bench/host_bandwidth.c, 2 GiB), where a run did not record it.
-CI_HOST = {1: 24.1, 2: 49.6}
 # Runs a profile's numbers were solved from (shape, quant, routing, prompt, depth, layers offloaded, experts in RAM).
 CALIBRATION = {("llama-3.1-8b", "Q4_K_M", "zero", 4096, 0, 99, 0), ("llama-3.1-8b", "Q8_0", "zero", 4096, 0, 99, 0),
                ("llama-3.1-8b", "F16", "zero", 4096, 0, 99, 0), ("qwen3-30b-a3b", "Q4_K_M", "token", 4096, 0, 99, 0),
@@ -38,7 +37,7 @@ CALIBRATION |= {("qwen3-1.7b", "Q4_K_M", "zero", p, 0, 99, 0) for p in (512, 409
     ("llama-3.2-3b", "Q4_K_M", "zero", p, 0, 99, 0) for p in (256, 1024, 2048, 4096)}
 
 
-def predicted(r: dict, discrete: bool, host: dict) -> float:
+def predicted(r: dict, discrete: bool, host: Optional[dict]) -> float:
     facts = ModelFacts.model_validate(preset_facts(r["shape"]))
     ngl = r.get("ngl")
     model = ModelServer.model_validate({
@@ -49,7 +48,8 @@ def predicted(r: dict, discrete: bool, host: dict) -> float:
         "ubatch_size": r.get("n_ubatch") or None, "resources": {"cpu_request": "1", "cpu_limit": "16"},
     })
     pool = NodePool.model_validate({
-        "memory": "256Gi", "allocatable": "250Gi", "memory_bandwidth_gbs": max(host.values()), "memory_bandwidth_by_threads": host,
+        "memory": "256Gi", "allocatable": "250Gi", "memory_bandwidth_gbs": max(host.values()) if host else None,
+        "memory_bandwidth_by_threads": host,
         "backend": "cuda" if discrete else "cpu",
         **({"vram": "141Gi", "vram_bandwidth_gbs": 4800, "gpu_resource": "nvidia.com/gpu", "decode_profile": "nvidia-datacenter"}
            if discrete else {}),
@@ -63,7 +63,8 @@ def rows() -> list[tuple]:
     for path, discrete in ((ROOT / "bench" / "results-speed-h200.json", True), (ROOT / "bench" / "results-prefill-cpu.json", False)):
         record = json.loads(path.read_text())
         for run in record["runs"]:
-            host = {int(k): v for k, v in (run.get("host_read_gbs") or CI_HOST).items()}
+            # The host's read bandwidth where the run recorded it (a CPU's prefill is compute-bound: not needed).
+            host = {int(k): v for k, v in run["host_read_gbs"].items()} if run.get("host_read_gbs") else None
             for r in run["rows"]:
                 if not r.get("n_prompt"):
                     continue

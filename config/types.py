@@ -213,10 +213,10 @@ class NodePool(Strict):
     )
     cpu_decode_by_threads: Optional[dict[ThreadCount, HostDecodeFigure]] = doc(
         "What llama.cpp's decode costs the node's CPU beyond reading the weights, with N threads ({4: {block_us: "
-        "79, kv_gbs_per_thread: 1.33}}), measured by `make host-profile` (llama-bench on a real-shape model at an "
-        "empty context and at depth, one command with the read bandwidth): it differs from host to host (0-700 us "
-        "a block, 0.8-3.6 GB/s a thread among the five hosts measured). null: the plan shows the range between "
-        "the slowest and the fastest of them.", default=None
+        "314, kv_gbs_per_thread: 1.33}}), measured by `make host-profile` (llama-bench on a real-shape model at an "
+        "empty context and at depth, printed with the read bandwidth): the KV cache's rate differs from host to host. "
+        "null: the plan shows the range between the slowest and the fastest host measured (engines/llamacpp_speed.py, "
+        "HOST_COST_SLOW and HOST_COST_FAST).", default=None
     )
     vram: Optional[Memory] = doc(
         "Memory of one discrete GPU (an RTX 4090: 24Gi). null: unified memory (iGPU/APU), the GPU uses the node's "

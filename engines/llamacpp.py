@@ -18,6 +18,7 @@ from .llamacpp_flags import extra_args_problems
 from .llamacpp_speed import predict_range_tok_s, prefill
 from .llamacpp_memory import (
     DEFAULT_BATCH,
+    effective_batch,
     DEFAULT_UBATCH,
     discrete_split,
     layout,
@@ -304,8 +305,8 @@ class LlamaCpp(Engine):
             args += ["--split-mode", "layer", "--tensor-split", ",".join(["1"] * model.gpus)]
         if model.ubatch_size is not None:
             args += ["--ubatch-size", str(model.ubatch_size)]
-            if model.ubatch_size > DEFAULT_BATCH:
-                args += ["--batch-size", str(model.ubatch_size)]
+            if effective_batch(model) > DEFAULT_BATCH:
+                args += ["--batch-size", str(effective_batch(model))]
         # Slots and host-RAM caches are set whenever the config sets them, so the plan counts what runs.
         if model.parallel is not None:
             # One KV pool for all slots, so one request may use the whole --ctx-size: the server

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from .llamacpp_memory import DEFAULT_BATCH, KV_TYPE_BYTES, layout, quant_of
+from .llamacpp_memory import KV_TYPE_BYTES, effective_batch, layout, quant_of
 
 if TYPE_CHECKING:
     from config.types import ModelFacts, ModelServer, NodePool
@@ -128,16 +128,29 @@ class HostCost:
     kv_gbs: float
 
 
-# Five hosts measured (bench/decode_error.py --node-figures solves them from llama-bench rows): the H200 machine's
-# 16-core Xeon on four leases, 197-695 us a block and 0.96-1.05 GB/s a thread (4-16 threads) on the first two,
-# 76-314 us and 1.33-1.90 GB/s on the third, 188-287 us and 0.83-1.16 GB/s on the fourth (make host-profile's
-# own output); the CI machine's 2-core EPYC 0-106 us and 3.45-3.57 GB/s (make host-profile). A node not measured
-# is planned between the slowest and the fastest of them (tests/test_speed_model.py holds the ends to the records).
+# The slowest and the fastest of the hosts measured (`bench/decode_error.py --node-figures` prints each: four
+# leases of the H200 machine and the CI machine): a node not measured is planned between them
+# (tests/test_speed_model.py holds both ends to the records). The KV rate is what differs between hosts (0.8-0.9
+# GB/s a thread at 16 threads on the fourth lease whichever shape it is solved from, 1.9-2.7 on the third); the block time is what the solving shape's weights leave
+# unexplained, so it depends on that shape (one shape, make host-profile's, for every node), and 0 where the
+# weights alone are already slower than measured (the CI machine's single thread).
 HOST_COST_SLOW = HostCost(block_us=700.0, kv_gbs=0.8)
 HOST_COST_FAST = HostCost(block_us=0.0, kv_gbs=3.6)
 
 # The query heads per KV head the KV rate is stated for (Llama-3.1-8B: 32 / 8).
 HOST_KV_GROUP = 4
+
+
+def by_threads(table: dict[int, float], threads: int) -> float:
+    """A figure measured at some thread counts, at this count: on the line between the two counts around it,
+    the nearest count's figure outside them."""
+    points = sorted(table.items())
+    if threads <= points[0][0]:
+        return points[0][1]
+    if threads >= points[-1][0]:
+        return points[-1][1]
+    (t0, v0), (t1, v1) = next((a, b) for a, b in zip(points, points[1:]) if a[0] <= threads <= b[0])
+    return v0 + (v1 - v0) * (threads - t0) / (t1 - t0)
 
 
 def host_read_gbs(pool: "NodePool", threads: int) -> Optional[tuple[float, float]]:
@@ -146,14 +159,8 @@ def host_read_gbs(pool: "NodePool", threads: int) -> Optional[tuple[float, float
     HOST.thread_read_gbs per thread up to memory_bandwidth_gbs, and memory_bandwidth_gbs. None: no figure."""
     table = pool.memory_bandwidth_by_threads
     if table:
-        points = sorted(table.items())
-        if threads <= points[0][0]:
-            value = points[0][1] * threads / points[0][0]
-        elif threads >= points[-1][0]:
-            value = points[-1][1]
-        else:
-            (t0, b0), (t1, b1) = next((a, b) for a, b in zip(points, points[1:]) if a[0] <= threads <= b[0])
-            value = b0 + (b1 - b0) * (threads - t0) / (t1 - t0)
+        first, gbs = min(table.items())
+        value = gbs * threads / first if threads < first else by_threads({t: float(v) for t, v in table.items()}, threads)
         return value, value
     if pool.memory_bandwidth_gbs is None:
         return None
@@ -202,15 +209,8 @@ def host_cost(pool: "NodePool", threads: int) -> tuple[HostCost, HostCost]:
     table = pool.cpu_decode_by_threads
     if not table:
         return HOST_COST_SLOW, HOST_COST_FAST
-    points = sorted((count, HostCost(float(f.block_us), float(f.kv_gbs_per_thread))) for count, f in table.items())
-    if threads <= points[0][0]:
-        cost = points[0][1]
-    elif threads >= points[-1][0]:
-        cost = points[-1][1]
-    else:
-        (t0, a), (t1, b) = next((a, b) for a, b in zip(points, points[1:]) if a[0] <= threads <= b[0])
-        w = (threads - t0) / (t1 - t0)
-        cost = HostCost(a.block_us + (b.block_us - a.block_us) * w, a.kv_gbs + (b.kv_gbs - a.kv_gbs) * w)
+    cost = HostCost(by_threads({t: float(f.block_us) for t, f in table.items()}, threads),
+                    by_threads({t: float(f.kv_gbs_per_thread) for t, f in table.items()}, threads))
     return cost, cost
 
 
@@ -313,8 +313,10 @@ def predict_range_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePo
     ends = list(zip(host, host_cost(pool, model.threads)))
     rates: dict[str, tuple[float, float]] = {}
     for name, depth in depths.items():
-        speeds = [1 / terms.seconds(depth, read_gbs, cost) for read_gbs, cost in ends]
-        rates[name] = (min(speeds), max(speeds))
+        seconds = [terms.seconds(depth, read_gbs, cost) for read_gbs, cost in ends]
+        if min(seconds) <= 0:
+            return None
+        rates[name] = (1 / max(seconds), 1 / min(seconds))
     return rates
 
 
@@ -324,8 +326,8 @@ def solve_host_cost(model: "ModelServer", facts: "ModelFacts", pool: "NodePool",
     and at depth, given the node's read bandwidth at the server's threads (pool.memory_bandwidth_by_threads):
     what the weights do not explain is spread over the blocks (never below 0), the rest at depth is the KV cache."""
     terms = decode_terms(model, facts, pool, "cpu", False)
-    read = host_read_gbs(pool, model.threads)
-    if terms is None or read is None or read[0] != read[1] or not 0 < empty_s < deep_s or depth <= 0:
+    read = host_read_gbs(pool, model.threads) if pool.memory_bandwidth_by_threads else None
+    if terms is None or read is None or not 0 < empty_s < deep_s or depth <= 0:
         raise ValueError("solve_host_cost: a CPU server, the node's measured read bandwidth, and a slower token at depth")
     weights_only = terms.seconds(0, read[0], HostCost(0.0, float("inf")))
     block_us = max(0.0, (empty_s - weights_only) / terms.host_blocks * 1e6)
@@ -351,12 +353,15 @@ class PrefillProfile:
 
 
 PREFILL: dict[str, PrefillProfile] = {
-    # Measured (bench/results-speed-h200.json, llama-bench pp512/pp4096, b10729 CUDA on an H200): dense
-    # Q4_K_M 8B-70B 147-168 TFLOPS effective, Q8_0 183, F16 360; Qwen3-30B-A3B and Qwen3.6-35B-A3B with
-    # token-dependent routing 36-45 (0.27 of dense); qwen3-8b pp512 at depth 4096/16384 for attention.
+    # Measured (bench/results-speed-h200.json, llama-bench pp, b10729 CUDA on an H200): solved on the pp4096
+    # rows with the per-call time below, dense K-quant 155 TFLOPS effective, Q8_0 185, F16 373; Qwen3-30B-A3B
+    # and Qwen3.6-35B-A3B with token-dependent routing at 0.295 of dense; qwen3-8b pp512 at depth 4096/16384 for
+    # attention.
     # Qwen3.6-35B-A3B's 30 Gated DeltaNet layers cost 1.5 us per token each (solved on its pp4096: in-sample).
-    # A call of up to a batch of prompt tokens costs a fixed time more (6 ms dense, 27 a mixture of experts: the
-    # pp512 rows, one call, 4-20 ms slower than the pp4096 rates say; solved on them with the rates above).
+    # A short prompt is slower than the long prompts' rate says (the card is not full): 6 ms more per call of up
+    # to a batch for a dense model, 27 for a mixture of experts, fitted on the pp512 rows (4-20 ms over). A fit,
+    # not a measured per-call cost: pp1024 against pp2048 (one call each) differ by under 2 ms of fixed time, and
+    # a 256-token prompt is still 15-23 % slower than predicted.
     "nvidia-datacenter": PrefillProfile(tflops={"kquant": 155.0, "q8": 185.0, "f16": 373.0}, moe_share=0.295,
                                         attention_tflops=250.0, source="H200 llama-bench pp (bench/results-speed-h200.json)",
                                         recurrent_layer_us=1.5, call_ms=6.0, moe_call_ms=27.0,
@@ -402,7 +407,7 @@ def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", 
     moe = bool(facts.expert_params_b or facts.active_params_b)
     width = facts.embedding_length or (facts.kv_heads * facts.head_dim)
     attention_layers = facts.full_attention_layers or facts.layers
-    batch = max(DEFAULT_BATCH, model.ubatch_size or 0)
+    batch = effective_batch(model)
     call = 0.0
     if cpu_only:
         rate = model.threads * CPU_PREFILL_GFLOPS_PER_THREAD * 1e9

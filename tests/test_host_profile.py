@@ -26,7 +26,7 @@ from build_llama_server import build  # noqa: E402  (a module that builds: its t
 def profile(tmp_path_factory) -> tuple[str, dict]:
     bench = build(program="llama-bench")
     out = tmp_path_factory.mktemp("host-profile") / "record.json"
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "host_profile.py"), "--threads", "1,2", "--depth", "512",
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "host_profile.py"), "--threads", "2", "--depth", "2048",
                           "--llama-bench", str(bench), "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout, json.loads(out.read_text())
@@ -37,7 +37,7 @@ def test_the_printed_lines_are_pool_fields_the_plan_uses(profile):
     lines = stdout.split("for the stack file (node_pools.<pool>):\n", 1)[1]
     fields = yaml.safe_load(lines)
     assert set(fields) == {"memory_bandwidth_by_threads", "cpu_decode_by_threads"}
-    assert set(fields["cpu_decode_by_threads"]) == {1, 2} == set(fields["memory_bandwidth_by_threads"])
+    assert set(fields["cpu_decode_by_threads"]) == {2} == set(fields["memory_bandwidth_by_threads"])
     values = plain_values("cpu-cluster")
     values["node_pools"]["minipc"].update(fields)
     values["models"]["chat"]["threads"] = 2
@@ -48,14 +48,15 @@ def test_the_printed_lines_are_pool_fields_the_plan_uses(profile):
     assert fields["cpu_decode_by_threads"] == {int(t): f for t, f in record["cpu_decode_by_threads"].items()}
 
 
-def test_the_figures_give_back_what_llama_bench_measured(profile):
-    """A CPU server of the profiled shape, planned with the node's figures, decodes at llama-bench's rates: at an
-    empty context where the weights leave time for the blocks (else the block time is 0 and the plan is the
-    slower), and always the same slow-down at depth (the KV cache's rate)."""
+def test_the_figures_it_prints_give_back_the_rates_it_measured(profile):
+    """The tool's plumbing end to end (bandwidth, llama-bench's JSON, the solver, rounding for the stack file): a CPU
+    server of the profiled shape, planned with the printed figures, decodes at llama-bench's rates — at an empty
+    context where the weights leave time for the blocks (else the block time is 0 and the plan is the slower), and
+    always the same slow-down at depth (the KV cache's rate)."""
     _, record = profile
     import decode_error
 
-    for threads in (1, 2):
+    for threads in (2,):
         rates = {r["depth"]: r["tok_s"] for r in record["rows"] if r["threads"] == threads}
         model, facts, pool = decode_error.server_and_pool(
             "cpu", "cpu", None, False, decode_error.preset_facts(record["shape"]), record["quant"],
@@ -68,5 +69,5 @@ def test_the_figures_give_back_what_llama_bench_measured(profile):
         if record["cpu_decode_by_threads"][str(threads)]["block_us"] > 0:
             assert empty == pytest.approx(rates[0], rel=0.02)
         else:
-            assert empty <= rates[0]
+            assert empty <= rates[0] * 1.02
         assert 1 / deep - 1 / empty == pytest.approx(1 / rates[record["depth"]] - 1 / rates[0], rel=0.02)
