@@ -67,16 +67,17 @@ RECORDS = [
 
 
 def server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
-                    threads=8, host=None, cost=None):
+                    threads=8, host=None, cost=None, ctx_size=None, ubatch=None):
     """The model server and node pool a measured row stands for: host is the node's read bandwidth by threads
-    (memory_bandwidth_by_threads), cost its decode figures by threads (cpu_decode_by_threads)."""
+    (memory_bandwidth_by_threads), cost its decode figures by threads (cpu_decode_by_threads); the context twice
+    the depth unless given (a prompt's run: the prompt and the depth), the micro-batch llama.cpp's unless given."""
     model_facts = lookup(facts) if isinstance(facts, str) else ModelFacts.model_validate(facts)
     model = ModelServer.model_validate({
         "role": "chat", "name": "m", "image": "ghcr.io/ggml-org/llama.cpp:server-b10731", "node_pool": "p",
         "hf_repo": f"x/y-GGUF:{quant}", "weights": f"{weights_gib:.3f}Gi",
         "gpu_layers": (999 if ngl is None or ngl >= 99 else ngl) if discrete else 0, "cpu_moe_layers": cpu_moe or None,
-        "ctx_size": max(depth, 512) * 2, "gpus": gpus, "facts": model_facts.model_dump(), "threads": threads,
-        "resources": {"cpu_request": "1", "cpu_limit": str(max(threads, 8))},
+        "ctx_size": ctx_size or max(depth, 512) * 2, "gpus": gpus, "facts": model_facts.model_dump(), "threads": threads,
+        "ubatch_size": ubatch, "resources": {"cpu_request": "1", "cpu_limit": str(max(threads, 8))},
     })
     pool = NodePool.model_validate({
         "memory": "256Gi", "allocatable": "250Gi", "memory_bandwidth_gbs": max((host or {0: 60}).values()) if discrete else bandwidth,

@@ -29,15 +29,17 @@ case "$MODE" in
   vram)
     python3 bench/measure_vram.py --spec .vram/spec.json --binary "$BIN/llama-server" --out "$OUT" --max-seconds "$LEFT" \
       ${2:+--only "$2"} ;;
-  speed)
-    cc -O2 -march=native -fopenmp bench/host_bandwidth.c -o /tmp/host_bandwidth && /tmp/host_bandwidth 8 1 2 4 8 16 | tee "$OUT/host-bandwidth.txt"
+  speed|profile)
+    # The host first: its read bandwidth (speed), or make host-profile's figures, bandwidth included (profile).
+    if [ "$MODE" = speed ]; then
+      cc -O2 -march=native -fopenmp bench/host_bandwidth.c -o /tmp/host_bandwidth && /tmp/host_bandwidth 8 1 2 4 8 16 | tee "$OUT/host-bandwidth.txt"
+      JOBS=${2:-bench/jobs-h200.json}
+    else
+      python3 bench/host_profile.py --threads 4,8,16 --llama-bench "$BIN/llama-bench" --out "$OUT/host-profile.json" || exit 1
+      JOBS=${2:-bench/jobs-h200-4.json}
+    fi
     LEFT=$(( 575 - ($(date +%s) - T0) ))
-    python3 bench/measure_decode.py --jobs "${2:-bench/jobs-h200.json}" --llama-bench "$BIN/llama-bench" --device "NVIDIA H200" \
-      --out "$OUT/speed.json" --max-seconds "$LEFT" ;;
-  profile)
-    python3 bench/host_profile.py --threads 4,8,16 --llama-bench "$BIN/llama-bench" --out "$OUT/host-profile.json" || exit 1
-    LEFT=$(( 575 - ($(date +%s) - T0) ))
-    python3 bench/measure_decode.py --jobs "${2:-bench/jobs-h200-4.json}" --llama-bench "$BIN/llama-bench" --device "NVIDIA H200" \
+    python3 bench/measure_decode.py --jobs "$JOBS" --llama-bench "$BIN/llama-bench" --device "NVIDIA H200" \
       --out "$OUT/speed.json" --max-seconds "$LEFT" ;;
 esac
 echo "== done at $(( $(date +%s) - T0 )) s"

@@ -17,8 +17,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
-from config.types import ModelFacts, ModelServer, NodePool  # noqa: E402
-from decode_error import GIB, preset_facts  # noqa: E402
+from decode_error import GIB, preset_facts, server_and_pool  # noqa: E402
 from engines.llamacpp_speed import prompt_seconds  # noqa: E402
 
 TOLERANCE = 0.25
@@ -38,22 +37,10 @@ CALIBRATION |= {("qwen3-1.7b", "Q4_K_M", "zero", p, 0, 99, 0) for p in (512, 409
 
 
 def predicted(r: dict, discrete: bool, host: Optional[dict]) -> float:
-    facts = ModelFacts.model_validate(preset_facts(r["shape"]))
-    ngl = r.get("ngl")
-    model = ModelServer.model_validate({
-        "role": "chat", "name": "m", "image": "ghcr.io/ggml-org/llama.cpp:server-b10731", "node_pool": "p",
-        "hf_repo": f"x/y-GGUF:{r['quant']}", "weights": f"{r['weights_bytes'] / GIB:.3f}Gi",
-        "gpu_layers": (999 if ngl is None or ngl >= 99 else ngl) if discrete else 0, "cpu_moe_layers": r.get("n_cpu_moe") or None,
-        "ctx_size": max(r["n_prompt"] + r["depth"], 512), "facts": facts.model_dump(), "threads": r.get("threads") or 2,
-        "ubatch_size": r.get("n_ubatch") or None, "resources": {"cpu_request": "1", "cpu_limit": "16"},
-    })
-    pool = NodePool.model_validate({
-        "memory": "256Gi", "allocatable": "250Gi", "memory_bandwidth_gbs": max(host.values()) if host else None,
-        "memory_bandwidth_by_threads": host,
-        "backend": "cuda" if discrete else "cpu",
-        **({"vram": "141Gi", "vram_bandwidth_gbs": 4800, "gpu_resource": "nvidia.com/gpu", "decode_profile": "nvidia-datacenter"}
-           if discrete else {}),
-    })
+    model, facts, pool = server_and_pool(
+        "nvidia-datacenter" if discrete else "cpu", "cuda" if discrete else "cpu", 4800 if discrete else None, discrete,
+        preset_facts(r["shape"]), r["quant"], r["weights_bytes"] / GIB, r["depth"], 1, r.get("ngl"), r.get("n_cpu_moe"),
+        r.get("threads") or 2, host, ctx_size=max(r["n_prompt"] + r["depth"], 512), ubatch=r.get("n_ubatch") or None)
     seconds = prompt_seconds(model, facts, pool, "cuda" if discrete else "cpu", discrete)
     return r["n_prompt"] / seconds(r["n_prompt"], r["depth"]) if seconds else None
 

@@ -22,8 +22,6 @@ BITS_PER_WEIGHT: dict[str, float] = {
     "F16": 16.0, "BF16": 16.0, "F32": 32.0,
 }
 KV_BYTES_PER_ELEMENT = 2  # f16 K and V, llama.cpp's default cache type
-# Bytes per element of each --cache-type (ggml block sizes: q8_0 is 34 bytes per 32 values, q4_0
-# 18, q4_1 20, q5_0 22, q5_1 24, iq4_nl 18).
 # common/common.h (b10729): n_batch 2048. llama.cpp clamps the micro-batch to the batch
 # (src/llama-context.cpp: n_ubatch = min(n_batch, n_ubatch)), so a larger ubatch needs --batch-size.
 DEFAULT_BATCH = 2048
@@ -34,6 +32,9 @@ def effective_batch(model) -> int:
     passes --batch-size then)."""
     return max(DEFAULT_BATCH, model.ubatch_size or 0)
 
+
+# Bytes per element of each --cache-type (ggml block sizes: q8_0 is 34 bytes per 32 values, q4_0
+# 18, q4_1 20, q5_0 22, q5_1 24, iq4_nl 18).
 KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
                  "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
 # On a discrete card other than CUDA (ROCm, Vulkan, SYCL: not measured), the compute buffer is a margin
