@@ -24,7 +24,9 @@ from planning.capacity import ServerPlan
 from planning.startup import StartupBudget
 
 from .meta import VALUE_NOTES_ANNOTATION, labels, metadata, selector, token, value_notes
-from .pod import KEY_FINGERPRINT_ANNOTATION, checkov_waivers, config_map_name, key_fingerprint, pod_spec
+from .pod import (KEY_FINGERPRINT_ANNOTATION, checkov_waivers, config_map_name, key_fingerprint, pod_programs, pod_spec,
+                  programs_config_map_name)
+from .programs import PROGRAMS_ANNOTATION, code_hash, config_map_data, program_files
 from .workloads import WorkloadParts, build
 
 
@@ -131,6 +133,15 @@ class ModelServerBase(pulumi.ComponentResource):
             self.config_files = k8s.core.v1.ConfigMap(
                 f"{name}-files", metadata=metadata(config_map_name(model), ns, model.name, component), data=data,
                 opts=pulumi.ResourceOptions(parent=self))
+        self.programs = None
+        programs = program_files(pod_programs(model, args.cache, args.plan))
+        if programs:
+            # The in-cluster programs the pod runs, as files; the template names their code's hash, so a
+            # change to what runs restarts the pods and a changed comment does not.
+            self.programs = k8s.core.v1.ConfigMap(
+                f"{name}-programs", metadata=metadata(programs_config_map_name(model), ns, model.name, component),
+                data=config_map_data(programs), opts=pulumi.ResourceOptions(parent=self))
+            template_meta.setdefault("annotations", {})[PROGRAMS_ANNOTATION] = code_hash(programs)
         pod_waivers = checkov_waivers(args.cluster.cni, pod=True)
         if pod_waivers:
             template_meta.setdefault("annotations", {}).update(pod_waivers)
@@ -146,9 +157,10 @@ class ModelServerBase(pulumi.ComponentResource):
             model=model,
             metadata=workload_meta,
             service_metadata=meta,
-            template={"metadata": template_meta, "spec": pod_spec(model, args.node_pool, args.cache, args.plan, files)},
+            template={"metadata": template_meta,
+                      "spec": pod_spec(model, args.node_pool, args.cache, args.plan, files, programs)},
             budget=budget,
-            depends_on=[r for r in (self.api_key_secret, self.config_files) if r is not None],
+            depends_on=[r for r in (self.api_key_secret, self.config_files, self.programs) if r is not None],
             parent=self,
         ))
         self.url = self.service.metadata.apply(lambda m: f"http://{service_fqdn(m['name'], m['namespace'])}:{model.port}")

@@ -11,9 +11,10 @@ from config.types import ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
 from planning.capacity import ServerPlan
 
-from .admission import admission_container
+from .admission_proxy import admission_container
 from .meta import selector
 from .prefetch import hub_token_env, library_container, library_keeper, prefetch_container
+from .programs import PROGRAMS_DIR, volume_items
 from .security import CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH_ENV, SCRATCH_VOLUME
 
 RUN_AS = 1000  # any non-root UID; the cache volume is made group-writable for it through fsGroup
@@ -88,6 +89,27 @@ def config_map_name(model: ModelServer) -> str:
     return f"{model.name}-files"
 
 
+def programs_config_map_name(model: ModelServer) -> str:
+    return f"{model.name}-programs"
+
+
+PROGRAMS_MOUNT = {"name": "programs", "mountPath": PROGRAMS_DIR, "readOnly": True}
+
+
+def pod_programs(model: ModelServer, cache: ModelCacheConfig, plan: ServerPlan) -> tuple[str, ...]:
+    """The in-cluster programs the pod runs (components/programs.py PROGRAMS)."""
+    engine = engine_of(model)
+    names = []
+    if engine.admission(model, plan) is not None:
+        names.append("admission")
+    if model.prefetch is not None:
+        if not model.prefetch.command:
+            names.append("prefetch")
+    elif engine.library(model, cache.mount_path) is not None:
+        names.append("library")
+    return tuple(names)
+
+
 def files_mounts(files: ConfigFiles) -> list[dict]:
     return [{"name": f"files-{index}", "mountPath": folder, "readOnly": True} for index, folder in enumerate(files)]
 
@@ -137,9 +159,11 @@ def server_probes(probe, health: str, plan: ServerPlan) -> dict:
     }
 
 
-def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan, files: ConfigFiles) -> dict:
+def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan, files: ConfigFiles,
+             programs: dict[str, str]) -> dict:
     """The pod; ``files`` (mounted from the server's ConfigMap) are the engine's config_files of the
-    planned server, computed once by the component that also writes the ConfigMap."""
+    planned server, and ``programs`` the files of the in-cluster programs it runs (by path, mounted from
+    its programs ConfigMap), each computed once by the component that also writes the ConfigMaps."""
     security: dict = {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS,
@@ -172,18 +196,24 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
     if admission is not None:
         # The pod's port answers through the proxy: the server's readiness, as the Service sees it.
         spec["containers"].append(admission_container(model, admission, server_probes(_probe, engine.health_path(model), plan),
-                                                      files_mounts(files)))
+                                                      files_mounts(files) + [PROGRAMS_MOUNT]))
     library = engine.library(model, cache.mount_path)
     if model.prefetch is not None:
-        spec["initContainers"] = [prefetch_container(model, cache)]
+        spec["initContainers"] = [prefetch_container(model, cache, [PROGRAMS_MOUNT])]
     elif library is not None:
-        spec["initContainers"] = [library_container(model, library, cache, files_mounts(files))]
-        spec["containers"].append(library_keeper(model, library, cache, files_mounts(files),
+        mounts = files_mounts(files) + [PROGRAMS_MOUNT]
+        spec["initContainers"] = [library_container(model, library, cache, mounts)]
+        spec["containers"].append(library_keeper(model, library, cache, mounts,
                                                  admission.server_port if admission is not None else model.port))
     for index, folder in enumerate(files.values()):
         # Whole files, never subPath: the kubelet then updates them in place when the ConfigMap changes.
         volumes.append({"name": f"files-{index}", "configMap": {
             "name": config_map_name(model), "items": [{"key": name, "path": name} for name in folder]}})
+    if programs:
+        # Whole files too: the kubelet updates them in place; what runs changes with a restart, which the
+        # template's programs annotation brings when their code changes (components/programs.py).
+        volumes.append({"name": "programs", "configMap": {
+            "name": programs_config_map_name(model), "items": volume_items(programs), "defaultMode": 0o444}})
     volumes.append({"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}})
     spec["volumes"] = volumes
     if pool.runtime_class and model.uses_gpu(pool):

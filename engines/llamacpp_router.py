@@ -10,12 +10,15 @@ b10729 source and runs are in tests/contract/ROUTER_FACTS.md; the ones relied on
 - a section's keys are llama-server's long flags without their dashes (common/preset.cpp:251-323),
   a value-less flag is `flag = true`; an unknown key stops the router at start;
 - --models-max counts loading, loaded and sleeping models; past it the least recently used idle
-  model is unloaded before the next loads (server-models.cpp:83-101): set above any library's size
-  (config/on_demand.py MAX_MODELS), so the router never evicts and the admission proxy in front of it (components/admission) decides
-  by memory which model unloads;
+  model is unloaded before the next loads (server-models.cpp:83-101): 0 (no limit), so the router never
+  evicts, and with --no-models-autoload it never loads on its own either (a request for a model not
+  running is answered 400): the admission proxy in front of it (incluster/admission_proxy.py) loads and
+  unloads, by memory, through /models/load and /models/unload on the pod's loopback;
 - POST /models/unload stops a child and answers at once; the model reads `loaded` until its child
   has exited (server-models.cpp:1172-1197), which the proxy waits for before the next loads;
-- there is no pin (common/arg.cpp:4762-4766): `load-on-startup` only loads at start;
+- there is no pin (common/arg.cpp:4762-4766): `load-on-startup` only loads at start, and a changed
+  `load-on-startup` line is a changed preset, whose reload unloads the model: pinned models are the
+  proxy's (admission.json), loaded by it at start and kept, never written into the preset;
 - --sleep-idle-seconds reaches every child, which frees its model and context when idle but
   keeps its process and its place in --models-max;
 - /health answers 200 once the router listens, whatever its models do; /metrics is per model
@@ -33,13 +36,10 @@ Each model's section is exactly the command line a single-model server of it wou
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import TYPE_CHECKING, Optional
 
 from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, ROUTER_CLIENT_PATHS, ROUTER_PRESET_FLAG, SCRATCH
-from common.quantity import gib
-from config.on_demand import MAX_MODELS
 from config.catalog import facts_for
 from planning.memory import OnRequest, OnRequestModel
 
@@ -135,12 +135,10 @@ def preset_ini(model: "ModelServer", single_args) -> str:
     """The preset file: one section per model, named by the name clients send."""
     out = ["; Rendered by inference-plane from models.<key>.on_demand: one section per model, the flags",
            "; of its single-model server. The router's own flags (host, port, key, metrics) apply to all.", ""]
-    for name, entry in model.on_demand.models.items():
+    for name in model.on_demand.models:
         out.append(f"[{name}]")
         for key, value in preset_sections(single_args(model.as_single(name))):
             out.append(f"{key} = {value}")
-        if entry.pinned:
-            out.append("load-on-startup = true")
         out.append("")
     return "\n".join(out)
 
@@ -151,11 +149,10 @@ def router_port(model: "ModelServer") -> int:
 
 
 def router_args(model: "ModelServer") -> list[str]:
-    """The router's command line: what every child shares, the preset, and a count no library reaches (the
-    router never evicts; the admission proxy holds it to memory). A constant, so a model added restarts
-    nothing; not 0 ("no limit" when evicting), which b10729 refuses at start beside a load-on-startup model
-    ("number of models to load on startup (1) exceeds models_max (0)", seen running it)."""
-    args = [ROUTER_PRESET_FLAG, SERVED_PRESET_PATH, "--models-max", str(MAX_MODELS)]
+    """The router's command line: what every child shares, the preset, no count (0: the router never evicts)
+    and no loading on its own (a request for a model not running is answered 400): the admission proxy
+    loads and unloads by memory. Constant, so a model added restarts nothing."""
+    args = [ROUTER_PRESET_FLAG, SERVED_PRESET_PATH, "--models-max", "0", "--no-models-autoload"]
     if model.on_demand.idle_unload_seconds is not None:
         args += ["--sleep-idle-seconds", str(model.on_demand.idle_unload_seconds)]
     shared = shared_flags(model, key_file(model))
@@ -230,8 +227,7 @@ class LlamaCppRouter(Engine):
         mounted from a ConfigMap (each applied in place: the proxy re-reads its plan when it changes)."""
         files = {PRESET_FILE: preset_ini(model, CHILD.args), LIBRARY_FILE: library_json(model)}
         if plan is not None and plan.residency is not None:
-            admission = {**plan.residency.admission_plan(math.ceil(gib(plan.memory_limit) - 1e-9)),
-                         "allowed_paths": list(ROUTER_CLIENT_PATHS)}
+            admission = {**plan.residency.admission_plan(), "allowed_paths": list(ROUTER_CLIENT_PATHS)}
             files[ADMISSION_FILE] = json.dumps(admission, indent=2, sort_keys=True) + "\n"
         return {PRESET_DIR: files}
 

@@ -237,6 +237,10 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
         vram_budget = gib(pool.vram) - GPU_FREE_TARGET_GIB - sum(
             s.vram.total_gib for s in beside if s.vram is not None)
     others = f", beside {', '.join(s.name for s in beside)}" if beside else ""
+    if model.resources.memory_limit is not None and gib(model.resources.memory_limit) < ram_budget:
+        # The pod's own limit is the budget then: the proxy admits (and the plan counts) only sets within it.
+        ram_budget = gib(model.resources.memory_limit)
+        others += f" (its resources.memory_limit, {model.resources.memory_limit})"
     residency, problems = plan_residency(on_request.path, on_request.max_loaded, resident, ram_budget,
                                          vram_budget, others)
     if residency is None:

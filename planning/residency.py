@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
 from common.quantity import Quantity
+from incluster.fit import Budget, fits, ram_limit_gib
 
 from .memory import MemoryEstimate, VramEstimate
 
@@ -30,8 +30,8 @@ ROUTER_HOST_GIB = 0.25
 # The router pod's keeper sidecar (components/prefetch): its memory request, taken from the node's
 # RAM before the models' residency is planned.
 KEEPER_MEMORY_REQUEST = Quantity("64Mi")
-# The admission proxy beside it (components/admission): ~20 MiB of Python and the request bodies it holds
-# while a model is admitted (each at most 32 MiB).
+# The admission proxy beside it (incluster/admission_proxy.py): ~20 MiB of Python idle; its limit holds the
+# request bodies it may hold while a model is admitted.
 ADMISSION_MEMORY_REQUEST = Quantity("64Mi")
 
 
@@ -57,13 +57,15 @@ class Residency:
     vram_budget_gib: Optional[float]
     models: tuple[ResidentModel, ...] = field(default_factory=tuple)
 
+    @property
+    def budget(self) -> Budget:
+        return Budget(ram_gib=self.ram_budget_gib, vram_gib=self.vram_budget_gib, host_gib=ROUTER_HOST_GIB, cap=self.cap)
+
     def within(self, resident) -> bool:
-        """What the admission proxy checks before a model loads: the set's RAM (as the pod's limit, a
-        whole GiB) and its VRAM within the budgets, and no more models than the cap."""
-        vram = sum(m.vram_gib for m in resident)
-        return (limit_gib(list(resident)) <= self.ram_budget_gib + 1e-9
-                and (self.vram_budget_gib is None or vram <= self.vram_budget_gib + 1e-9)
-                and (self.cap is None or len(resident) <= self.cap))
+        """What the admission proxy checks before a model loads (incluster/fit.py, the proxy's own function,
+        on the numbers admission.json gives it): the set's RAM (as the pod's limit, a whole GiB) and its VRAM
+        within the budgets, and no more models than the cap."""
+        return fits(self.budget, [(m.vram_gib, m.ram_gib) for m in resident])
 
     def reachable(self) -> list[tuple[ResidentModel, ...]]:
         """Every set of models the proxy can leave resident: the pinned ones (loaded at start, never
@@ -108,10 +110,12 @@ class Residency:
         shares = [sum(m.vram_gib if on_card else m.ram_gib for m in s) / budget for s in self.full()]
         return {"worst": min(shares), "typical": sum(shares) / len(shares), "best": max(shares)}
 
-    def admission_plan(self, ram_limit_gib: int) -> dict:
-        """What the admission proxy holds the router to (components/admission/proxy.py reads it)."""
-        return {"vram_budget_gib": self.vram_budget_gib, "ram_limit_gib": ram_limit_gib, "host_gib": ROUTER_HOST_GIB,
-                "max_loaded": self.cap,
+    def admission_plan(self) -> dict:
+        """What the admission proxy holds the router to (incluster/admission_proxy.py reads it): the budget the
+        plan checked every reachable set against, and each model's figures."""
+        budget = self.budget
+        return {"vram_budget_gib": budget.vram_gib, "ram_budget_gib": budget.ram_gib, "host_gib": budget.host_gib,
+                "max_loaded": budget.cap,
                 "models": {m.name: {"vram_gib": m.vram_gib, "ram_gib": m.ram_gib, "pinned": m.pinned} for m in self.models}}
 
     def to_dict(self) -> dict:
@@ -175,7 +179,7 @@ def _needs(m: ResidentModel) -> str:
 
 def limit_gib(models: list[ResidentModel]) -> int:
     """The router pod's memory limit for a resident set: every child with its headroom, and the router."""
-    return math.ceil(sum(m.ram_gib for m in models) + ROUTER_HOST_GIB - 1e-9)
+    return ram_limit_gib((m.ram_gib for m in models), ROUTER_HOST_GIB)
 
 
 def summed_estimate(models: list[ResidentModel]) -> MemoryEstimate:

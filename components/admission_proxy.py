@@ -1,10 +1,8 @@
-"""The admission proxy's container (framing.py and proxy.py beside this module, run with `python3 -c`
-in a plain python image): in a router's pod, on the server's port, in front of the router on the pod's loopback."""
+"""The admission proxy's container in a router's pod (incluster/admission_proxy.py, run from the server's
+programs ConfigMap in a plain pinned python image): on the server's port, in front of the router on the
+pod's loopback."""
 
 from __future__ import annotations
-
-import functools
-from pathlib import Path
 
 from common.constants import API_KEY_VOLUME
 from config.types import ModelServer
@@ -12,25 +10,20 @@ from engines import engine_of
 from engines.base import Admission
 from planning.residency import ADMISSION_MEMORY_REQUEST
 
-from ..security import CONTAINER_SECURITY
+from .programs import command
+from .security import CONTAINER_SECURITY
 
-# Mostly idle (asyncio, one process); the limit leaves room for a few request bodies held while their
-# model is admitted (each at most 32 MiB: proxy.MAX_BODY_BYTES).
+# Mostly idle (asyncio, one process); the limit holds the request bodies held while their model is
+# admitted (incluster/admission_proxy.py MAX_HELD_BYTES, 96 MiB together), the one JSON parse at a time
+# and the connections' buffers: about 350 MiB at worst, measured by tests/test_incluster_proxy.py.
 ADMISSION_RESOURCES = {"requests": {"cpu": "50m", "memory": ADMISSION_MEMORY_REQUEST},
                        "limits": {"cpu": "1", "memory": "512Mi"}}
 
 
-@functools.cache
-def proxy_source() -> str:
-    """framing.py, then proxy.py: one source for `python3 -c` (proxy.py's package import of framing
-    then fails and is skipped; the names are already defined)."""
-    here = Path(__file__).parent
-    return (here / "framing.py").read_text() + "\n\n" + (here / "proxy.py").read_text()
-
-
 def admission_container(model: ModelServer, admission: Admission, probes: dict, file_mounts: list[dict]) -> dict:
     """The proxy, with the probes the server's port is checked by (``probes``: startup and readiness,
-    answered through it by the server; liveness asks only whether the proxy accepts connections)."""
+    answered through it by the server; liveness asks only whether the proxy accepts connections).
+    ``file_mounts``: the server's config files (admission.json) and its programs."""
     credentials = engine_of(model).credentials(model)
     env = [
         {"name": "ADMISSION_PLAN_FILE", "value": admission.plan_file},
@@ -44,7 +37,7 @@ def admission_container(model: ModelServer, admission: Admission, probes: dict, 
     return {
         "name": "admission",
         "image": admission.image,
-        "command": ["python3", "-c", proxy_source()],
+        "command": command("admission"),
         "env": env,
         "ports": [{"name": "http", "containerPort": model.port, "protocol": "TCP"}],
         "securityContext": dict(CONTAINER_SECURITY),

@@ -1,11 +1,9 @@
-"""The prefetch init container: downloads a model's weights into the replica's claim before the
-engine starts, with the standard-library downloader beside this module (hub_download.py, run with
-`python3 -c` in a plain python image) or the user's own command."""
+"""The downloaders' containers: a single-model server's prefetch init container (the weights into the
+replica's claim before the engine starts: incluster/hub_download.py, or the user's own command), and a
+router's init container and keeper (incluster/library.py); each run from the server's programs
+ConfigMap in a plain pinned python image."""
 
 from __future__ import annotations
-
-import functools
-from pathlib import Path
 
 from common.constants import API_KEY_VOLUME
 from config.types import ModelCacheConfig, ModelServer
@@ -13,7 +11,8 @@ from engines import engine_of
 from engines.base import Library
 from planning.residency import KEEPER_MEMORY_REQUEST
 
-from ..security import CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH, SCRATCH_VOLUME
+from .programs import command
+from .security import CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH, SCRATCH_VOLUME
 
 # Init and sidecar containers get requests and limits too: an unbounded init container can
 # still OOM the node while 100 GiB of weights stream through the page cache.
@@ -26,43 +25,23 @@ KEEP_SECONDS = 30
 HEARTBEAT = f"{SCRATCH}/keeper-heartbeat"
 
 
-@functools.cache
-def hub_download_source() -> str:
-    """The built-in downloader (see its docstring); read only when a pod prefetches."""
-    return (Path(__file__).parent / "hub_download.py").read_text()
-
-
-MAIN_GUARD = '\nif __name__ == "__main__":'
-
-
-@functools.cache
-def library_source() -> str:
-    """The router's downloader: hub_download.py without its entry point, then library_download.py
-    (one source for `python3 -c`; hub_download.py itself, which single-model pods run, is unchanged)."""
-    here = Path(__file__).parent
-    helpers = hub_download_source()
-    if helpers.count(MAIN_GUARD) != 1:
-        raise ValueError("hub_download.py must end with one entry point")
-    return helpers.split(MAIN_GUARD)[0] + "\n\n" + (here / "library_download.py").read_text()
-
-
 def hub_token_env(cache: ModelCacheConfig) -> list[dict]:
     """HF_TOKEN from the user's Secret, for a container that downloads (read by llama.cpp, hub_download.py
-    and library_download.py alike); nothing without model_cache.hub_token."""
+    and library.py alike); nothing without model_cache.hub_token."""
     token = cache.hub_token
     if token is None:
         return []
     return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.secret_name, "key": token.secret_key}}}]
 
 
-def prefetch_container(model: ModelServer, cache: ModelCacheConfig) -> dict:
+def prefetch_container(model: ModelServer, cache: ModelCacheConfig, program_mounts: list[dict]) -> dict:
     prefetch = model.prefetch
     if prefetch is None:
         raise ValueError(f"{model.name}: no prefetch settings")
     return {
         "name": "prefetch",
         "image": prefetch.image,
-        "command": list(prefetch.command) if prefetch.command else ["python3", "-c", hub_download_source()],
+        "command": list(prefetch.command) if prefetch.command else command("prefetch"),
         "env": [
             {"name": "HF_REPO", "value": prefetch.repo},
             {"name": "HF_REVISION", "value": prefetch.revision},
@@ -73,7 +52,8 @@ def prefetch_container(model: ModelServer, cache: ModelCacheConfig) -> dict:
         ],
         "securityContext": dict(CONTAINER_SECURITY),
         "resources": PREFETCH_RESOURCES,
-        "volumeMounts": [{"name": "weights", "mountPath": HF_CACHE}, SCRATCH_VOLUME],
+        "volumeMounts": [{"name": "weights", "mountPath": HF_CACHE}, SCRATCH_VOLUME,
+                         *([] if prefetch.command else program_mounts)],
     }
 
 
@@ -93,13 +73,13 @@ def _library_env(library: Library, cache: ModelCacheConfig) -> list[dict]:
 
 def library_container(model: ModelServer, library: Library, cache: ModelCacheConfig, file_mounts: list[dict]) -> dict:
     """A router's init container: every model it may load fetched before it starts, into the shared
-    cache's hub layout and linked into the router's own folder (library_download.py, library mode). A
+    cache's hub layout and linked into the router's own folder (incluster/library.py, library mode). A
     model fetched at its first request would hold that request for the whole download (tens of
     minutes for a 20 GiB model); a wrong hf_repo would show up only then."""
     return {
         "name": "prefetch",
         "image": library.image,
-        "command": ["python3", "-c", library_source()],
+        "command": command("library"),
         "env": _library_env(library, cache),
         "securityContext": dict(CONTAINER_SECURITY),
         "resources": PREFETCH_RESOURCES,
@@ -109,7 +89,7 @@ def library_container(model: ModelServer, library: Library, cache: ModelCacheCon
 
 def library_keeper(model: ModelServer, library: Library, cache: ModelCacheConfig, file_mounts: list[dict],
                    server_port: int) -> dict:
-    """A router's sidecar (library_download.py, keeper mode): applies a changed library or preset without a
+    """A router's sidecar (incluster/library.py, keeper mode): applies a changed library or preset without a
     restart: fetches new models, removes dropped ones, then has the router re-read its preset."""
     credentials = engine_of(model).credentials(model)
     env = _library_env(library, cache) + [
@@ -123,13 +103,11 @@ def library_keeper(model: ModelServer, library: Library, cache: ModelCacheConfig
         mounts.append({"name": API_KEY_VOLUME, "mountPath": credentials.mount_dir, "readOnly": True})
     # The heartbeat is written by a thread while the keeper's main thread lives (a download may take
     # an hour; the probe asks whether the process runs, not whether it is idle).
-    beat = {"exec": {"command": ["python3", "-c", f"import os, sys, time; sys.exit(time.time() - os.path.getmtime("
-                                 f"{HEARTBEAT!r}) > {4 * KEEP_SECONDS})"]},
-            "periodSeconds": 2 * KEEP_SECONDS, "timeoutSeconds": 10}
+    beat = {"exec": {"command": [*command("library"), "alive"]}, "periodSeconds": 2 * KEEP_SECONDS, "timeoutSeconds": 10}
     return {
         "name": "library",
         "image": library.image,
-        "command": ["python3", "-c", library_source()],
+        "command": command("library"),
         "env": env,
         "securityContext": dict(CONTAINER_SECURITY),
         "resources": KEEPER_RESOURCES,

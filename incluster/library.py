@@ -1,27 +1,25 @@
-"""A router's downloader (models on demand): run as ``python3 -c`` with hub_download.py's source in
-front of it (components/prefetch.library_source), whose helpers it uses (_get, _tree, _commit, _fetch,
-_durable, _point_main_at); the single-model prefetch's source, and so its pods, stay untouched by it.
+"""A router's downloader (models on demand), in two modes; the Hub and the cache layout are hub.py's.
 
-Library mode (a router's models on demand, ``HF_LIBRARY`` set): for each public model name, the files
-llama.cpp's ``--hf-repo org/repo:TAG`` would fetch (common/download.cpp at b10729: the first model GGUF
-whose path matches ``TAG[.-]``, its split siblings, and the mmproj sibling llama-server loads by
-default), fetched into the hub layout of ``HUB_CACHE`` (the volume's LLAMA_CACHE, so single-model
-servers share the blobs) and linked as ``$LIBRARY_DIR/<name>/<file>``: the folder the router reads
-with --models-dir, each subfolder one model named as clients name it. Folders of models no longer
-listed are removed, so the router can load nothing the plan did not count. A model whose folder is
-complete (``.complete`` lists its files and sizes) starts without the Hub when the Hub is down.
-Environment: HF_LIBRARY (a file of JSON: name -> {hf_repo: org/repo:TAG, mmproj: bool}), HUB_CACHE, LIBRARY_DIR; optional
-HF_ENDPOINT, HF_TOKEN.
+Library mode (the router's init container): for each public model name, the files llama.cpp's
+``--hf-repo org/repo:TAG`` would fetch (common/download.cpp at b10729: the first model GGUF whose path
+matches ``TAG[.-]``, its split siblings, and the mmproj sibling llama-server loads by default), fetched
+into the hub layout of ``HUB_CACHE`` (the volume's LLAMA_CACHE, so single-model servers share the blobs)
+and linked as ``$LIBRARY_DIR/<name>/<file>``: the folder the router reads with --models-dir, each
+subfolder one model named as clients name it. Folders of models no longer listed are removed, so the
+router can load nothing the plan did not count. A model whose folder is complete (``.complete`` lists its
+files and sizes) starts without the Hub when the Hub is down. Environment: HF_LIBRARY (a file of JSON:
+name -> {hf_repo: org/repo:TAG, mmproj: bool}), HUB_CACHE, LIBRARY_DIR; optional HF_ENDPOINT, HF_TOKEN.
 
 Keeper mode (``KEEP_SECONDS`` set; the router's sidecar): once at its start (the ConfigMap may have
 changed since the init container ran) and then whenever HF_LIBRARY or PRESET changed (the mounted
-ConfigMap, which the kubelet updates in place; read every KEEP_SECONDS), it fetches what is new, removes what is gone, then asks the router to re-read its preset
-(``GET RELOAD_URL``, ``/models?reload=1``, with the first key of ROUTER_AUTH_FILE): llama.cpp keeps the children
-whose settings did not change (server-models.cpp:695-861), so adding a model restarts no other. A
-failure is printed and tried again next round; the keeper never exits (a crashed container would take
-the pod out of its Service). It touches HEARTBEAT every KEEP_SECONDS from a thread of its own, which the
-probes read.
-"""
+ConfigMap, which the kubelet updates in place; read every KEEP_SECONDS), it fetches what is new, removes
+what is gone, then asks the router to re-read its preset (``GET RELOAD_URL``, ``/models?reload=1``, with
+the first key of ROUTER_AUTH_FILE): llama.cpp keeps the children whose settings did not change
+(server-models.cpp:695-861), so adding a model restarts no other. A failure is printed and tried again
+next round; the keeper never exits (a crashed container would take the pod out of its Service). It
+touches HEARTBEAT every KEEP_SECONDS from a thread of its own, which the probes read.
+
+Standard library only: run as a file of the server's programs ConfigMap (components/programs.py)."""
 
 import hashlib
 import http.client
@@ -35,12 +33,13 @@ import time
 import urllib.error
 import urllib.request
 
-if "_fetch" not in globals():  # read alone (a linter, an editor): the helpers come from the file in front
-    from hub_download import _commit, _durable, _fetch, _point_main_at, _tree
+import hub
+import router_rules
 
 # --- library mode -------------------------------------------------------------------------------
 SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.I)
 QUANT_TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.I)
+PRESET_NEWLINE = re.compile(r"\r\n|\n|\r")
 NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
 
 
@@ -110,8 +109,8 @@ def fetch_model(name, repo_tag, endpoint, token, hub_cache, library, mmproj=True
     folder = os.path.join(library, name)
     root = os.path.join(hub_cache, "models--" + repo.replace("/", "--"))
     try:
-        commit = _commit(endpoint, repo, "main", token)
-        files = _tree(endpoint, repo, commit, token)
+        commit = hub.commit_of(endpoint, repo, "main", token)
+        files = hub.tree(endpoint, repo, commit, token)
     except (OSError, http.client.HTTPException, ValueError) as error:
         if isinstance(error, urllib.error.HTTPError) and error.code not in (408, 429) and error.code < 500:
             raise Refused(f"{repo} answered {error.code} ({error.reason}): check its hf_repo") from None
@@ -129,24 +128,24 @@ def fetch_model(name, repo_tag, endpoint, token, hub_cache, library, mmproj=True
         blob = blobs[path] = os.path.join(root, "blobs", lfs.get("oid") or item["oid"])
         if not (os.path.exists(blob) and (size is None or os.path.getsize(blob) == size)):
             print(f"prefetch: {name}: {repo}/{path} ({size or '?'} bytes)", flush=True)
-            _fetch(f"{endpoint}{repo}/resolve/{commit}/{path}", token, blob, size)
+            hub.fetch(f"{endpoint}{repo}/resolve/{commit}/{path}", token, blob, size)
     os.makedirs(folder, exist_ok=True)
     sizes = {}
     for path, blob in blobs.items():
         # The hub layout too (llama.cpp's own downloader on this volume then finds the file)...
-        _link(blob, os.path.join(root, "snapshots", commit, path))
+        hub.link(blob, os.path.join(root, "snapshots", commit, path))
         # ...and the router's: <name>/<file name> (a shard keeps its -0000N-of- name, an mmproj its word).
         base = path.rsplit("/", 1)[-1]
-        _link(blob, os.path.join(folder, base))
+        hub.link(blob, os.path.join(folder, base))
         sizes[base] = os.path.getsize(blob)
     for entry in os.listdir(folder):
         if entry not in sizes and entry != ".complete":
             os.remove(os.path.join(folder, entry))  # a file of an older commit or tag
     os.makedirs(os.path.join(root, "refs"), exist_ok=True)
-    _point_main_at(root, commit)
+    hub.point_main_at(root, commit)
     with open(os.path.join(folder, ".complete"), "w") as marker:
         json.dump(sizes, marker)
-    _durable(os.path.join(folder, ".complete"))
+    hub.durable(os.path.join(folder, ".complete"))
     print(f"prefetch: {name} = {repo_tag}@{commit} complete ({', '.join(sorted(sizes))})", flush=True)
 
 
@@ -156,17 +155,6 @@ class Refused(Exception):
 
 class Unreachable(Exception):
     """The Hub did not answer, and the model was never complete: retried every round."""
-
-
-def _link(blob, link):
-    # The same steps stand inline in hub_download.main: made a helper there, its source (inlined in
-    # every prefetching pod's spec) would change, and with it restart those pods for nothing.
-    os.makedirs(os.path.dirname(link), exist_ok=True)
-    target = os.path.relpath(blob, os.path.dirname(link))
-    if os.path.islink(link) and os.readlink(link) != target:
-        os.remove(link)
-    if not os.path.lexists(link):
-        os.symlink(target, link)
 
 
 def _read(path):
@@ -223,7 +211,9 @@ def _write_served_preset(served):
     """The preset less the sections of models not served: the router must not list a model whose
     files are missing (a request for it would evict a loaded model, then fail to load)."""
     kept, section = [], None
-    for line in _read(os.environ["PRESET"]).decode().splitlines():
+    # Lines as llama.cpp's preset parser reads them (common/preset.cpp: newline ::= "\r\n" / "\n" / "\r"),
+    # not at every separator str.splitlines() knows (U+2028, U+0085, ...).
+    for line in PRESET_NEWLINE.split(_read(os.environ["PRESET"]).decode()):
         header = re.match(r"^\s*\[([^\]]*)\]\s*$", line)
         if header:
             section = header.group(1).strip()
@@ -257,9 +247,11 @@ def _state():
 
 
 def _auth():
+    """The first key of the server's key file, read as the router reads it (router_rules.py)."""
     if not os.environ.get("ROUTER_AUTH_FILE"):
         return {}
-    return {"Authorization": "Bearer " + _read(os.environ["ROUTER_AUTH_FILE"]).decode().splitlines()[0].strip()}
+    keys = router_rules.read_key_file(_read(os.environ["ROUTER_AUTH_FILE"]))
+    return {"Authorization": "Bearer " + keys[0].decode("latin-1")} if keys else {}
 
 
 def _unload(name):
@@ -322,5 +314,13 @@ def keep():
             time.sleep(seconds)
 
 
+def alive():
+    """The keeper's probe (``library.py alive``): its heartbeat is recent (written every KEEP_SECONDS)."""
+    age = time.time() - os.path.getmtime(os.environ["HEARTBEAT"])
+    sys.exit(0 if age <= 4 * int(os.environ["KEEP_SECONDS"]) else f"keeper: no heartbeat for {age:.0f} s")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["alive"]:
+        alive()
     keep() if os.environ.get("KEEP_SECONDS") else fill()
