@@ -75,8 +75,10 @@ def router_specs(stacks: Optional[list[str]] = None) -> list[dict]:
             (container,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == model.name]
             (config_map,) = [m for m in files if m["kind"] == "ConfigMap" and m["metadata"]["name"] == f"{model.name}-files"]
             (proxy,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "admission"]
+            (programs,) = [m for m in files if m["kind"] == "ConfigMap" and m["metadata"]["name"] == f"{model.name}-programs"]
             specs.append({
-                "proxy_command": proxy["command"], "admission": json.loads(config_map["data"]["admission.json"]),
+                "proxy": proxy, "programs": programs, "pod_spec": deployment["spec"]["template"]["spec"],
+                "admission": json.loads(config_map["data"]["admission.json"]),
                 "stack": stack, "key": key, "name": model.name, "image": container["image"], "args": container["args"],
                 "env": {e["name"]: e.get("value") for e in container.get("env", [])},
                 "models_ini": config_map["data"]["models.ini"], "library": json.loads(config_map["data"]["library.json"]),
@@ -276,7 +278,9 @@ def soak(spec: dict, binary: Path, options: argparse.Namespace, work: Path) -> d
     plan_file = work / "admission.json"
     plan_file.write_text(json.dumps(spec["admission"]))
     proxy_log = open(work / "proxy.log", "wb")
-    proxy = subprocess.Popen([sys.executable if c == "python3" else c for c in spec["proxy_command"]],
+    from pod_programs import pod_command, write_programs
+    programs = write_programs(spec["programs"], spec["pod_spec"], work / "programs")
+    proxy = subprocess.Popen(pod_command(spec["proxy"], programs),
                              stdout=proxy_log, stderr=subprocess.STDOUT, env={
                                  "PATH": "/usr/bin:/bin", "ADMISSION_PLAN_FILE": str(plan_file), "LISTEN_PORT": str(proxy_port),
                                  "LISTEN_HOST": "127.0.0.1", "ROUTER_URL": f"http://127.0.0.1:{port}",

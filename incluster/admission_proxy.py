@@ -449,17 +449,28 @@ class Proxy:
         self.keys = keys
         self.held = 0  # request body bytes held now, all requests together
         self.connections = 0
+        self.waiting: dict = {}  # connections waiting for a request head, oldest first
         self.limit = connection_limit()
 
     async def serve(self, reader, writer) -> None:
-        """One connection: its requests in turn, kept alive between them; past the connection limit, a few
-        more answer only /health (the kubelet's probes must get through), and past those none is served."""
+        """One connection: its requests in turn, kept alive between them. Past the connection limit, the
+        connection that has waited longest for a request head is dropped to make room (idle or slow sockets
+        cannot crowd out a request); when every one is serving a request, a few more answer only /health
+        (the kubelet's probes must get through), and past those the new one is dropped."""
         self.connections += 1
-        reserve = self.connections > self.limit
+        reserve = False
         client = http_io.ClientConnection(reader, writer)
         try:
-            if self.connections > self.limit + RESERVE_CONNECTIONS:
-                return
+            if self.connections > self.limit:
+                idle = next(iter(self.waiting), None)  # the one that has waited longest for a head
+                if idle is not None:
+                    self.waiting.pop(idle)
+                    idle.close()
+                elif self.connections > self.limit + RESERVE_CONNECTIONS:
+                    return
+                else:
+                    reserve = True
+            self.waiting[client] = True
             first = True
             while True:
                 try:
@@ -471,14 +482,17 @@ class Proxy:
                 if request is None:
                     return
                 first = False
+                self.waiting.pop(client, None)
                 if not await self.request(client, request, reserve):
                     return
+                self.waiting[client] = True
         except (http_io.Closed, h11.ProtocolError):
             pass
         except Exception as error:  # one connection's failure never stops the proxy
             log(f"error: {error!r}")
         finally:
             self.connections -= 1
+            self.waiting.pop(client, None)
             client.close()
 
     async def request(self, client: http_io.ClientConnection, request: h11.Request, reserve: bool) -> bool:
@@ -517,6 +531,10 @@ class Proxy:
     async def _request(self, client, request: h11.Request, reserve: bool, state: dict) -> None:
         method, target = request.method.decode("ascii"), request.target.decode("ascii", "replace")
         headers = list(request.headers)
+        names = [name for name, _ in headers]
+        if b"transfer-encoding" in names and b"content-length" in names:
+            # h11 takes the chunked framing (RFC 9112 allows it); the router refuses such a request: so does this.
+            raise Refusal(400, "a request with both Content-Length and Transfer-Encoding is refused")
         path, parameters = router_rules.split_target(target)
         if reserve and path not in router_rules.PUBLIC_PATHS:
             raise Refusal(503, "too many connections; try again", "unavailable_error")
@@ -549,18 +567,19 @@ class Proxy:
 
         try:
             body = await client.body(MAX_BODY_BYTES, declared, reserve_bytes)
-            if method == "POST":
-                name = router_rules.body_model(body, MAX_JSON_VALUES)
-            else:
-                name = parameters.get("model") if path == router_rules.SCRAPE_PATH else None
-            if path == router_rules.SCRAPE_PATH and name is None:
+            # The model to admit: a POST's body names it. A scrape (GET /metrics?model=X) admits nothing: it must
+            # not load a model (that would unload one in use), and the router answers it 400 unless X runs.
+            name = router_rules.body_model(body, MAX_JSON_VALUES) if method == "POST" else None
+            scraped = parameters.get("model") if path == router_rules.SCRAPE_PATH else None
+            if path == router_rules.SCRAPE_PATH and scraped is None:
                 await self.residency.resident()
                 await self.answer(client, 200, "text/plain; version=0.0.4", self.residency.metrics().encode())
                 return
-            if name is not None and name not in self.residency.models:
-                # Not planned (a model the plan dropped, until the keeper has the router forget it): never
-                # loaded past the plan; the router's own answer for a name it does not serve.
-                raise Refusal(400, f"model '{name}' not found")
+            for named in (name, scraped):
+                if named is not None and named not in self.residency.models:
+                    # Not planned (a model the plan dropped, until the keeper has the router forget it): never
+                    # loaded past the plan; the router's own answer for a name it does not serve.
+                    raise Refusal(400, f"model '{named}' not found")
             forwarded[-1] = (b"content-length", str(len(body)).encode())
             await self._admit_and_relay(client, name, method, target, forwarded, body, state)
         finally:
@@ -594,6 +613,8 @@ class Proxy:
             if admitted:
                 self.residency.leave(name)
             gone.cancel()
+            # Its read ends before the connection's next one begins (one reader at a time).
+            await asyncio.gather(gone, return_exceptions=True)
 
     async def _relay(self, client, method, target, forwarded, body, gone, state) -> None:
         upstream = http_io.Upstream(self.host, self.port)

@@ -17,15 +17,22 @@ Standard library and h11 only: this file runs in the router's pod."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import h11
 
-HEAD_SECONDS = 10.0
-IDLE_SECONDS = 5.0
-BODY_START_SECONDS = 10.0
+
+def _seconds(name: str, default: float) -> float:
+    """A deadline; HTTP_<name> in the environment scales it down for a test (the pod sets none)."""
+    return float(os.environ.get(f"HTTP_{name}", default))
+
+
+HEAD_SECONDS = _seconds("HEAD_SECONDS", 10.0)
+IDLE_SECONDS = _seconds("IDLE_SECONDS", 5.0)
+BODY_START_SECONDS = _seconds("BODY_START_SECONDS", 10.0)
 BODY_MIN_BYTES_PER_SECOND = 1 << 20
-READ_STALL_SECONDS = 10.0
-WRITE_SECONDS = 30.0
+READ_STALL_SECONDS = _seconds("READ_STALL_SECONDS", 10.0)
+WRITE_SECONDS = _seconds("WRITE_SECONDS", 30.0)
 MAX_HEAD_BYTES = 64 * 1024
 MAX_CHUNKS = 16384
 READ_SIZE = 64 * 1024
@@ -59,6 +66,7 @@ class ClientConnection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.waiting_since = None  # loop time since it waits for a request head; None while serving one
 
     async def _feed(self, deadline: float, stall: float | None = None) -> None:
         left = deadline - _loop_time()
@@ -68,6 +76,8 @@ class ClientConnection:
             raise asyncio.TimeoutError
         try:
             data = await asyncio.wait_for(self.reader.read(READ_SIZE), left)
+        except asyncio.TimeoutError:  # (an OSError too: caught first)
+            raise
         except (ConnectionError, OSError) as error:
             raise Closed(f"read failed: {error!r}") from None
         self.h11.receive_data(data)
@@ -79,8 +89,15 @@ class ClientConnection:
             if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
                 return None
             self.h11.start_next_cycle()
-        deadline = _loop_time() + (head_seconds if first else IDLE_SECONDS)
+        self.waiting_since = _loop_time()
+        deadline = self.waiting_since + (head_seconds if first else IDLE_SECONDS)
         waiting = not first  # a kept-alive connection: its next head has a deadline of its own once it starts
+        try:
+            return await self._head(deadline, waiting, head_seconds)
+        finally:
+            self.waiting_since = None
+
+    async def _head(self, deadline: float, waiting: bool, head_seconds: float) -> h11.Request | None:
         while True:
             event = self.h11.next_event()
             if event is h11.NEED_DATA:
@@ -136,7 +153,7 @@ class ClientConnection:
             self.writer.write(data)
         try:
             await asyncio.wait_for(self.writer.drain(), WRITE_SECONDS)
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError:  # (an OSError too: caught first)
             raise Closed("the client stopped reading") from None
         except (ConnectionError, OSError) as error:
             raise Closed(f"write failed: {error!r}") from None

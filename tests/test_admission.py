@@ -1,9 +1,11 @@
-"""The admission proxy (components/admission/proxy.py) in front of the real router (b10729), both run
-from the shipped library stack's rendered pod: the router's container args, the proxy's rendered command
-and the ConfigMap's admission.json. Only what cannot exist here is substituted (tests/contract/router.py):
-each model is a tiny GGUF under its public name, loopback ports, the key file. The plan's figures are the
-real ones (6.6-12.1 GiB per model, a 23 GiB card): what is tested is that the proxy keeps the router's
-resident set within them, whatever the order, concurrency or cancellation of the requests."""
+"""The admission proxy (incluster/admission_proxy.py) in front of the real router (b10729), both run from
+the shipped library stack's rendered pod: the router's container args, the proxy's rendered command run
+from the rendered programs ConfigMap (tests/contract/pod_programs.py), and the ConfigMap's admission.json.
+Only what cannot exist here is substituted (tests/contract/router.py): each model is a tiny GGUF under its
+public name, loopback ports, the key file. The plan's figures are the real ones (6.2-12.3 GiB per model, a
+23 GiB card): what is tested is that the proxy keeps the router's resident set within them, whatever the
+order, concurrency, cancellation or form of the requests (issue #42: each way a request could be read
+differently by the proxy and the router is tried here against the real router)."""
 from __future__ import annotations
 
 import json
@@ -24,6 +26,7 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
+from pod_programs import pod_command, write_programs  # noqa: E402
 from router import start_router  # noqa: E402
 from server import free_port, request  # noqa: E402
 from test_router_contract import SUBSTITUTED, TEST_KEY, tiny_models  # noqa: E402
@@ -40,13 +43,14 @@ def rendered() -> dict:
     files = list(manifests(run).values())
     (deployment,) = [m for m in files if m["kind"] == "Deployment" and m["metadata"]["name"] == model.workload_name]
     (config_map,) = [m for m in files if m["kind"] == "ConfigMap" and m["metadata"]["name"] == f"{model.name}-files"]
+    (programs,) = [m for m in files if m["kind"] == "ConfigMap" and m["metadata"]["name"] == f"{model.name}-programs"]
     containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
     preset = "\n".join(f"{line.split('=')[0].strip()} = {SUBSTITUTED[line.split('=')[0].strip()]}"
                        if line.split("=")[0].strip() in SUBSTITUTED else line
                        for line in config_map["data"]["models.ini"].splitlines()) + "\n"
     policies = [m for m in files if m["kind"] == "BackendTrafficPolicy"]
     routes = [m for m in files if m["kind"] == "AIGatewayRoute"]
-    return {"policies": policies, "routes": routes,
+    return {"policies": policies, "routes": routes, "programs": programs, "pod": deployment["spec"]["template"]["spec"],
             "router": containers[model.name], "proxy": containers["admission"], "preset": preset,
             "plan": json.loads(config_map["data"]["admission.json"]), "names": list(model.on_demand.models)}
 
@@ -76,9 +80,10 @@ class Plane:
 
 
 @contextmanager
-def plane(binary, folder, env_extra=None, plan=None, preset_extra="", proxy_env=None):
+def plane(binary, folder, env_extra=None, plan=None, preset_extra="", proxy_env=None, key_file_text=None):
     models = tiny_models(folder, SPEC["names"])
-    with start_router(binary, SPEC["preset"] + preset_extra, SPEC["router"]["args"], models, TEST_KEY, env=env_extra) as router:
+    with start_router(binary, SPEC["preset"] + preset_extra, SPEC["router"]["args"], models, TEST_KEY, env=env_extra,
+                      key_file_text=key_file_text) as router:
         work = router.work
         plan_file = work / "admission.json"
         plan_file.write_text(json.dumps(plan or SPEC["plan"]))
@@ -89,7 +94,7 @@ def plane(binary, folder, env_extra=None, plan=None, preset_extra="", proxy_env=
                     "ROUTER_URL": router.base, "ROUTER_AUTH_FILE": str(key_file), "PATH": os.environ["PATH"],
                     **(proxy_env or {})})
         log = work / "proxy.log"
-        command = [sys.executable if c == "python3" else c for c in SPEC["proxy"]["command"]]
+        command = pod_command(SPEC["proxy"], write_programs(SPEC["programs"], SPEC["pod"], work / "programs"))
         with open(log, "wb") as out:
             proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
@@ -355,8 +360,8 @@ def test_a_lost_pinned_model_is_loaded_again_and_failed_loads_are_counted_as_the
 
 def test_a_request_the_router_would_refuse_unloads_nothing_and_the_body_names_the_model(binary, gguf_folder):
     """Review B2 and B3, against the real router: a request without the key is refused (401) before anything
-    is admitted, so it unloads nothing; a POST loads the model its body names (the router ignores ?model= on a
-    POST), so a query naming a resident model does not slip another past the budget."""
+    is admitted, so it unloads nothing; a POST's model is its body's (a ?model= beside it is refused, not
+    read), and GET /health?model= loads nothing."""
     with plane(binary, gguf_folder) as p:
         p.router.wait_status("qwen3-8b", ("loaded",))
         assert p.chat("gemma-3-12b").status == 200 and p.chat("llama-3.1-8b").status == 200
@@ -366,9 +371,105 @@ def test_a_request_the_router_would_refuse_unloads_nothing_and_the_body_names_th
         assert request(p.base + "/v1/chat/completions", body, {"Authorization": "Bearer wrong"}).status == 401
         assert p.router.running() == before
         answer = request(p.base + "/v1/chat/completions?model=qwen3-8b", body, {"Authorization": f"Bearer {TEST_KEY}"})
-        assert answer.status == 200
+        assert answer.status == 403 and p.router.running() == before
+        assert request(p.base + "/health?model=qwen3-14b", None, {}).status == 403
+        assert request(p.base + "/v1/chat/completions", body, {"Authorization": f"Bearer {TEST_KEY}"}).status == 200
         running = p.router.running()
         assert "qwen3-30b-a3b" in running and p.planned_vram(running) <= SPEC["plan"]["vram_budget_gib"]
-        # GET /health?model=X loads nothing at the router, so the proxy makes no room for it.
-        assert request(p.base + "/health?model=qwen3-14b", None, {}).status == 200
-        assert p.router.running() == running
+
+
+def raw_exchange(base: str, raw: bytes, timeout: float = 60) -> bytes:
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(raw)
+        data = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                return data
+            if not chunk:
+                return data
+            data += chunk
+
+
+def raw(method: str, target: str, body: bytes = b"", headers: dict | None = None, key: str | None = TEST_KEY) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", "Host: x", "Connection: close"]
+    if key is not None:
+        lines.append(f"Authorization: Bearer {key}")
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    if method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+FULL_CARD = ["qwen3-30b-a3b"]  # beside the pinned 8B, no other model fits without an unload
+MULTIPART = (b"--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\ngemma-3-12b\r\n"
+             b"--XyZ\r\nContent-Disposition: form-data; name=\"messages\"\r\n\r\n[]\r\n--XyZ--\r\n")
+CHAT_GEMMA = json.dumps({"model": "gemma-3-12b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+# Each: a request b10729's router reads as naming gemma-3-12b (and, for some, as asking it to load it), which
+# a proxy reading it otherwise would pass without making room (issue #42 item 1).
+BYPASSES = {
+    "multipart": raw("POST", "/v1/chat/completions", MULTIPART, {"Content-Type": "multipart/form-data; boundary=XyZ"}),
+    "byte-order mark": raw("POST", "/v1/chat/completions", b"\xef\xbb\xbf" + CHAT_GEMMA, {"Content-Type": "application/json"}),
+    "autoload on a POST": raw("POST", "/v1/chat/completions?autoload=1", CHAT_GEMMA),
+    "autoload on a scrape": raw("GET", "/metrics?model=gemma-3-12b&autoload=1"),
+    "repeated query model": raw("GET", "/metrics?model=qwen3-8b&model=gemma-3-12b&autoload=true"),
+    "form fields": raw("POST", "/v1/chat/completions", b"autoload=1&model=gemma-3-12b",
+                       {"Content-Type": "application/x-www-form-urlencoded"}),
+    "lowercase bearer": raw("POST", "/v1/chat/completions", CHAT_GEMMA, {"Authorization": f"bearer {TEST_KEY}"}, key=None),
+    "101 headers": raw("POST", "/v1/chat/completions", CHAT_GEMMA, {f"X-Pad-{i}": "x" for i in range(101)}),
+    "preset reload": raw("GET", "/v1/models?reload=1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BYPASSES))
+def test_no_form_of_request_loads_past_the_budget_on_the_real_router(case, binary, gguf_folder):
+    """On a full card, each request the real router would read as naming (or loading) a model that does not
+    fit is refused by the proxy (400, 401, 403 or 431) and the router's resident set does not change: no load,
+    no unload, nothing over the budget (sampled every 20 ms)."""
+    with plane(binary, gguf_folder) as p:
+        p.router.wait_status("qwen3-8b", ("loaded",))
+        for name in FULL_CARD:
+            assert p.chat(name).status == 200
+        before = p.router.running()
+        samples, stop = watch(p)
+        try:
+            answer = raw_exchange(p.base, BYPASSES[case])
+            time.sleep(1.0)
+        finally:
+            stop()
+        assert int(answer[9:12]) in (400, 401, 403, 431), answer[:300]
+        assert_within_plan(p, samples)
+        assert all(s == before for s in samples), samples[-1]
+
+
+def test_the_key_file_is_read_as_llama_cpp_reads_it_by_both(binary, gguf_folder):
+    """A key file in llama.cpp's own format (a `#` comment first, then the key): the router and the proxy
+    read the same key (the comment is none), and the proxy's own calls (the pinned model's load) carry it."""
+    text = f"# rotated 2026-12: the key below\n{TEST_KEY}\n"
+    with plane(binary, gguf_folder, key_file_text=text) as p:
+        p.router.wait_status("qwen3-8b", ("loaded",))
+        comment = "# rotated 2026-12: the key below"
+        assert request(p.base + "/v1/models", None, {"Authorization": f"Bearer {comment}"}).status == 401
+        assert p.chat("llama-3.1-8b").status == 200
+
+
+def test_a_client_that_stops_reading_a_stream_releases_its_model(binary, gguf_folder):
+    """A client that asks for a long stream and stops reading is dropped once a write to it has waited the
+    proxy's write deadline (2 s here; 30 s in the pod): the router's connection is closed (its generation
+    cancelled) and the model is no longer held, so the next request that needs its room unloads it."""
+    with plane(binary, gguf_folder, proxy_env={"HTTP_WRITE_SECONDS": "2"}) as p:
+        p.router.wait_status("qwen3-8b", ("loaded",))
+        s = stream(p.base, "qwen3-30b-a3b", 100_000)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        deadline = time.monotonic() + 60
+        while p.metrics()['inference_plane_router_model_requests_in_flight{model="qwen3-30b-a3b"}'] != 1:
+            assert time.monotonic() < deadline, "the stream was never admitted"
+            time.sleep(0.1)
+        while p.metrics()['inference_plane_router_model_requests_in_flight{model="qwen3-30b-a3b"}'] != 0:
+            assert time.monotonic() < deadline + 60, "a client that stopped reading still holds its model"
+            time.sleep(0.2)
+        s.close()
+        assert p.chat("gemma-3-12b", timeout=120).status == 200
+        assert "qwen3-30b-a3b" not in p.router.running()

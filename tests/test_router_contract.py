@@ -70,8 +70,8 @@ def router_cases() -> list[tuple[str, str, list[str], list[str], str | None]]:
             args = list(container["args"])
             if "--sleep-idle-seconds" in args:
                 args[args.index("--sleep-idle-seconds") + 1] = IDLE_SECONDS
-            # The router never evicts on its own: its count is every model (the admission proxy decides).
-            assert int(args[args.index("--models-max") + 1]) >= len(model.on_demand.models)
+            # The router never evicts or loads on its own: no count, no autoload (the admission proxy decides).
+            assert args[args.index("--models-max") + 1] == "0" and "--no-models-autoload" in args
             found.append((f"{stack}/{key}", "\n".join(lines) + "\n", args, names, TEST_KEY))
     return found
 
@@ -105,15 +105,24 @@ def flag(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
 
-def test_with_the_rendered_count_the_router_never_unloads_a_model_of_its_own(case):
-    """What the admission proxy relies on: with --models-max at the number of models, every model asked
-    for stays running (b10729 evicts only past the count, ROUTER_FACTS.md b); only an unload takes one
-    away, and /models reads it running until its child has exited."""
+def test_with_the_rendered_flags_the_router_neither_loads_nor_unloads_a_model_of_its_own(case):
+    """What the admission proxy relies on: with --no-models-autoload a request for a model that is not
+    running is answered 400 at once and loads nothing, unless it asks ?autoload=true (which is why the proxy
+    refuses that parameter); with --models-max 0 every model loaded stays running (b10729 evicts only past
+    a count, ROUTER_FACTS.md b); only an unload takes one away, and /models reads it running until its child
+    has exited."""
     binary, preset, args, models, key = case
-    assert models_max(args) >= len(models)
+    assert models_max(args) == 0
+    first = next(iter(models))
     with start_router(binary, preset, args, models, key) as router:
+        answer = router.chat(first)
+        assert answer.status == 400 and b"model is not loaded" in answer.body, answer.body[:200]
+        assert router.running() == [] and router.children() == []
+        answer = router.post(f"/v1/chat/completions?autoload=true", {"model": first, "messages": [], "max_tokens": 1})
+        assert router.statuses()[first] in ("loading", "loaded"), "?autoload=true loads past --no-models-autoload"
+        router.wait_status(first, ("loaded",))
         for name in models:
-            assert router.chat(name).status == 200
+            router.load(name)
         for name in models:
             assert router.chat(name).status == 200
         assert router.running() == sorted(models)
@@ -132,6 +141,7 @@ def test_idle_seconds_put_a_model_to_sleep_and_a_request_wakes_it(case):
         pytest.skip("no --sleep-idle-seconds")
     name = next(iter(models))
     with start_router(binary, preset, args, models, key) as router:
+        router.load(name)
         assert router.chat(name).status == 200
         pids = router.children()
         assert len(pids) == 1
@@ -166,6 +176,7 @@ def test_the_api_key_guards_every_endpoint_but_health(case):
             assert router.post(path, body, auth=False, headers=wrong).status == 401, path
         assert router.statuses()[name] == "unloaded", "a refused request must not load its model"
         # With the key (Bearer, or the X-Api-Key header): each answers.
+        router.load(name)
         assert router.chat(name).status == 200
         assert router.post("/v1/completions", {"model": name, "prompt": "hi", "max_tokens": 2, **{"temperature": 0}},
                            auth=False, headers={"X-Api-Key": key}).status == 200
@@ -188,6 +199,7 @@ def test_metrics_are_per_model_through_the_router(case):
         # A scrape that must not load a model says so; one without autoload=false loads it.
         assert router.get(f"/metrics?model={second}&autoload=false").status == 400
         assert router.statuses()[second] == "unloaded"
+        router.load(first)
         assert router.chat(first).status == 200
         answer = router.get(f"/metrics?model={first}")
         assert answer.status == 200
@@ -195,9 +207,10 @@ def test_metrics_are_per_model_through_the_router(case):
         assert "llamacpp:prompt_tokens_total" in text and "llamacpp:requests_processing" in text, text[:300]
 
 
-def test_a_request_for_an_unloaded_model_is_held_until_it_is_up(case):
-    """No 503 while a model loads: the request waits (LLAMA_SERVER_DEBUG_FAKE_TIMING makes the router
-    add 2 s to each load and each proxied request, so the wait is long enough to watch)."""
+def test_a_request_for_a_loading_model_is_held_until_it_is_up(case):
+    """No 503 while a model loads: a request for a model the proxy has had loaded, which is still loading,
+    waits (LLAMA_SERVER_DEBUG_FAKE_TIMING makes the router add 2 s to each load and each proxied request, so
+    the wait is long enough to watch); /health stays 200 throughout."""
     binary, preset, args, models, key = case
     name = next(iter(models))
     with start_router(binary, preset, args, models, key, env={"LLAMA_SERVER_DEBUG_FAKE_TIMING": "1"}) as router:
@@ -206,6 +219,7 @@ def test_a_request_for_an_unloaded_model_is_held_until_it_is_up(case):
 
         def ask():
             started = time.monotonic()
+            router.load(name)
             result["answer"] = router.chat(name)
             result["seconds"] = time.monotonic() - started
 
@@ -220,14 +234,21 @@ def test_a_request_for_an_unloaded_model_is_held_until_it_is_up(case):
         assert set(health) == {200}
 
 
-def test_a_model_that_cannot_load_answers_500_and_shows_failed(case):
+def test_a_model_that_cannot_load_shows_failed(case):
+    """A load that fails: /models shows it unloaded with failed: true and the exit code (what the proxy reads
+    to answer its waiting requests 500 and count the failure); an unknown name is a 400."""
     binary, preset, args, models, key = case
     broken = preset + "\n[broken-model]\nmodel = /nonexistent/broken.gguf\n"
     with start_router(binary, broken, args, models, key) as router:
-        answer = router.chat("broken-model")
-        assert answer.status == 500 and b"failed to load" in answer.body, answer.body[:200]
-        (entry,) = [m for m in router.models() if m["id"] == "broken-model"]
-        assert entry["status"]["value"] == "unloaded" and entry["status"].get("failed") is True
+        assert router.post("/models/load", {"model": "broken-model"}).status == 200
+        deadline = time.monotonic() + 60
+        while True:
+            (entry,) = [m for m in router.models() if m["id"] == "broken-model"]
+            if entry["status"].get("failed"):
+                break
+            assert time.monotonic() < deadline, entry
+            time.sleep(0.1)
+        assert entry["status"]["value"] == "unloaded" and entry["status"]["exit_code"] != 0
         assert router.chat("no-such-model").status == 400
 
 
@@ -235,6 +256,7 @@ def test_a_preset_change_needs_a_reload_not_a_restart_and_spares_running_models(
     binary, preset, args, models, key = case
     first, added = next(iter(models)), "added-model"
     with start_router(binary, preset, args, models, key) as router:
+        router.load(first)
         assert router.chat(first).status == 200
         pids = router.children()
         router.write_preset(router.preset.read_text() + f"\n[{added}]\nmodel = {models[first]}\n")
@@ -243,6 +265,7 @@ def test_a_preset_change_needs_a_reload_not_a_restart_and_spares_running_models(
         statuses = router.statuses(reload=True)  # GET /models?reload=1 re-reads it
         assert statuses[added] == "unloaded"
         assert statuses[first] in ("loaded", "sleeping") and router.children() == pids
+        router.load(added)
         assert router.chat(added).status == 200
 
 
@@ -251,6 +274,7 @@ def test_stopping_the_router_stops_its_models(case, sig):
     binary, preset, args, models, key = case
     with start_router(binary, preset, args, models, key) as router:
         for name in list(models)[:2]:
+            router.load(name)
             assert router.chat(name).status == 200
         pids = router.children()
         assert pids
@@ -286,6 +310,7 @@ def test_the_routers_ingress_passes_every_inference_path_it_serves_and_none_of_i
               "/v1/responses": {"model": name, "input": "hi", "max_output_tokens": 1},
               "/responses": {"model": name, "input": "hi", "max_output_tokens": 1}}
     with start_router(binary, preset, args, models, key) as router:
+        router.load(name)
         for _, path in paths:
             if path in ("/v1/models", "/health"):
                 answer = router.get(path)

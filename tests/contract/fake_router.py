@@ -144,8 +144,9 @@ class FakeRouter:
                 if self.path_only.startswith("/models") or self.path_only in ("/props", "/slots"):
                     router.violations.append(f"POST {self.path}: model management reached the router")
                     return self.error(403, "no")
-                self.model_request(model, json.dumps({"model": model, "hold": body.get("hold", 0)}).encode(),
-                                   float(body.get("hold", 0) or 0))
+                hold = body.get("hold", 0) if isinstance(body.get("hold", 0), (int, float)) else 0
+                self.model_request(model, json.dumps({"model": model}).encode(), float(hold),
+                                   int(body.get("stream_bytes", 0) or 0))
 
             def manage(self, model: str) -> None:
                 if model not in router.status:
@@ -160,7 +161,7 @@ class FakeRouter:
                 threading.Timer(router.unload_seconds, router._set, (model, "unloaded")).start()
                 return self.reply(200, {"success": True})
 
-            def model_request(self, model: str, answer: bytes, hold: float = 0.0) -> None:
+            def model_request(self, model: str, answer: bytes, hold: float = 0.0, stream_bytes: int = 0) -> None:
                 if not model:
                     return self.error(400, "model name is missing from the request")
                 if model not in router.status:
@@ -175,12 +176,29 @@ class FakeRouter:
                     return self.error(503, "Loading model")
                 router.served.append(model)
                 time.sleep(hold)
+                if stream_bytes:
+                    return self.stream(stream_bytes)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(answer)))
                 self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.write(answer)
+                self.close_connection = True
+
+            def stream(self, size: int) -> None:
+                """A long answer, chunked, as a generation streams: writes block while the reader does not read."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                piece = b"data: " + b"x" * 65530 + b"\n\n"
+                try:
+                    for _ in range(size // len(piece)):
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    self.wfile.write(b"0\r\n\r\n")
+                except OSError:
+                    pass
                 self.close_connection = True
 
         return Handler

@@ -138,6 +138,14 @@ class Router:
         body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, **GREEDY}
         return self.post("/v1/chat/completions", body, auth=auth, timeout=timeout)
 
+    def load(self, model: str, seconds: float = 120) -> None:
+        """What the admission proxy does before it passes a request on (the rendered router loads nothing on
+        its own, --no-models-autoload): POST /models/load, then wait until the model is loaded."""
+        answer = self.post("/models/load", {"model": model})
+        if answer.status not in (200, 400):  # 400: already running
+            raise RouterFailure(f"POST /models/load {model} answered {answer.status}: {answer.body[:200]!r}")
+        self.wait_status(model, ("loaded", "sleeping"), seconds)
+
     def wait_status(self, model: str, wanted: tuple[str, ...], seconds: float = 120) -> str:
         deadline = time.monotonic() + seconds
         while True:
@@ -194,10 +202,11 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, seconds: float = 30)
 
 @contextmanager
 def start_router(binary: Path, preset_text: str, args: list[str], models: dict[str, Path], api_key: Optional[str] = None,
-                 startup_seconds: float = 60, env: Optional[dict] = None) -> Iterator[Router]:
+                 startup_seconds: float = 60, env: Optional[dict] = None, key_file_text: Optional[str] = None) -> Iterator[Router]:
     """Write the preset (model files substituted), start ``binary`` in router mode on a free loopback
     port, wait until GET /health answers 200 (the router's own readiness; no model is loaded by then
-    unless the preset says load-on-startup), and yield a Router. At the end: SIGTERM (the router stops
+    unless the preset says load-on-startup), and yield a Router. ``key_file_text``: the key file's whole
+    text (comments, several keys), instead of ``api_key`` alone. At the end: SIGTERM (the router stops
     its children), then whatever child is left is killed."""
     work = Path(tempfile.mkdtemp(prefix="llama-router-"))
     (work / "home").mkdir()
@@ -206,7 +215,7 @@ def start_router(binary: Path, preset_text: str, args: list[str], models: dict[s
     key_file = None
     if api_key is not None:
         key_file = work / "api-key"
-        key_file.write_text(api_key + "\n")
+        key_file.write_text(key_file_text if key_file_text is not None else api_key + "\n")
         os.chmod(key_file, 0o440)
     port = free_port()
     command = [str(binary), *local_args(args, port, preset, key_file, api_key)]
