@@ -40,8 +40,8 @@ class Program:
 
 PROGRAMS = {
     # A router's pod: the proxy on the server's port.
-    "admission": Program("admission_proxy.py", ("admission_proxy.py", "http_io.py", "router_rules.py", "fit.py"),
-                         h11=True),
+    "admission": Program("admission_proxy.py", ("admission_proxy.py", "admission.py", "http_io.py", "router_rules.py",
+                                                "fit.py"), h11=True),
     # A single-model server's init container.
     "prefetch": Program("hub_download.py", ("hub_download.py", "hub.py")),
     # A router's init container and keeper.

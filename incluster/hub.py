@@ -12,7 +12,6 @@ asked what llama.cpp's downloader asks (common/hf-cache.cpp at b10729): ``api/mo
 Standard library only: this file runs in the pods (a plain pinned python image, no PyPI at start)."""
 
 
-import http.client
 import json
 import os
 import re

@@ -241,6 +241,9 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
         # The pod's own limit is the budget then: the proxy admits (and the plan counts) only sets within it.
         ram_budget = gib(model.resources.memory_limit)
         others += f" (its resources.memory_limit, {model.resources.memory_limit})"
+    # Down to the hundredth the plan prints: the proxy's budget (admission.json) and the plan's are one number.
+    ram_budget = math.floor(ram_budget * 100 + 1e-9) / 100
+    vram_budget = None if vram_budget is None else math.floor(vram_budget * 100 + 1e-9) / 100
     residency, problems = plan_residency(on_request.path, on_request.max_loaded, resident, ram_budget,
                                          vram_budget, others)
     if residency is None:

@@ -75,7 +75,7 @@ def test_the_real_downloaders_send_it(binary, tmp_path):
         subprocess.run([str(binary), "--hf-repo", f"{repo}:Q4_K_M", "--port", "0"], env=env, capture_output=True, timeout=120)
         server = [line for line in log if "/resolve/" in line or "/api/models/" in line]
         log.clear()
-        from components.prefetch import library_source
+        from components.programs import INCLUSTER
 
         (tmp_path / "etc").mkdir()
         (tmp_path / "etc" / "library.json").write_text(json.dumps({"gated": f"{repo}:Q4_K_M"}))
@@ -85,8 +85,8 @@ def test_the_real_downloaders_send_it(binary, tmp_path):
                     "SERVED_PRESET": str(tmp_path / "served.ini"), "HUB_CACHE": str(tmp_path / "hub"),
                     "LIBRARY_DIR": str(tmp_path / "library"), "HOME": str(tmp_path),
                     "HEARTBEAT": str(tmp_path / "heartbeat")}
-        done = subprocess.run([sys.executable, "-c", library_source()], env=init_env, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run([sys.executable, "-B", "-E", "-s", str(INCLUSTER / "library.py")], env=init_env,
+                              capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         ours = [line for line in log if "/resolve/" in line or "/api/models/" in line]
     assert server and all(line.endswith(f"Authorization: Bearer {FAKE_TOKEN}") for line in server)

@@ -14,6 +14,7 @@ from conftest import ROOT, run_strix
 
 sys.path.insert(0, str(ROOT / "tests" / "contract"))
 from hub import COMMIT, hub_files  # noqa: E402
+from pod_programs import pod_command, programs_under, write_programs  # noqa: E402
 
 REPO = "peonist/qwen38-flash-next-w4b"
 FILES = {
@@ -29,8 +30,12 @@ def init_container() -> tuple[dict, dict]:
     """The rendered strix-halo engine's prefetch init container, and the engine container."""
     run = run_strix()
     pod = run.one("StatefulSet", "halogen-flash").inputs["spec"]["template"]["spec"]
+    PROGRAMS.update(config_map=run.one("ConfigMap", "halogen-flash-programs").inputs, pod=pod)
     (init,) = pod["initContainers"]
     return init, pod["containers"][0]
+
+
+PROGRAMS: dict = {}  # the rendered programs ConfigMap and the pod that mounts it
 
 
 def run_init(init: dict, root: Path, endpoint: str) -> subprocess.CompletedProcess:
@@ -40,8 +45,8 @@ def run_init(init: dict, root: Path, endpoint: str) -> subprocess.CompletedProce
         value = item["value"]
         env[item["name"]] = str(root / value.lstrip("/")) if value.startswith("/") else value
     env["HF_REPO"] = REPO
-    command = [sys.executable if c == "python3" else c for c in init["command"]]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    programs = write_programs(PROGRAMS["config_map"], PROGRAMS["pod"], programs_under(root))
+    return subprocess.run(pod_command(init, programs), env=env, capture_output=True, text=True, timeout=60)
 
 
 def engine_env(engine: dict, root: Path) -> dict:
@@ -64,9 +69,24 @@ def read_like_the_engine(engine: dict, root: Path) -> Path:
 
 
 def test_the_prefetch_needs_nothing_from_pypi(init_container):
+    """The init container runs the downloader from the pod's programs ConfigMap with the image's own Python:
+    its files import nothing outside the standard library (and each other), and the namespace has no PyPI
+    egress."""
+    import ast
+
+    from components.programs import PROGRAMS_DIR
+
     init, _ = init_container
-    assert init["command"][:2] == ["python3", "-c"]
-    assert "pip" not in " ".join(init["command"]).split("urllib")[0]  # no installer before it runs
+    assert init["command"][0] == "python3" and init["command"][-1] == f"{PROGRAMS_DIR}/hub_download.py"
+    files = {k: v for k, v in PROGRAMS["config_map"]["data"].items() if k.endswith(".py")}
+    assert set(files) == {"hub_download.py", "hub.py"}
+    own = {name[:-3] for name in files}
+    for name, text in files.items():
+        imported = {alias.name.split(".")[0] for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {node.module.split(".")[0] for node in ast.walk(ast.parse(text))
+                     if isinstance(node, ast.ImportFrom) and node.module}
+        assert imported <= set(sys.stdlib_module_names) | own, (name, imported - set(sys.stdlib_module_names) - own)
     strix = run_strix()
     hosts = strix.config.namespace.model_hub_egress.hosts
     assert not {"pypi.org", "files.pythonhosted.org"} & set(hosts)

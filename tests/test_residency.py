@@ -1,5 +1,6 @@
-"""Models on demand: the router's residency limit is planned from memory (planning/residency.py)
-and rendered as --models-max; the preset ConfigMap holds each model's single-model flags."""
+"""Models on demand: which models may be resident together is planned from memory (planning/residency.py)
+and held at run time by the admission proxy, which reads the plan's own figures and budget from the
+ConfigMap (the router loads and evicts nothing itself); the preset holds each model's single-model flags."""
 
 from __future__ import annotations
 
@@ -33,13 +34,13 @@ def rendered(c: dict):
     run = run_stack_file(STACK, c, SECRETS)
     files = list(manifests(run).values())
     (deployment,) = [m for m in files if m["kind"] == "Deployment"]
-    (config_map,) = [m for m in files if m["kind"] == "ConfigMap"]
+    (config_map,) = [m for m in files if m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-files")]
     return run, deployment, config_map
 
 
 def reachable_sets(models: dict, budget: float, ram_limit: float, cap=None) -> list[tuple[str, ...]]:
-    """Every set of model names the admission proxy can leave resident, counted here from the plan's
-    figures: the pinned models and any others whose VRAM fits the budget and RAM the pod's limit."""
+    """Every set of model names that can be resident, counted here from the plan's figures: the pinned
+    models and any others whose VRAM fits the budget and RAM (with the router's 0.25 GiB) the limit."""
     pinned = tuple(n for n, m in models.items() if m["pinned"])
     others = [n for n in models if n not in pinned]
     found = []
@@ -53,15 +54,15 @@ def reachable_sets(models: dict, budget: float, ram_limit: float, cap=None) -> l
 
 
 def test_the_proxy_holds_the_router_to_the_plan_and_every_set_it_can_reach_fits():
-    """The router never evicts (its count is above any library's) and listens only on the loopback; the admission proxy,
-    on the port the Service targets, reads the plan's own figures from the ConfigMap; every set it can
-    reach holds the pinned model, fits the card and the pod's memory limit, and the fullest need not be
-    a count: three of the five fit together."""
+    """The router neither evicts nor loads on its own (no count, no autoload) and listens only on the
+    loopback; the admission proxy, on the port the Service targets, reads the plan's own figures and budget
+    from the ConfigMap; every set it can admit holds the pinned model and fits the card and the pod's memory
+    limit, and the fullest need not be a count: three of the five fit together."""
     run, deployment, config_map = rendered(config())
     pod = deployment["spec"]["template"]["spec"]
     router, proxy = pod["containers"][0], next(c for c in pod["containers"] if c["name"] == "admission")
     args = router["args"]
-    assert int(args[args.index("--models-max") + 1]) >= 16  # any library: on_demand.models holds at most 16
+    assert args[args.index("--models-max") + 1] == "0" and "--no-models-autoload" in args
     assert args[args.index("--host") + 1] == "127.0.0.1" and "ports" not in router
     router_port = int(args[args.index("--port") + 1])
     env = {e["name"]: e.get("value") for e in proxy["env"]}
@@ -76,14 +77,17 @@ def test_the_proxy_holds_the_router_to_the_plan_and_every_set_it_can_reach_fits(
     card = 24 - 1  # the pool's 24 GiB less llama.cpp's 1 GiB free per GPU
     memory_limit = gib(router["resources"]["limits"]["memory"])
     assert admission["vram_budget_gib"] == plan["vram_budget_gib"] == card
-    assert admission["ram_limit_gib"] == memory_limit
+    assert admission["ram_budget_gib"] == plan["ram_budget_gib"] and admission["host_gib"] == 0.25
     assert {n: (m["vram_gib"], m["ram_gib"], m["pinned"]) for n, m in admission["models"].items()} == {
         n: (m["vram_gib"], m["ram_gib"], m["pinned"]) for n, m in plan["models"].items()}
-    sets = reachable_sets(plan["models"], card, memory_limit)
-    assert all("qwen3-8b" in s for s in sets)
-    assert max(len(s) for s in sets) == plan["most_resident"] == 3
+    # What the proxy admits (its own budget, whole GiB) is held by the pod's limit: every such set fits it.
+    admitted = [s for s in reachable_sets(plan["models"], card, admission["ram_budget_gib"])
+                if all(plan["models"][n]["pinned"] <= (n in s) for n in plan["models"])]
+    assert admitted and all(sum(plan["models"][n]["ram_gib"] for n in s) + 0.25 <= memory_limit for s in admitted)
+    assert all("qwen3-8b" in s for s in admitted)
+    assert max(len(s) for s in admitted) == plan["most_resident"] == 3
     # The pod's limit is the largest set's, not more: one GiB less would not hold it.
-    assert max(sum(plan["models"][n]["ram_gib"] for n in s) + 0.25 for s in sets) > memory_limit - 1
+    assert max(sum(plan["models"][n]["ram_gib"] for n in s) + 0.25 for s in admitted) > memory_limit - 1
     for m in plan["models"].values():
         assert 0 < m["swap_seconds"]["warm"] <= m["swap_seconds"]["cold"] and m["decode_predicted_tok_s"]["half"] > 0
 
@@ -113,7 +117,9 @@ def test_each_preset_section_is_the_single_model_command_line_and_the_router_kee
         assert keys["ctx-size"] == single[single.index("--ctx-size") + 1]
         # The router's flags win over a section's (server-models.cpp:548-552): none is repeated there.
         assert not {"host", "port", "api-key-file", "metrics"} & set(keys)
-        assert ("load-on-startup" in keys) == server.on_demand.models[name].pinned
+        # A pin is the proxy's (admission.json), never a preset line: moving it must not change a section.
+        assert "load-on-startup" not in keys
+        assert json.loads(config_map["data"]["admission.json"])["models"][name]["pinned"] == server.on_demand.models[name].pinned
     assert keys_of(container["args"]) >= {"--models-preset", "--models-max", "--api-key-file", "--metrics", "--host", "--port"}
     assert list(fetched) == list(sections)
     # The preset is mounted where the router reads it; a change restarts nothing (the keeper applies it).

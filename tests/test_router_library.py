@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from build_llama_server import source_dir  # noqa: E402
 from hub import hub_repos  # noqa: E402
+from pod_programs import pod_command, programs_under, write_programs  # noqa: E402
 from router import start_router  # noqa: E402
 from tiny_model import write_tiny_model  # noqa: E402
 
@@ -59,11 +60,12 @@ def rendered() -> dict:
     files = list(manifests(run).values())
     (workload,) = [m for m in files if m["kind"] == "Deployment" and m["metadata"]["name"] == model.workload_name]
     (config_map,) = [m for m in files if m["kind"] == "ConfigMap" and m["metadata"]["name"] == f"{model.name}-files"]
+    (programs,) = [m for m in files if m["kind"] == "ConfigMap" and m["metadata"]["name"] == f"{model.name}-programs"]
     pod = workload["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     containers = {c["name"]: c for c in pod["containers"]}
     container, keeper = pod["containers"][0], containers["library"]
-    return {"init": init, "container": container, "keeper": keeper, "pod": pod, "files": config_map["data"],
+    return {"init": init, "container": container, "keeper": keeper, "pod": pod, "files": config_map["data"], "programs": programs,
             "init_env": {e["name"]: e["value"] for e in init["env"]},
             "preset": config_map["data"]["models.ini"],
             # name -> org/repo:TAG (the rendered entries also say whether the projector is fetched).
@@ -87,6 +89,7 @@ def write_files(rendered: dict, root: Path, library: dict[str, str] | None = Non
     for name, text in rendered["files"].items():
         (folder / name).write_text(text)
     (folder / "models.ini").write_text(one_thread(preset if preset is not None else rendered["preset"]))
+    write_programs(rendered["programs"], rendered["pod"], programs_under(root))
     if library is not None:
         (folder / "library.json").write_text(json.dumps(library))
 
@@ -98,8 +101,7 @@ def served_preset(rendered: dict, root: Path) -> Path:
 
 def run_library(init: dict, root: Path, endpoint: str) -> subprocess.CompletedProcess:
     env = {"PATH": os.environ["PATH"], "HF_ENDPOINT": endpoint, **env_under(init["env"], root)}
-    command = [sys.executable if c == "python3" else c for c in init["command"]]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(pod_command(init, programs_under(root)), env=env, capture_output=True, text=True, timeout=120)
 
 
 def library_folder(rendered: dict, root: Path) -> Path:
@@ -212,16 +214,11 @@ def keeper_env_url(rendered: dict, base: str) -> str:
     return base + "/" + url.split("/", 3)[3]
 
 
-def settled(router, rendered: dict) -> None:
-    """Wait until the preset's load-on-startup models are up: the router starts them after /health
-    answers, so a test that compares children or statuses must not race that load."""
-    import configparser
-
-    parser = configparser.ConfigParser()
-    parser.read_string(rendered["preset"])
-    for name in parser.sections():
-        if parser[name].get("load-on-startup") == "true":
-            router.wait_status(name, ("loaded", "sleeping"), seconds=120)
+def ask(router, name: str):
+    """A chat as it reaches the router behind the admission proxy: the proxy has it loaded first (the rendered
+    router loads nothing on its own, --no-models-autoload)."""
+    router.load(name)
+    return router.chat(name)
 
 
 def one_thread(preset: str) -> str:
@@ -244,16 +241,14 @@ def test_the_router_offers_exactly_the_listed_models_by_their_names(binary, rend
     assert preset == one_thread(rendered["preset"])
     # The init container leaves the keeper a first heartbeat: the keeper's readiness probe (run as
     # rendered, its path under root) passes at once, so the pod is Ready as soon as the router is.
-    probe = [sys.executable if c == "python3" else c.replace("/tmp/", f"{root}/tmp/")
-             for c in rendered["keeper"]["readinessProbe"]["exec"]["command"]]
-    assert subprocess.run(probe, timeout=30).returncode == 0
+    probe = pod_command(rendered["keeper"]["readinessProbe"]["exec"], programs_under(root))
+    assert subprocess.run(probe, env=env_under(rendered["keeper"]["env"], root), timeout=30).returncode == 0
     with start_router(binary, preset, args, {}, TEST_KEY, env=env) as router:
-        settled(router, rendered)
         models = router.models()
         # Every blob is in the volume's hub layout too, and none of it is offered under a cache name.
         assert sorted(m["id"] for m in models) == sorted(names)
         assert {m["source"] for m in models} == {"preset"}
-        assert router.chat(names[1]).status == 200
+        assert ask(router, names[1]).status == 200
         asked = router.chat(library[names[0]])
         assert asked.status == 400 and b"not found" in asked.body
         # The rendered scrapes, as the scraper sends them: the loaded model answers its metrics; the
@@ -279,7 +274,7 @@ def start_keeper(rendered: dict, root: Path, endpoint: str, router, log_path: Pa
     key_file = root / "api-key"
     key_file.write_text(TEST_KEY + "\n")
     env["ROUTER_AUTH_FILE"] = str(key_file)
-    command = [sys.executable if c == "python3" else c for c in rendered["keeper"]["command"]]
+    command = pod_command(rendered["keeper"], programs_under(root))
     (root / "tmp").mkdir(exist_ok=True)  # the scratch volume
     with open(log_path, "w") as log_file:
         return subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True)
@@ -295,8 +290,7 @@ def filled_pod(binary, rendered: dict, root: Path, repos: dict):
         env = env_under(rendered["container"]["env"], root)
         with start_router(binary, served_preset(rendered, root).read_text(), rendered["container"]["args"], {},
                           TEST_KEY, env=env) as router:
-            settled(router, rendered)
-            yield endpoint, router
+                yield endpoint, router
 
 
 def section_of(name: str) -> str:
@@ -316,7 +310,7 @@ def test_the_keeper_adds_and_removes_models_while_the_others_keep_running(binary
     repos["org/Tiny-Extra-GGUF"] = {"Tiny-Extra-Q4_K_M.gguf": next(v for k, v in first_repo.items() if k.endswith(".gguf"))}
     root = tmp_path / "pod"
     with filled_pod(binary, rendered, root, repos) as (endpoint, router):
-        assert router.chat(kept).status == 200
+        assert ask(router, kept).status == 200
         before = router.children()
         # Change 1, before the keeper runs: the ConfigMap without the last model.
         smaller = {n: r for n, r in rendered["library"].items() if n != removed}
@@ -331,11 +325,10 @@ def test_the_keeper_adds_and_removes_models_while_the_others_keep_running(binary
                         rendered["preset"].split(f"[{removed}]")[0] + section_of(added))
             wait_for_models(router, [*smaller, added], log_path)
             assert router.children() == before, log_path.read_text()  # the model that answered kept its process
-            assert router.chat(added).status == 200 and router.chat(kept).status == 200
+            assert ask(router, added).status == 200 and ask(router, kept).status == 200
             # The rendered probe (its heartbeat path moved under root) passes while the keeper runs.
-            probe = [sys.executable if c == "python3" else c.replace("/tmp/", f"{root}/tmp/")
-                     for c in rendered["keeper"]["livenessProbe"]["exec"]["command"]]
-            assert subprocess.run(probe, timeout=30).returncode == 0
+            probe = pod_command(rendered["keeper"]["livenessProbe"]["exec"], programs_under(root))
+            assert subprocess.run(probe, env=env_under(rendered["keeper"]["env"], root), timeout=30).returncode == 0
         finally:
             keeper.kill()
             keeper.wait()
@@ -376,7 +369,7 @@ def test_a_model_that_cannot_be_fetched_keeps_none_of_the_others_from_the_router
             keeper = start_keeper(rendered, root, endpoint, router, log_path)
             try:
                 wait_for_models(router, [names[0], names[1]], log_path)
-                assert router.chat(names[1]).status == 200
+                assert ask(router, names[1]).status == 200
             finally:
                 keeper.kill()
                 keeper.wait()
@@ -409,7 +402,7 @@ def test_weights_changed_under_the_same_file_name_are_loaded_anew(binary, render
     repos["org/Other-GGUF"] = {file_name: other, "README.md": b"x"}
     root = tmp_path / "pod"
     with filled_pod(binary, rendered, root, repos) as (endpoint, router):
-        assert router.chat(target).status == 200
+        assert ask(router, target).status == 200
         old_children = set(router.children())
         write_files(rendered, root, {**rendered["library"], target: f"org/Other-GGUF:{tag}"})
         log_path = tmp_path / "keeper.log"
@@ -425,6 +418,6 @@ def test_weights_changed_under_the_same_file_name_are_loaded_anew(binary, render
         linked = library_folder(rendered, root) / target / file_name
         assert linked.read_bytes() == other
         assert router.statuses()[target] == "unloaded"
-        assert router.chat(target).status == 200
+        assert ask(router, target).status == 200
         # A new child for it (the others, e.g. the model loaded at start, keep theirs).
         assert set(router.children()) != old_children and len(router.children()) == len(old_children)

@@ -39,7 +39,8 @@ EXPECTED_UPDATES = {
 # New objects, created beside the running ones (nothing waits on them): the Grafana dashboard of a stack
 # with observability among them.
 EXPECTED_CREATES = {"homelab": {("Middleware", "llama-server-sources")},
-                    "strix-halo": {("ConfigMap", "inference-plane-dashboard")}}
+                    # The prefetch's downloader is a file of its own ConfigMap now (issue #42), no longer argv.
+                    "strix-halo": {("ConfigMap", "inference-plane-dashboard"), ("ConfigMap", "halogen-flash-programs")}}
 
 
 def this_release(stack: str):

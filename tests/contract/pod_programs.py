@@ -47,6 +47,11 @@ def pod_python() -> str:
     return sys.executable
 
 
+def programs_under(root: Path) -> Path:
+    """Where the programs volume lands when every absolute path of the pod is moved under ``root``."""
+    return root / PROGRAMS_DIR.lstrip("/")
+
+
 def write_programs(config_map: dict, pod_spec: dict, root: Path) -> Path:
     """The programs volume as the kubelet lays it out: each item's key written at its path under ``root``."""
     (volume,) = [v for v in pod_spec["volumes"] if v.get("configMap", {}).get("name") == config_map["metadata"]["name"]]
@@ -59,6 +64,6 @@ def write_programs(config_map: dict, pod_spec: dict, root: Path) -> Path:
 
 def pod_command(container: dict, root: Path) -> list[str]:
     """The container's command with the interpreter of the image's version and the mount path at ``root``."""
-    command = list(container["command"])
+    command = list(container["command"])  # a container's, or an exec probe's
     assert command[0] == "python3", command
     return [pod_python()] + [arg.replace(PROGRAMS_DIR, str(root)) for arg in command[1:]]

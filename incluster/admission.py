@@ -1,0 +1,385 @@
+"""The admission proxy's decisions (admission_proxy.py serves HTTP around them): which models are resident,
+which idle one unloads to make room (least recently used, never a pinned one, never one serving a
+request), when one loads (fit.py: the rule the plan checked, on the plan's numbers from admission.json),
+the pinned models kept loaded, and what /metrics says of it all. The router is asked over its loopback
+port (GET /models, POST /models/load and /models/unload, with the first key of the key file).
+
+Standard library and h11 only: run as a file of the server's programs ConfigMap (components/programs.py)."""
+
+import asyncio
+import json
+import os
+import sys
+import time
+import urllib.parse
+
+import h11
+
+import fit
+import http_io
+from router_rules import Refusal
+
+# What the router counts as holding a model (server-models.h is_running()), and as serving it.
+RUNNING = ("loading", "loaded", "sleeping")
+READY = ("loaded", "sleeping")
+# How long an unloaded child may take to exit: the router force-kills it after stop-timeout (10 s).
+UNLOAD_SECONDS = 30.0
+POLL_SECONDS = 0.1
+# How long a request waits for busy models to free room before a 503 (the gateway's next tier).
+ADMIT_WAIT_SECONDS = float(os.environ.get("ADMIT_WAIT_SECONDS", "60"))
+# How long a load may take before the requests waiting for it get a 503: a large model from a slow disk.
+LOAD_SECONDS = float(os.environ.get("LOAD_SECONDS", "1800"))
+# How long a call of the proxy's own to the router may take (its model list, a load, an unload).
+ROUTER_CALL_SECONDS = 10.0
+# The router's answer to GET /models lists every model with its preset: bounded, but roomy.
+MAX_ROUTER_ANSWER_BYTES = 16 * 1024 * 1024
+# How often the pinned models are checked (and loaded again when the router lost one).
+PIN_CHECK_SECONDS = float(os.environ.get("PIN_CHECK_SECONDS", "30"))
+
+
+def log(message: str) -> None:
+    print(f"admission: {message}", file=sys.stderr, flush=True)
+
+
+class RouterClient:
+    """The proxy's own requests to the router (its model list, a load, an unload), over the loopback, with
+    the first key of the key file."""
+
+    def __init__(self, url: str, keys: tuple):
+        parsed = urllib.parse.urlsplit(url)
+        self.host, self.port = parsed.hostname, parsed.port or 80
+        self.auth = [("Authorization", "Bearer " + keys[0].decode("latin-1"))] if keys else []
+
+    async def call(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        """One request; a router that does not answer within ROUTER_CALL_SECONDS, refuses the connection or
+        closes it early is a 503 (it is starting or restarting: the gateway tries its next tier)."""
+        headers = self.auth + ([("Content-Type", "application/json")] if body else [])
+        try:
+            return await http_io.call(self.host, self.port, method, path, headers, body, ROUTER_CALL_SECONDS,
+                                      MAX_ROUTER_ANSWER_BYTES)
+        except (OSError, asyncio.TimeoutError, h11.ProtocolError, ValueError) as error:
+            raise Refusal(503, f"the router is not answering ({type(error).__name__}); try again",
+                          "unavailable_error") from None
+
+    async def statuses(self, full: bool = False) -> dict:
+        status, body = await self.call("GET", "/models")
+        if status != 200:  # 503 while it loads its preset at start
+            raise Refusal(503, f"the router's model list answered {status}; try again", "unavailable_error")
+        try:
+            data = json.loads(body)["data"]
+            return {m["id"]: (m["status"] if full else m["status"]["value"]) for m in data}
+        except (ValueError, KeyError, TypeError) as error:
+            raise Refusal(502, f"the router's model list could not be read: {error!r}", "server_error") from None
+
+    async def unload(self, name: str) -> None:
+        status, body = await self.call("POST", "/models/unload", json.dumps({"model": name}).encode())
+        # 400 "model is not running": it went on its own meanwhile, which is what was wanted.
+        if status not in (200, 400):
+            raise Refusal(502, f"the router answered {status} to unloading {name}: {body[:200]!r}", "server_error")
+
+    async def load(self, name: str) -> None:
+        status, body = await self.call("POST", "/models/load", json.dumps({"model": name}).encode())
+        # 400 "model is already running": loaded meanwhile (by an earlier request of the proxy's).
+        if status not in (200, 400):
+            raise Refusal(503, f"the router answered {status} to loading {name}: {body[:200]!r}; try again",
+                          "unavailable_error")
+
+
+class Residency:
+    """The proxy's view: requests in flight and recency per model, decided one admission at a time."""
+
+    def __init__(self, plan_file: str, router: RouterClient):
+        self.plan_file = plan_file
+        self.plan_version = None
+        self.router = router
+        self.lock = asyncio.Lock()
+        self.freed = asyncio.Event()
+        self.in_flight: dict = {}
+        self.last_used: dict = {}
+        self.unloading: set = set()  # victims whose child has been told to stop and has not exited yet
+        self.retired: dict = {}  # models the plan dropped, with their last figures, while the router runs them
+        self.loads: dict = {}  # model -> future of the load the proxy asked for (None once loaded, else an error)
+        self.tasks: set = set()  # background tasks, referenced until done
+        self.pin_failures: dict = {}  # pinned model -> (failures in a row, when to try again)
+        # Figures for /metrics.
+        self.evictions: dict = {}
+        self.failed_loads: dict = {}
+        self.swaps: dict = {}  # count, seconds: from the load's admission until the router said loaded
+        self.waits = [0, 0.0]  # admissions that waited for room (to be made or freed): count, seconds
+        self.last_statuses: dict = {}
+        self.models: dict = {}
+        self.refresh(strict=True)
+
+    def refresh(self, strict: bool = False) -> None:
+        """Reads the plan when its file changed (the kubelet swaps a ConfigMap's files in place): checked
+        whole, then swapped in; a bad one is logged and the last good plan kept (at start: an error). A model
+        the plan drops is kept as retired, its figures counted, while the router still runs it."""
+        try:
+            stat = os.stat(self.plan_file)
+            version = (stat.st_mtime_ns, stat.st_ino, stat.st_size)
+            if version == self.plan_version:
+                return
+            with open(self.plan_file, "rb") as f:
+                plan = json.loads(f.read(MAX_ROUTER_ANSWER_BYTES))
+            models = {str(n): {"vram_gib": float(m["vram_gib"]), "ram_gib": float(m["ram_gib"]),
+                               "pinned": bool(m.get("pinned"))} for n, m in plan["models"].items()}
+            budget = fit.Budget.from_plan(plan)
+            allowed = frozenset(str(p) for p in plan["allowed_paths"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            if strict:
+                raise
+            log(f"plan {self.plan_file} unreadable, keeping the last one: {error!r}")
+            return
+        for name in set(self.models) - set(models):
+            self.retired[name] = self.models[name]
+        for name in models:
+            self.retired.pop(name, None)
+        self.plan_version = version
+        self.models, self.budget, self.allowed_paths = models, budget, allowed
+        self.pinned = {name for name, m in models.items() if m["pinned"]}
+        for table, empty in ((self.in_flight, 0), (self.last_used, 0.0), (self.evictions, 0), (self.failed_loads, 0)):
+            for name in models:
+                table.setdefault(name, empty)
+        for name in models:
+            self.swaps.setdefault(name, [0, 0.0])
+        log(f"plan: {len(models)} models, VRAM budget {budget.vram_gib} GiB, RAM budget {budget.ram_gib} GiB")
+
+    def figures(self, name: str) -> dict:
+        return self.models.get(name) or self.retired.get(name) or {"vram_gib": 0.0, "ram_gib": 0.0}
+
+    def fits(self, names) -> bool:
+        return fit.fits(self.budget, [(self.figures(n)["vram_gib"], self.figures(n)["ram_gib"]) for n in set(names)])
+
+    async def resident(self) -> tuple[set, dict]:
+        """What holds memory now: every model the router runs (a retired one included, with its last planned
+        figures), every model a request holds, every child still on its way out."""
+        statuses = await self.router.statuses()
+        self.last_statuses = statuses
+        for name in [n for n in self.retired if statuses.get(n) not in RUNNING]:
+            del self.retired[name]
+        running = {n for n, s in statuses.items() if s in RUNNING}
+        return running | {n for n, c in self.in_flight.items() if c > 0} | self.unloading, statuses
+
+    async def admit(self, name: str) -> None:
+        """Returns once ``name`` is loaded and counted in flight: at once when it is resident, else once it
+        fits (idle models unloaded first: least recently used, a retired one before any) and the router has
+        loaded it. Waits at most ADMIT_WAIT_SECONDS for busy models to free room, then 503 (the gateway
+        retries on its next tier). Cancelled (the client left): nothing stays counted and no lock is held."""
+        if self.in_flight.get(name, 0) > 0 and name not in self.unloading:  # a request holds it resident
+            self._enter(name)
+        else:
+            await self._make_room(name)
+        try:
+            load = self.loads.get(name)
+            if load is not None:
+                await asyncio.shield(load)
+        except BaseException:
+            self.leave(name)
+            raise
+
+    async def _make_room(self, name: str) -> None:
+        started = time.monotonic()
+        waited = False
+        while True:
+            victim = None
+            async with self.lock:
+                resident, statuses = await self.resident()
+                if name not in statuses:
+                    # Planned but not served yet: the keeper is still fetching it (the router reads a preset of
+                    # the fetched models only). A 503 the gateway retries on its next tier, not the router's 400.
+                    raise Refusal(503, f"model {name} is not on this server yet (its weights are being fetched); "
+                                       "try again later", "unavailable_error")
+                if statuses.get(name) in RUNNING and name not in self.unloading:
+                    self._enter(name)
+                    if statuses[name] == "loading" and name not in self.loads:
+                        self._watch(name)  # loading on someone else's request: its end is watched too
+                    break
+                if name not in self.unloading and self.fits(resident | {name}):
+                    self._enter(name)
+                    try:
+                        await self.router.load(name)
+                    except BaseException:
+                        self.leave(name)
+                        raise
+                    self._watch(name)
+                    break
+                candidates = [n for n in resident if self.in_flight.get(n, 0) == 0 and n not in self.pinned
+                              and n not in self.unloading and statuses.get(n) in RUNNING]
+                if candidates:
+                    victim = min(candidates, key=lambda n: (n not in self.retired, self.last_used.get(n, 0.0), n))
+                    self.unloading.add(victim)
+                    log(f"unloading {victim} (least recently used idle) to make room for {name}")
+                    try:
+                        await self.router.unload(victim)
+                    except BaseException:
+                        self.unloading.discard(victim)
+                        raise
+                else:
+                    self.freed.clear()
+            waited = True
+            if victim is not None:
+                # Outside the lock: requests for resident models go on while the child exits.
+                await self._gone(victim)
+                continue
+            if time.monotonic() - started > ADMIT_WAIT_SECONDS:
+                raise Refusal(503, f"no room for {name}: every resident model has been busy for "
+                                   f"{ADMIT_WAIT_SECONDS:.0f} s; try again later", "unavailable_error")
+            try:
+                await asyncio.wait_for(self.freed.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+        if waited:
+            self.waits[0] += 1
+            self.waits[1] += time.monotonic() - started
+
+    def _watch(self, name: str) -> None:
+        """A future for the model's load, settled by a background watch of the router's model list."""
+        future = asyncio.get_running_loop().create_future()
+        # Read whether or not a request still waits for it (no "exception never retrieved" noise).
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.loads[name] = future
+        self._spawn(self._watch_load(name, time.monotonic(), future))
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _enter(self, name: str) -> None:
+        self.in_flight[name] = self.in_flight.get(name, 0) + 1
+        self.last_used[name] = time.time()
+
+    def leave(self, name: str) -> None:
+        self.in_flight[name] -= 1
+        self.last_used[name] = time.time()
+        self.freed.set()
+
+    async def keep_pinned(self) -> None:
+        """At start, and then every PIN_CHECK_SECONDS: a pinned model the router does not hold (not loaded
+        yet, its child crashed, or the keeper unloaded it for new weights) is loaded, room made for it like
+        for a request; after a failed load, later and later (up to 10 minutes), so a broken one does not
+        unload the others every round. Until the router first answers, every second."""
+        answered = False
+        while True:
+            try:
+                self.refresh()
+                statuses = await self.router.statuses(full=True)
+                answered = True
+                for name in sorted(self.pinned):
+                    status = statuses.get(name)
+                    if status is None or status.get("value") in RUNNING:
+                        if status is not None and status.get("value") in READY:
+                            self.pin_failures.pop(name, None)
+                        continue
+                    failures, after = self.pin_failures.get(name, (0, 0.0))
+                    if time.monotonic() < after:
+                        continue
+                    if status.get("failed"):
+                        failures += 1
+                    self.pin_failures[name] = (failures, time.monotonic() + min(600.0, PIN_CHECK_SECONDS * 2 ** failures))
+                    log(f"pinned {name} is {status.get('value')}: loading it")
+                    await self.admit(name)
+                    self.leave(name)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # the check never stops: one failed round is logged
+                if answered:  # (until the router first answers, it is starting)
+                    log(f"pinned check: {error!r}")
+            await asyncio.sleep(PIN_CHECK_SECONDS if answered else 1.0)
+
+    async def _gone(self, victim: str) -> None:
+        """Waits until the victim's child has exited (the router reads it loaded until then)."""
+        deadline = time.monotonic() + UNLOAD_SECONDS
+        try:
+            while True:
+                statuses = await self.router.statuses()
+                if statuses.get(victim) not in RUNNING:
+                    self.evictions[victim] = self.evictions.get(victim, 0) + 1
+                    return
+                if time.monotonic() > deadline:
+                    raise Refusal(503, f"{victim} did not stop within {UNLOAD_SECONDS:.0f} s; try again",
+                                  "unavailable_error")
+                await asyncio.sleep(POLL_SECONDS)
+        finally:
+            self.unloading.discard(victim)
+            self.freed.set()
+
+    async def _watch_load(self, name: str, started: float, future) -> None:
+        """Settles the load's future: loaded (timed for /metrics), failed (counted), or gone."""
+        deadline = started + LOAD_SECONDS
+        seen_loading = False
+        try:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(POLL_SECONDS)
+                try:
+                    status = (await self.router.statuses(full=True)).get(name, {})
+                except Refusal:
+                    continue
+                value = status.get("value")
+                if value == "loading":
+                    seen_loading = True
+                elif value in READY:
+                    self.swaps.setdefault(name, [0, 0.0])
+                    self.swaps[name][0] += 1
+                    self.swaps[name][1] += time.monotonic() - started
+                    future.set_result(None)
+                    return
+                elif status.get("failed"):
+                    self.failed_loads[name] = self.failed_loads.get(name, 0) + 1
+                    log(f"{name} failed to load (exit code {status.get('exit_code')})")
+                    future.set_exception(Refusal(500, f"model name={name} failed to load", "server_error"))
+                    return
+                elif seen_loading or value is None:
+                    future.set_exception(Refusal(503, f"{name} was unloaded while it loaded; try again",
+                                                 "unavailable_error"))
+                    return
+            future.set_exception(Refusal(503, f"{name} did not load within {LOAD_SECONDS:.0f} s; try again",
+                                         "unavailable_error"))
+        finally:
+            if not future.done():
+                future.set_exception(Refusal(503, f"the load of {name} was not followed to its end; try again",
+                                             "unavailable_error"))
+            if self.loads.get(name) is future:
+                del self.loads[name]
+
+    def metrics(self) -> str:
+        statuses = self.last_statuses
+        lines = []
+
+        def family(name, kind, help_text, samples):
+            lines.append(f"# HELP inference_plane_router_{name} {help_text}")
+            lines.append(f"# TYPE inference_plane_router_{name} {kind}")
+            for labels, value in samples:
+                label_text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+                lines.append(f"inference_plane_router_{name}{{{label_text}}} {value}" if label_text
+                             else f"inference_plane_router_{name} {value}")
+
+        family("model_resident", "gauge", "1 while the router holds the model (loading, loaded or asleep).",
+               [({"model": n}, int(statuses.get(n) in RUNNING)) for n in self.models])
+        family("model_pinned", "gauge", "1 for a model loaded at start and never unloaded to make room.",
+               [({"model": n}, int(n in self.pinned)) for n in self.models])
+        family("model_planned_vram_bytes", "gauge", "The plan's VRAM for the model when resident.",
+               [({"model": n}, int(m["vram_gib"] * 2**30)) for n, m in self.models.items()])
+        family("model_requests_in_flight", "gauge", "Requests for the model between admission and the end of the answer.",
+               [({"model": n}, c) for n, c in self.in_flight.items()])
+        family("evictions_total", "counter", "Models unloaded to make room for another.",
+               [({"model": n}, c) for n, c in self.evictions.items()])
+        family("failed_loads_total", "counter", "Loads the router reported failed.",
+               [({"model": n}, c) for n, c in self.failed_loads.items()])
+        lines.append("# HELP inference_plane_router_swap_seconds From a load's admission (room made) until the "
+                     "router said the model was loaded.")
+        lines.append("# TYPE inference_plane_router_swap_seconds summary")
+        for n, (count, seconds) in self.swaps.items():
+            lines.append(f'inference_plane_router_swap_seconds_sum{{model="{n}"}} {round(seconds, 3)}')
+            lines.append(f'inference_plane_router_swap_seconds_count{{model="{n}"}} {count}')
+        vram_budget = self.budget.vram_gib if self.budget.vram_gib is not None else 0
+        family("vram_budget_bytes", "gauge", "The VRAM the plan gives the router's models (0: none planned on a GPU).",
+               [({}, int(vram_budget * 2**30))])
+        family("resident_planned_vram_bytes", "gauge", "The plan's VRAM of the resident models, summed.",
+               [({}, int(sum(m["vram_gib"] for n, m in self.models.items() if statuses.get(n) in RUNNING) * 2**30))])
+        lines.append("# HELP inference_plane_router_admission_wait_seconds Requests that waited for room to be made, "
+                     "and how long.")
+        lines.append("# TYPE inference_plane_router_admission_wait_seconds summary")
+        lines.append(f"inference_plane_router_admission_wait_seconds_sum {round(self.waits[1], 3)}")
+        lines.append(f"inference_plane_router_admission_wait_seconds_count {self.waits[0]}")
+        return "\n".join(lines) + "\n"
