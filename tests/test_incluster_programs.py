@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "tests" / "contract"))
 from pod_programs import image_minor, pod_python  # noqa: E402
 
 from components import programs  # noqa: E402
+from config.defaults import PREFETCH_IMAGE  # noqa: E402
 
 INCLUSTER = ROOT / "incluster"
 
@@ -56,14 +57,16 @@ def test_each_program_ships_exactly_the_files_it_imports(name):
 def test_the_programs_run_under_the_images_python():
     """Each file compiles with the interpreter of the pinned image's minor version (3.12 for
     python:3.12.11-slim-bookworm), and the entry points start there (--help-less: imported, not run)."""
-    python = pod_python()
+    minor = image_minor(PREFETCH_IMAGE)
+    assert minor == "3.12", PREFETCH_IMAGE  # the image's own tag names its Python
+    python = pod_python(minor)
     version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                              capture_output=True, text=True).stdout.strip()
-    print(f"in-cluster programs checked with {python} ({version}; the image's is {image_minor()})")
+    print(f"in-cluster programs checked with {python} ({version}; the image's is {minor})")
     files = programs.program_files(tuple(programs.PROGRAMS))
     for path, text in files.items():
         if path.endswith(".py"):
-            ast.parse(text, path, feature_version=tuple(int(p) for p in image_minor().split(".")))
+            ast.parse(text, path, feature_version=tuple(int(p) for p in minor.split(".")))
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import admission_proxy, library, hub_download; "
             "print(admission_proxy.h11.__version__)")
     import tempfile

@@ -25,7 +25,7 @@ def test_every_shipped_router_is_found_with_its_rendered_flags_preset_and_plan()
     # It neither evicts nor loads itself; the proxy runs from its programs ConfigMap.
     assert spec["args"][spec["args"].index("--models-max") + 1] == "0" and "--no-models-autoload" in spec["args"]
     assert spec["proxy"]["command"][-1].endswith("/admission_proxy.py")
-    assert "class Residency" in spec["programs"]["data"]["admission_proxy.py"]
+    assert "class Residency" in spec["programs"]["data"]["admission.py"]
     assert spec["admission"]["models"].keys() == spec["residency"]["models"].keys()
     assert spec["residency"]["most_resident"] == 3
     assert set(spec["library"]) == set(spec["residency"]["models"])

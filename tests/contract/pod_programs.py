@@ -1,6 +1,7 @@
 """Run the in-cluster programs (incluster/) as their pod runs them: the rendered container's command, with
 the rendered programs ConfigMap's files written where the pod's volume puts them (a temp folder standing
-for the mount path), under the pinned image's Python minor version where this machine has one.
+for the mount path), under the Python minor version of the container's image where this machine has one.
+Standard library only: the router soak uses it on a GPU machine that has no venv.
 
     root = write_programs(config_map, pod_spec, tmp_path / "programs")
     command = pod_command(container, root)     # ["/path/to/python3.12", "-B", "-E", "-s", "<root>/admission_proxy.py"]
@@ -14,24 +15,21 @@ import shutil
 import subprocess
 import sys
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from components.programs import PROGRAMS_DIR
-from config.defaults import PREFETCH_IMAGE
+DEFAULT_MINOR = "3.12"
 
 
-def image_minor() -> str:
-    """The Python minor version of the pinned image the programs run in (python:3.12.11-slim-bookworm: 3.12)."""
-    match = re.search(r"python:(\d+\.\d+)", PREFETCH_IMAGE)
-    assert match, f"the pinned downloader image {PREFETCH_IMAGE} does not name its Python version"
-    return match.group(1)
+def image_minor(image: str | None) -> str:
+    """The Python minor version an image carries (docker.io/library/python:3.12.11-slim-bookworm: 3.12)."""
+    match = re.search(r"python:(\d+\.\d+)", image or "")
+    return match.group(1) if match else DEFAULT_MINOR
 
 
 @cache
-def pod_python() -> str:
-    """An interpreter of the image's minor version (pyenv's, the system's), else this one: the programs
-    are also held to that version's syntax by tests/test_incluster_programs.py, which runs everywhere."""
-    minor = image_minor()
+def pod_python(minor: str = DEFAULT_MINOR) -> str:
+    """An interpreter of that minor version (on the PATH, the system's, pyenv's), else this one: the programs
+    are also held to that version's grammar by tests/test_incluster_programs.py, which runs everywhere."""
     candidates = [shutil.which(f"python{minor}"), f"/usr/bin/python{minor}", f"/usr/local/bin/python{minor}",
                   *sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{minor}.*/bin/python{minor}")))]
     for candidate in candidates:
@@ -47,9 +45,9 @@ def pod_python() -> str:
     return sys.executable
 
 
-def programs_under(root: Path) -> Path:
+def programs_under(root: Path, mount: str = "/opt/inference-plane") -> Path:
     """Where the programs volume lands when every absolute path of the pod is moved under ``root``."""
-    return root / PROGRAMS_DIR.lstrip("/")
+    return root / mount.lstrip("/")
 
 
 def write_programs(config_map: dict, pod_spec: dict, root: Path) -> Path:
@@ -63,7 +61,11 @@ def write_programs(config_map: dict, pod_spec: dict, root: Path) -> Path:
 
 
 def pod_command(container: dict, root: Path) -> list[str]:
-    """The container's command with the interpreter of the image's version and the mount path at ``root``."""
-    command = list(container["command"])  # a container's, or an exec probe's
+    """A container's (or an exec probe's) command with the interpreter of its image's Python and the
+    programs' mount path moved to ``root``."""
+    command = list(container["command"])
     assert command[0] == "python3", command
-    return [pod_python()] + [arg.replace(PROGRAMS_DIR, str(root)) for arg in command[1:]]
+    (script,) = [arg for arg in command if arg.endswith(".py")]
+    mount = str(PurePosixPath(script).parent)
+    python = pod_python(image_minor(container.get("image")))
+    return [python] + [arg.replace(mount, str(root), 1) if arg == script else arg for arg in command[1:]]
