@@ -133,7 +133,7 @@ FAILED_LOADS_WINDOW = "15m"
 
 
 def residency_rules(name: str, where: str, server) -> list[dict]:
-    """A router behind its admission proxy (components/admission/proxy.py exports these series): a pinned
+    """A router behind its admission proxy (incluster/admission.py exports these series): a pinned
     model not resident, and repeated failed loads."""
     slowest = max((m.swap_seconds["cold"] for m in server.residency.models if m.pinned), default=0)
     return [

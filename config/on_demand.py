@@ -1,6 +1,6 @@
 """Models on demand: one llama.cpp server in router mode holding several models, each loaded when a
 request names it (``ModelServer.on_demand``). Which may be loaded together is decided by memory, planned
-(planning/residency.py) and held at run time by the admission proxy in the pod (components/admission)."""
+(planning/residency.py) and held at run time by the admission proxy in the pod (incluster/admission_proxy.py)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class OnDemandModel(ModelOverrides):
 
     hf_repo: HfRepo = doc("llama.cpp's --hf-repo for this model (org/Model-GGUF:QUANT).")
     pinned: bool = doc(
-        "Loaded when the server starts (load-on-startup) and kept: the admission proxy never unloads it to make "
+        "Loaded by the admission proxy when the server starts, and kept: the proxy never unloads it to make "
         "room, and loads it again within 30 s when the router loses it (llama.cpp's router has no pin of its own). "
         "Every other model must fit beside the pinned ones.",
         default=False,

@@ -45,7 +45,7 @@ class Library:
 @dataclass(frozen=True)
 class Admission:
     """A proxy in the server's pod that decides, before a request reaches it, whether the model the request
-    names may load now, and makes room for it (components/admission). It listens on the server's port;
+    names may load now, and makes room for it (incluster/admission_proxy.py). It listens on the server's port;
     the server itself only on the pod's loopback at ``server_port``."""
 
     server_port: int

@@ -1,5 +1,5 @@
 """Which on-demand models may be resident together (``models.<key>.on_demand``): planned from
-memory, and held to it at run time by the admission proxy in the router's pod (components/admission).
+memory, and held to it at run time by the admission proxy in the router's pod (incluster/admission_proxy.py).
 
 llama.cpp's router bounds residency only by a count (--models-max) and evicts the least recently
 used idle model, whichever it is (b10729 has no pin: common/arg.cpp; measured on a GPU: the model
