@@ -57,6 +57,9 @@ MAX_HELD_BYTES = 96 * 1024 * 1024
 MAX_CONNECTIONS = 256
 RESERVE_CONNECTIONS = 16
 HEALTH_HEAD_SECONDS = 2.0
+# Every answer closes its connection: a client (Traefik, Envoy) that keeps an idle connection longer than
+# the proxy would meet it closed as it sends the next request, and not every client retries that.
+CLOSE = [("Connection", "close")]
 # Headers never passed on (each side's framing is its own; h11 writes it).
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te", b"trailer",
                         b"upgrade", b"content-length", b"expect", b"host", b"content-type"})
@@ -150,11 +153,9 @@ class Proxy:
 
     async def refuse(self, client, status: int, message: str, kind: str) -> None:
         body = json.dumps({"error": {"code": status, "message": message, "type": kind}}).encode()
-        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body))), *CLOSE]
         if status == 503:
             headers.append(("Retry-After", "5"))
-        if client.h11.their_state is not h11.DONE:
-            headers.append(("Connection", "close"))  # the rest of the request is not read
         try:
             await client.send(h11.Response(status_code=status, reason=REASONS.get(status, "Error"), headers=headers))
             await client.send(h11.Data(data=body))
@@ -221,7 +222,7 @@ class Proxy:
 
     async def answer(self, client, status: int, content_type: str, body: bytes) -> None:
         await client.send(h11.Response(status_code=status, reason=REASONS.get(status, "OK"),
-                                       headers=[("Content-Type", content_type), ("Content-Length", str(len(body)))]))
+                                       headers=[("Content-Type", content_type), ("Content-Length", str(len(body))), *CLOSE]))
         await client.send(h11.Data(data=body))
         await client.send(h11.EndOfMessage())
 
@@ -275,6 +276,7 @@ class Proxy:
                 if isinstance(event, h11.Response):
                     state["started"] = True
                     headers = [(n, v) for n, v in event.headers if n not in HOP_BY_HOP or n in (b"content-length", b"content-type")]
+                    headers += CLOSE
                     await client.send(h11.Response(status_code=event.status_code, reason=event.reason or b"",
                                                    headers=headers))
                 elif isinstance(event, h11.Data):
