@@ -213,7 +213,10 @@ def _write_served_preset(served):
     kept, section = [], None
     # Lines as llama.cpp's preset parser reads them (common/preset.cpp: newline ::= "\r\n" / "\n" / "\r"),
     # not at every separator str.splitlines() knows (U+2028, U+0085, ...).
-    for line in PRESET_NEWLINE.split(_read(os.environ["PRESET"]).decode()):
+    lines = PRESET_NEWLINE.split(_read(os.environ["PRESET"]).decode())
+    if lines and lines[-1] == "":
+        lines.pop()  # the file's last newline ends a line; it starts none
+    for line in lines:
         header = re.match(r"^\s*\[([^\]]*)\]\s*$", line)
         if header:
             section = header.group(1).strip()
