@@ -68,6 +68,8 @@ bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 	@$(BIN)/python bench/prefill_error.py
 	@echo "==> VRAM plan against every recorded server on a card (docs/capacity-planning.md: VRAM)"
 	@$(BIN)/python bench/vram_error.py
+	@echo "==> what planning a large library of models on demand costs (docs/models-on-demand.md)"
+	@$(BIN)/python bench/library_plan.py
 	@echo "==> what the admission proxy adds to a request (real CPU router, tiny models; docs/models-on-demand.md)"
 	@$(BIN)/python bench/admission_latency.py
 	@if command -v nvidia-smi > /dev/null 2>&1; then $(MAKE) --no-print-directory router-soak; else \

@@ -10,8 +10,9 @@ from engines import engine_of
 from engines.base import Admission
 from planning.residency import ADMISSION_MEMORY_REQUEST
 
+from .prefetch import LIBRARY_STATUS
 from .programs import command
-from .security import CONTAINER_SECURITY
+from .security import CONTAINER_SECURITY, SCRATCH_VOLUME
 
 # Mostly idle (asyncio, one process); the limit holds the request bodies held while their model is
 # admitted (incluster/admission_proxy.py MAX_HELD_BYTES, 96 MiB together), the one JSON parse at a time
@@ -29,8 +30,9 @@ def admission_container(model: ModelServer, admission: Admission, probes: dict, 
         {"name": "ADMISSION_PLAN_FILE", "value": admission.plan_file},
         {"name": "LISTEN_PORT", "value": str(model.port)},
         {"name": "ROUTER_URL", "value": f"http://127.0.0.1:{admission.server_port}"},
+        {"name": "LIBRARY_STATUS", "value": LIBRARY_STATUS},
     ]
-    mounts = list(file_mounts)
+    mounts = list(file_mounts) + [SCRATCH_VOLUME]
     if model.api_key is not None and credentials is not None:
         env.append({"name": "ROUTER_AUTH_FILE", "value": credentials.key_file(model.api_key.secret_key)})
         mounts.append({"name": API_KEY_VOLUME, "mountPath": credentials.mount_dir, "readOnly": True})

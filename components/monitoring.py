@@ -134,7 +134,7 @@ FAILED_LOADS_WINDOW = "15m"
 
 def residency_rules(name: str, where: str, server) -> list[dict]:
     """A router behind its admission proxy (incluster/admission.py exports these series): a pinned
-    model not resident, and repeated failed loads."""
+    model not resident, a model refused for being larger than planned, and repeated failed loads."""
     slowest = max((m.swap_seconds["cold"] for m in server.residency.models if m.pinned), default=0)
     return [
         {
@@ -145,6 +145,15 @@ def residency_rules(name: str, where: str, server) -> list[dict]:
             "labels": {"severity": "warning"},
             "annotations": {"summary": f"{name}: the pinned model {{{{ $labels.model }}}} is not loaded (the proxy "
                                        "loads it again every 30 s; its loads fail)"},
+        },
+        {
+            # The downloader offers no model whose files are larger than the plan counted (a size the stack
+            # file got wrong can waste memory, never overrun the budget): the model is not served until fixed.
+            "alert": alert_name(name, "ModelLargerThanPlanned"),
+            "expr": f'inference_plane_router_model_unserved{{{where}{"," if where else ""}reason="larger_than_planned"}} == 1',
+            "labels": {"severity": "warning"},
+            "annotations": {"summary": f"{name}: {{{{ $labels.model }}}} is not offered: its files are larger than the "
+                                       "plan counted (correct its weights or facts in the stack file)"},
         },
         {
             "alert": alert_name(name, "LoadsFailing"),

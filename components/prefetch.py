@@ -23,6 +23,9 @@ KEEPER_RESOURCES = {"requests": {"cpu": "10m", "memory": KEEPER_MEMORY_REQUEST},
 # How often the keeper looks at its mounted ConfigMap (the kubelet itself refreshes it every ~60 s).
 KEEP_SECONDS = 30
 HEARTBEAT = f"{SCRATCH}/keeper-heartbeat"
+# Which listed models are served and why the others are not, on the pod's scratch volume: written by the
+# init container and the keeper, read by the admission proxy for its /metrics.
+LIBRARY_STATUS = f"{SCRATCH}/library-status.json"
 
 
 def hub_token_env(cache: ModelCacheConfig) -> list[dict]:
@@ -67,6 +70,7 @@ def _library_env(library: Library, cache: ModelCacheConfig) -> list[dict]:
         {"name": "SERVED_PRESET", "value": library.served_preset},
         {"name": "HOME", "value": SCRATCH},
         {"name": "HEARTBEAT", "value": HEARTBEAT},
+        {"name": "LIBRARY_STATUS", "value": LIBRARY_STATUS},
         *hub_token_env(cache),
     ]
 

@@ -298,6 +298,7 @@ def stack_problems(stack: StackConfig) -> list[Problem]:
     problems += _egress_expressible(stack)
     problems += _exposure_problems(stack)
     problems += _acknowledged(stack)
+    problems += _one_role_each(stack)
     problems += _public_names(stack)
     if stack.observability is not None and stack.cluster.monitoring is None:
         # The namespace's policy admits only the peers the config names: no scraper, no series.
@@ -333,6 +334,71 @@ def public_ranges(ranges) -> list[str]:
         ipaddress.ip_network(r).version == p.version and ipaddress.ip_network(r).subnet_of(p) for p in private)]
 
 
+def credential_roles(stack: StackConfig) -> tuple[list[tuple[str, str, str, bool]], list[tuple[str, str, str]]]:
+    """Every Secret a setting names, as (Secret name, role, setting path, whether the render writes it), and
+    every secret config key, as (config key, role, setting path): the credentials each has one role."""
+    secrets: list[tuple[str, str, str, bool]] = []
+    keys: list[tuple[str, str, str]] = []
+    for key, model in stack.models.items():
+        if model.api_key is not None:
+            path = f"models.{key}.api_key"
+            secrets.append((model.api_key.secret_name, "a server's API key (LAN clients hold it)", f"{path}.secret_name",
+                            model.api_key.from_config is not None))
+            if model.api_key.from_config:
+                keys.append((model.api_key.from_config, "a server's API key (LAN clients hold it)", f"{path}.from_config"))
+        if model.exposure is not None:
+            secrets.append((model.exposure.tls_secret, "a TLS certificate cert-manager writes",
+                            f"models.{key}.exposure.tls_secret", True))
+    if stack.model_cache.hub_token is not None:
+        secrets.append((stack.model_cache.hub_token.secret_name, "the Hugging Face token",
+                        "model_cache.hub_token.secret_name", False))
+    gateway = stack.gateway
+    if gateway is not None:
+        secrets.append((gateway.tls_secret, "a TLS certificate cert-manager writes", "gateway.tls_secret", True))
+        if gateway.client_ca_secret:
+            secrets.append((gateway.client_ca_secret, "the gateway's client CA", "gateway.client_ca_secret", False))
+        secrets.append((f"{gateway.name}-api-keys", "the gateway's client keys", "gateway.name", True))
+        secrets.append((f"{gateway.name}-llamacpp-credential", "the gateway's key to the local servers", "gateway.name", True))
+        if gateway.master_key_config:
+            keys.append((gateway.master_key_config, "the gateway's master key (every client key derives from it)",
+                         "gateway.master_key_config"))
+        for name, client in gateway.clients.items():
+            if client.key_config:
+                keys.append((client.key_config, f"gateway client {name}'s key", f"gateway.clients.{name}.key_config"))
+        for name, tier in gateway.tiers.items():
+            if tier.remote is not None:
+                secrets.append((f"{name}-provider-key", "a remote provider's account key", f"gateway.tiers.{name}", True))
+                if tier.remote.api_key_config:
+                    keys.append((tier.remote.api_key_config, f"a remote provider's account key ({tier.remote.host})",
+                                 f"gateway.tiers.{name}.remote.api_key_config"))
+    return secrets, keys
+
+
+def _one_role_each(stack: StackConfig) -> list[Problem]:
+    """One Secret, one role; one secret config key, one role. A server's LAN key in the same Secret or config
+    key as a provider's account key hands the account to every LAN client and the scraper; a Secret the render
+    writes twice, or one the render writes under a name a setting reads for something else, is another's."""
+    secrets, keys = credential_roles(stack)
+    problems: list[Problem] = []
+    seen: dict[str, tuple[str, str, bool]] = {}
+    for name, role, path, written in secrets:
+        if name in seen:
+            other_role, other_path, other_written = seen[name]
+            if other_role != role or (written and other_written):
+                problems.append((path, f"Secret {name} is also {other_role} ({other_path}): one Secret, one role; "
+                                 "name this one differently"))
+                continue
+        seen[name] = (role, path, written)
+    by_key: dict[str, tuple[str, str]] = {}
+    for key, role, path in keys:
+        if key in by_key and (by_key[key][0] != role or role.startswith("gateway client")):
+            problems.append((path, f"config key {key} is also {by_key[key][0]} ({by_key[key][1]}): one credential, "
+                             "one role; set a key of its own"))
+            continue
+        by_key.setdefault(key, (role, path))
+    return problems
+
+
 def _acknowledged(stack: StackConfig) -> list[Problem]:
     """What opens the plane wider than its defaults needs a reason, which the summary repeats."""
     problems: list[Problem] = []
@@ -341,6 +407,10 @@ def _acknowledged(stack: StackConfig) -> list[Problem]:
         if public and model.exposure.public_reason is None:
             problems.append((f"models.{key}.exposure.source_ranges", f"{', '.join(public)} admits addresses on the "
                              "internet; narrow it to your LAN's ranges, or set exposure.public_reason with why"))
+        if model.exposure is not None and model.exposure.source_ranges is None and model.exposure.public_reason is None:
+            problems.append((f"models.{key}.exposure.source_ranges", "null admits every client the ingress controller "
+                             "serves (the API key is the only guard); list your LAN's ranges, or set "
+                             "exposure.public_reason with who can reach the controller"))
     if stack.namespace.pod_security != "restricted" and stack.namespace.pod_security_reason is None:
         problems.append(("namespace.pod_security", f"{stack.namespace.pod_security} admits privileged pods the model "
                          "servers never need; use restricted, or set namespace.pod_security_reason with why"))
@@ -437,13 +507,13 @@ def _exposure_problems(stack: StackConfig) -> list[Problem]:
             problems.append((
                 f"models.{key}.exposure.source_ranges",
                 "the program can restrict sources only on ingress-nginx or Traefik (cluster.ingress.kind); restrict "
-                "them in your controller and set source_ranges: null",
+                "them in your controller, set source_ranges: null and exposure.public_reason saying where they are restricted",
             ))
         ours = program_annotations(stack.cluster.cert_manager_issuer, stack.cluster.ingress.kind, exposure,
                                    stack.namespace.name, model.name)
         for name, value in exposure.annotations.items():
             where = f"models.{key}.exposure.annotations.{name}"
-            if name == TRAEFIK_MIDDLEWARES:
+            if name == TRAEFIK_MIDDLEWARES and stack.cluster.ingress.kind == "traefik":
                 continue  # the user's middlewares run after the program's (components/model_server.py)
             if name in SOURCE_RANGE_ANNOTATIONS:
                 problems.append((where, "who may connect is exposure.source_ranges (ingress-nginx reads this name "
@@ -454,9 +524,8 @@ def _exposure_problems(stack: StackConfig) -> list[Problem]:
                     f"the program sets {ours[name]!r} here (from cluster.cert_manager_issuer, or exposure's "
                     "timeout_seconds / max_body for long streamed answers); remove it, or change those settings",
                 ))
-            elif name not in ours and annotation_refusal(name) is not None:
-                problems.append((where, f"{annotation_refusal(name)}; remove it (config/ingress.py lists what the "
-                                 "program keeps for itself)"))
+            elif name not in ours and annotation_refusal(name, stack.cluster.ingress.kind) is not None:
+                problems.append((where, f"{annotation_refusal(name, stack.cluster.ingress.kind)}; remove it"))
             if stack.cluster.public_dns_label and name == stack.cluster.public_dns_label:
                 problems.append((f"models.{key}.exposure.annotations.{name}", "would publish the API on the internet; remove it"))
     return problems

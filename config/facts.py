@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .values import doc, Number, Positive, Strict
 
@@ -21,11 +21,17 @@ class Projector(Strict):
         "The same without flash attention, counted on the other backends; null: compute_mib.", default=None)
 
 
+# Ten trillion parameters: past any model, and keeps every product of the plan finite.
+MAX_PARAMS_B = 10_000
+# llama.cpp's smallest file type is IQ1_S at 1.5625 bits per weight; F32 the largest (tools/quantize, b10729).
+MIN_BITS, MAX_BITS = 1.5, 32
+
+
 class ModelFacts(Strict):
     """What the memory model needs to know about a model's architecture."""
 
-    params_b: Annotated[Number, Field(gt=0)] = doc("Parameters, in billions.")
-    active_params_b: Optional[Annotated[Number, Field(gt=0)]] = doc(
+    params_b: Annotated[Number, Field(gt=0, le=MAX_PARAMS_B)] = doc("Parameters, in billions.")
+    active_params_b: Optional[Annotated[Number, Field(gt=0, le=MAX_PARAMS_B)]] = doc(
         "Parameters read per token, for mixture-of-experts; null: dense (all of them).", default=None
     )
     layers: Positive = doc("Transformer blocks.")
@@ -40,7 +46,7 @@ class ModelFacts(Strict):
     sliding_window_layers: Optional[Positive] = doc(
         "How many layers use the sliding window (they are not in full_attention_layers).", default=None
     )
-    expert_params_b: Optional[Annotated[Number, Field(gt=0)]] = doc(
+    expert_params_b: Optional[Annotated[Number, Field(gt=0, le=MAX_PARAMS_B)]] = doc(
         "Mixture-of-experts: parameters in the routed experts, all layers together (the rest, attention and shared "
         "parts, is read for every token). Needed to plan cpu_moe_layers; null: not known.",
         default=None,
@@ -74,8 +80,9 @@ class ModelFacts(Strict):
     recurrent_state_mib: Annotated[Number, Field(ge=0)] = doc(
         "Fixed-size recurrent state per slot (hybrid models), independent of context.", default=0.0
     )
-    bits_per_weight: Optional[Annotated[Number, Field(gt=0, le=32)]] = doc(
-        "Overrides the quant's table value (checkpoints that are not GGUF).", default=None
+    bits_per_weight: Optional[Annotated[Number, Field(ge=MIN_BITS, le=MAX_BITS)]] = doc(
+        "Overrides the quant's table value (checkpoints that are not GGUF): between llama.cpp's smallest type "
+        "(IQ1_S, 1.56) and F32.", default=None
     )
     mmproj: Optional[Projector] = doc(
         "The vision projector the repo ships (mmproj-*.gguf): llama.cpp fetches and loads it beside the model, on the "
@@ -86,3 +93,16 @@ class ModelFacts(Strict):
         "whole input in one micro-batch: llama.cpp refuses a longer input (HTTP 500).",
         default=None,
     )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelFacts":
+        """The facts held to their own arithmetic: a part is never more than the whole."""
+        for part, name in ((self.active_params_b, "active_params_b"), (self.expert_params_b, "expert_params_b")):
+            if part is not None and part > self.params_b:
+                raise ValueError(f"{name} {part} is more than params_b {self.params_b}: a part of the model is not "
+                                 "larger than all of it")
+        for part, name in ((self.full_attention_layers, "full_attention_layers"),
+                           (self.sliding_window_layers, "sliding_window_layers")):
+            if part is not None and part > self.layers:
+                raise ValueError(f"{name} {part} is more than layers {self.layers}")
+        return self

@@ -15,7 +15,10 @@ from .values import (
     Duration,
     Hostname,
     HttpPath,
+    Line,
     Memory,
+    QualifiedName,
+    Reason,
     Strict,
 )
 
@@ -40,7 +43,7 @@ class RouteBackend(Strict):
     """One priority of a route."""
 
     tier: DnsLabel = doc("A gateway.tiers key.")
-    model: Optional[Annotated[str, Field(min_length=1, max_length=200)]] = doc(
+    model: Optional[Annotated[Line, Field(min_length=1, max_length=200)]] = doc(
         "The model name sent to this tier; null: the local engine's served name, or the public name.", default=None
     )
 
@@ -101,13 +104,13 @@ class GatewayConfig(Strict):
     hostname: Hostname = doc("The listener's host name (on the tailnet: the MagicDNS name).")
     port: Annotated[int, Field(ge=1, le=65535)] = doc("The HTTPS listener's port.", default=443)
     tls_secret: DnsName = doc("The Secret cert-manager writes the listener's certificate to.")
-    load_balancer_class: Optional[Annotated[str, Field(min_length=1)]] = doc(
+    load_balancer_class: Optional[QualifiedName] = doc(
         "The Envoy Service's load-balancer class. tailscale: the Tailscale operator makes it a tailnet device, named "
         "after hostname's first label, so hostname must be its MagicDNS name (<device>.<tailnet>.ts.net). null: the "
         "cluster's default load balancer (k3s ServiceLB, MetalLB: an address on the LAN, where hostname must resolve "
         "to it); any other class: that controller's. Both need load_balancer_reason.", default="tailscale"
     )
-    load_balancer_reason: Optional[Annotated[str, Field(min_length=10, max_length=500)]] = doc(
+    load_balancer_reason: Optional[Reason] = doc(
         "Required unless the class is tailscale (a cloud load balancer faces the internet; ServiceLB or MetalLB "
         "the LAN): who can reach the gateway, and how its hostname resolves there (said in the summary).", default=None)
     envoy_namespace: DnsLabel = doc("Where Envoy Gateway runs the Envoy pods.", default="envoy-gateway-system")

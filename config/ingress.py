@@ -21,9 +21,38 @@ TRAEFIK_MIDDLEWARES = "traefik.ingress.kubernetes.io/router.middlewares"
 SOURCE_RANGE_ANNOTATIONS = (f"{NGINX}/whitelist-source-range", f"{NGINX}/allowlist-source-range")
 
 
-# Annotations a stack may not add (exposure.annotations), each with why: what they change is a promise
-# the plan, the policies or the summary make from typed settings. Matched on the whole key, or on a
-# prefix ending in '*'. Anything else is allowed, and the render's summary lists it.
+# Annotations a stack may add (exposure.annotations), by controller ("" for any), each with why it is safe:
+# it changes presentation or a limit, never a promise the plan, the policies or the summary make. Matched
+# on the whole key as the API server and the controllers compare keys (exactly, case and all), or on a
+# prefix ending in '/'. Every other key is refused; the render's summary lists the ones added.
+ALLOWED_ANNOTATIONS: dict[str, dict[str, str]] = {
+    "": {
+        "gethomepage.dev/": "a Homepage dashboard entry (name, icon, group): read by Homepage, by no controller",
+        "kubernetes.io/description": "a description for people",
+    },
+    "ingress-nginx": {
+        f"{NGINX}/limit-rps": "caps requests per second per client address, below what the server would serve",
+        f"{NGINX}/limit-rpm": "caps requests per minute per client address",
+        f"{NGINX}/limit-connections": "caps concurrent connections per client address",
+        f"{NGINX}/limit-burst-multiplier": "the burst the two limits above allow",
+    },
+    "traefik": {
+        # The user's middlewares run after the program's source check (ingress_annotations).
+        TRAEFIK_MIDDLEWARES: "more Traefik middlewares (rate limits, headers), run after the source check",
+    },
+}
+
+
+def annotation_allowed(name: str, kind: str) -> bool:
+    """Whether a stack may add this Ingress annotation for this controller."""
+    for allowed in (ALLOWED_ANNOTATIONS.get(""), ALLOWED_ANNOTATIONS.get(kind, {})):
+        for key in allowed or {}:
+            if name == key or (key.endswith("/") and name.startswith(key) and len(name) > len(key)):
+                return True
+    return False
+
+
+# Why the keys a user is likeliest to reach for are not on the list (the message names what to use instead).
 REFUSED_ANNOTATIONS: tuple[tuple[str, str], ...] = (
     # TLS: every Ingress terminates TLS with a certificate from cluster.cert_manager_issuer.
     (f"{NGINX}/ssl-redirect", "turns off the redirect to TLS (keys would cross plain HTTP)"),
@@ -50,12 +79,23 @@ REFUSED_ANNOTATIONS: tuple[tuple[str, str], ...] = (
     ("kubernetes.io/ingress.class", "picks another controller (cluster.ingress.class_name)"),
     # Publication: no public DNS record is made (docs/exposure.md).
     ("external-dns.alpha.kubernetes.io/*", "publishes a DNS record for the API"),
+    (f"{NGINX}/mirror-*", "copies every request, its key header and prompt, to another host"),
+    (f"{NGINX}/auth-*", "hands the decision of who may connect to another service"),
+    ("traefik.ingress.kubernetes.io/*", "changes Traefik's router for this Ingress"),
 )
 
 
-def annotation_refusal(name: str) -> str | None:
-    """Why a stack may not set this Ingress annotation, or None."""
-    return next((why for pattern, why in REFUSED_ANNOTATIONS if fnmatch.fnmatchcase(name, pattern)), None)
+def annotation_refusal(name: str, kind: str) -> str | None:
+    """Why a stack may not set this Ingress annotation on this controller, or None when it may."""
+    if annotation_allowed(name, kind):
+        return None
+    why = next((why for pattern, why in REFUSED_ANNOTATIONS if fnmatch.fnmatchcase(name.lower(), pattern)), None)
+    if why is not None:
+        return why
+    kinds = sorted(k for k in (kind, "") if k in ALLOWED_ANNOTATIONS)
+    listed = ", ".join(key + ("*" if key.endswith("/") else "") for k in kinds for key in ALLOWED_ANNOTATIONS[k])
+    return (f"is not among the annotations a stack may add for {kind} (config/ingress.py ALLOWED_ANNOTATIONS: "
+            f"{listed}): what it changes is the program's to set (ask for a typed setting)")
 
 
 def source_middleware(server: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any, Optional
 from common.constants import COMMIT_ID, OFFLINE_SECRET_PLACEHOLDER, PROJECT, TAILSCALE_CLASS, tailnet_device
 from common.errors import ConfigError
 
-from .checks import config_warnings
+from .checks import config_warnings, credential_roles
 from .gateway import GatewayConfig
 from .types import TOP_LEVEL_KEYS, Problem, StackConfig
 from .validation import EngineChecks, path_part, validate_values
@@ -192,16 +192,17 @@ def _secret_key_problems(stack: StackConfig, values: dict[str, Any], secret_keys
                                   "in the cluster as the render's SECRETS.md says)"))
         elif key not in secret_keys:
             problems.append((key, f"holds a credential in plain text; run: pulumi config set --secret {key} <value>"))
-    if stack.gateway is not None:
-        by_value: dict[str, str] = {}
-        for client, settings in stack.gateway.clients.items():
-            value = values.get(settings.key_config) if settings.key_config else None
-            if value is None or value == OFFLINE_SECRET_PLACEHOLDER:
-                continue  # offline, every secret reads the same placeholder: their real values differ
-            if value in by_value:
-                problems.append((
-                    f"gateway.clients.{client}.key_config",
-                    f"{settings.key_config} holds the same key as client {by_value[value]}'s; give each client its own",
-                ))
-            by_value[value] = client
+    # One credential, one role, by value too: two config keys holding the same key (a provider's account key
+    # pasted as a server's LAN key, one client's key as another's).
+    by_value: dict[str, tuple[str, str, str]] = {}
+    for key, role, path in credential_roles(stack)[1]:
+        value = values.get(key)
+        if not isinstance(value, str) or value == OFFLINE_SECRET_PLACEHOLDER:
+            continue  # offline, every secret reads the same placeholder: their real values differ
+        for line in (v for v in value.split("\n") if v and not v.startswith("#")):  # a key file: one key a line
+            if line in by_value and by_value[line][0] != key and (by_value[line][1] != role or role.startswith("gateway client")):
+                problems.append((path, f"{key} holds the same key as {by_value[line][2]} ({by_value[line][1]}); "
+                                 "give each its own"))
+                break
+            by_value.setdefault(line, (key, role, path))
     return problems

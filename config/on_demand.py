@@ -13,7 +13,7 @@ from .model_settings import ModelOverrides, over_the_catalog
 from .values import HfRepo, PinnedImage, Strict, doc
 
 # The most models one router serves: the plan checks every set of them that can be resident (2^16).
-MAX_MODELS = 16
+MAX_MODELS = 256
 
 # A public model name: what a client sends as "model" and the router's preset section.
 ModelName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[a-z0-9][a-z0-9._-]*$")]

@@ -33,10 +33,13 @@ from .values import (
     Hostname,
     HttpPath,
     Labels,
+    Line,
     Memory,
     Number,
     PinnedImage,
     Positive,
+    QualifiedName,
+    SecretDataKey,
     ThreadCount,
     Reason,
     RepoId,
@@ -116,7 +119,7 @@ class ClusterConfig(Strict):
         "The cluster DNS pods (egress on port 53).",
         default=PodPeer(namespace="kube-system", pod_labels={"k8s-app": "kube-dns"}),
     )
-    public_dns_label: Optional[str] = doc(
+    public_dns_label: Optional[QualifiedName] = doc(
         "A label that makes external-dns publish a record on the internet. The program never sets it and refuses "
         "any exposure that asks for it: the llama.cpp API stays LAN-only.",
         default=None,
@@ -150,7 +153,7 @@ class NamespaceConfig(Strict):
         "Pod Security level enforced: the pods need no privilege, the GPU comes in through the device-plugin API.",
         default="restricted",
     )
-    pod_security_reason: Optional[Annotated[str, Field(min_length=10, max_length=500)]] = doc(
+    pod_security_reason: Optional[Reason] = doc(
         "Required for a level below restricted: why the namespace admits more privileged pods (said in the summary).",
         default=None,
     )
@@ -263,7 +266,7 @@ class HubToken(Strict):
     """A Secret you create (never the program: the token is yours) holding a Hugging Face access token."""
 
     secret_name: DnsName = doc("The Secret's name, in the stack's namespace.")
-    secret_key: Annotated[str, Field(pattern=r"^[-._a-zA-Z0-9]+$")] = doc("The key holding the token.", default="token")
+    secret_key: SecretDataKey = doc("The key holding the token.", default="token")
 
 
 class ModelCacheConfig(Strict):
@@ -339,7 +342,7 @@ class OpenAIEngine(Strict):
         default="/health",
     )
     metrics_path: Optional[HttpPath] = doc("Prometheus metrics path; null: not scraped.", default="/metrics")
-    served_model: Annotated[str, Field(min_length=1, max_length=200)] = doc(
+    served_model: Annotated[Line, Field(min_length=1, max_length=200)] = doc(
         "The model name the engine serves, sent upstream by the gateway (modelNameOverride)."
     )
     resident_memory: Memory = doc("What the engine locks in memory, weights and KV pool together, as measured on the node.")
@@ -351,7 +354,7 @@ class Prefetch(Strict):
     repo: RepoId = doc("The Hugging Face repo to download.")
     revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9._/-]+$")] = doc("Branch, tag or 40-hex commit; a commit, once fetched, starts with no Hub.", default="main")
     image: PinnedImage = doc("The init container's image (needs python3; nothing is installed).", default=PREFETCH_IMAGE)
-    command: Optional[Annotated[list[str], Field(min_length=1)]] = doc(
+    command: Optional[Annotated[list[Annotated[Line, Field(max_length=4096)]], Field(min_length=1, max_length=64)]] = doc(
         "null: the built-in downloader (components/prefetch/hub_download.py, standard library only: no PyPI at start). "
         "Otherwise runs with HF_REPO, HF_REVISION, HOME and HF_HOME set, and must skip files it already has.",
         default=None,
@@ -404,10 +407,10 @@ class Exposure(Strict):
         default=3600,
     )
     max_body: Memory = doc("Largest request body (long chat histories, pasted documents).", default="64Mi")
-    public_reason: Optional[Annotated[str, Field(min_length=10, max_length=500)]] = doc(
+    public_reason: Optional[Reason] = doc(
         "Required when source_ranges admit addresses outside private (RFC 1918), CGNAT and unique-local space: why "
         "this API may be reached from the internet (the summary then says so, with the reason).", default=None)
-    annotations: dict[Annotated[str, Field(max_length=253)], Annotated[str, Field(max_length=4096)]] = doc(
+    annotations: dict[QualifiedName, Annotated[Line, Field(max_length=4096)]] = doc(
         "More Ingress annotations, listed in the summary. Those the program sets win (a different value is refused), and "
         "so are those that would change TLS, CORS, paths, hosts, the entry point or DNS publication (config/ingress.py).",
         default={},
@@ -418,7 +421,7 @@ class ApiKey(Strict):
     """llama.cpp's --api-key-file, read from a Kubernetes Secret."""
 
     secret_name: DnsName = doc("The Secret holding the key file.")
-    secret_key: Annotated[str, Field(pattern=r"^[-._a-zA-Z0-9]+$")] = doc("The key file's name in the Secret.", default="api-keys")
+    secret_key: SecretDataKey = doc("The key file's name in the Secret.", default="api-keys")
     from_config: Optional[ConfigKey] = doc(
         "A Pulumi secret config key whose value (one key per line) becomes that Secret; null: the Secret is "
         "created outside this program.",
@@ -486,7 +489,7 @@ class ModelServer(ModelSettings):
         "model's recurrent state in host RAM.",
         default=None,
     )
-    cors_origins: Optional[Annotated[str, Field(min_length=1, max_length=1000)]] = doc(
+    cors_origins: Optional[Annotated[Line, Field(min_length=1, max_length=1000)]] = doc(
         "--cors-origins: which other web origins may read the API's answers. localhost (special): pages served "
         "from localhost only; or one origin such as https://chat.example.org. Never null: without the flag the "
         "server echoes any Origin with credentials allowed (seen running it).",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import unicodedata
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
@@ -14,8 +15,10 @@ from common.constants import PINNED_IMAGE
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
-_FQDN_PATTERN = re.compile(r"^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
+# A top-level domain: letters, or an internationalised one in its ASCII form (xn--p1ai is .рф).
+_TLD = r"([a-z]{2,63}|xn--[a-z0-9-]{1,59})"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$)([a-z0-9]([-a-z0-9]{{0,61}}[a-z0-9])?\.)+{_TLD}$")
+_FQDN_PATTERN = re.compile(rf"^(\*\.)?([a-z0-9]([-a-z0-9]{{0,61}}[a-z0-9])?\.)+{_TLD}$")
 LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _HF_REPO = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*:[A-Za-z0-9_]+$")
@@ -30,6 +33,36 @@ def matches(pattern: re.Pattern[str], what: str) -> AfterValidator:
         return value
 
     return AfterValidator(check)
+
+
+def printable_line(value: str) -> str:
+    """One line of printable characters (str.isprintable: no control, format, line or paragraph separator, no
+    space but U+0020), so that no reader splits it: not llama.cpp's preset parser (\\r, \\n), not
+    str.splitlines() (U+2028, U+0085, U+001C ...), not a terminal (escapes, bidirectional overrides). Every
+    free-form string that reaches a file, an argv or the summary is held to it, here, once."""
+    for character in value:
+        if not character.isprintable():
+            name = unicodedata.name(character, "a control character")
+            raise ValueError(f"holds {name} (U+{ord(character):04X}); write one line of printable characters")
+    return value
+
+
+def _reason(value: str) -> str:
+    """An acknowledgement says why: at least three words of letters, not ten spaces or a placeholder."""
+    if len(re.findall(r"[^\W\d_]{2,}", value)) < 3:
+        raise ValueError(f"{value!r} does not say why: write the reason in a few words")
+    return value
+
+
+def _idna(value: str) -> str:
+    """Each xn-- label (an internationalised name in its ASCII form) is valid punycode."""
+    for label in value.split("."):
+        if label.startswith("xn--"):
+            try:
+                label.encode("ascii").decode("idna")
+            except UnicodeError:
+                raise ValueError(f"{label!r} in {value!r} is not a valid internationalised (xn--) label") from None
+    return value
 
 
 def _memory(value: str) -> Quantity:
@@ -81,8 +114,8 @@ Cidr = Annotated[str, AfterValidator(_cidr)]
 Number = Annotated[float, BeforeValidator(_decimal_text)]
 DnsLabel = Annotated[str, matches(_DNS_LABEL, "a DNS label (lower-case letters, digits, '-', at most 63)")]
 DnsName = Annotated[str, matches(_DNS_NAME, "a DNS subdomain name (lower-case letters, digits, '-', '.')")]
-Hostname = Annotated[str, matches(_HOSTNAME, "a fully qualified host name such as llm.example.org")]
-FqdnPattern = Annotated[str, matches(_FQDN_PATTERN, "a host name or a '*.' wildcard host name")]
+Hostname = Annotated[str, matches(_HOSTNAME, "a fully qualified host name such as llm.example.org"), AfterValidator(_idna)]
+FqdnPattern = Annotated[str, matches(_FQDN_PATTERN, "a host name or a '*.' wildcard host name"), AfterValidator(_idna)]
 # llama.cpp's file types, the names its quantizer gives a GGUF and repos tag their files with
 # (tools/quantize/quantize.cpp QUANT_OPTIONS, b10729), and MXFP4 (gpt-oss' own).
 LLAMACPP_FILE_TYPES = (
@@ -132,6 +165,18 @@ Memory = Annotated[str, BeforeValidator(_number_as_quantity), AfterValidator(_me
 Cpu = Annotated[str, BeforeValidator(_number_as_quantity), AfterValidator(_cpu)]
 Labels = Annotated[dict[str, str], AfterValidator(_labels)]
 ConfigKey = Annotated[str, matches(_CONFIG_KEY, "a config key name (lower-case, digits, '_')")]
+
+
+def _secret_data_key(value: str) -> str:
+    """A key of a Secret's data, as the API server validates it (IsConfigMapKey): letters, digits, '-', '_',
+    '.', at most 253, not '.' or '..' and not starting with '..' (the kubelet's own names in a mounted volume)."""
+    if not re.fullmatch(r"[-._a-zA-Z0-9]{1,253}", value) or value in (".", "..") or value.startswith(".."):
+        raise ValueError(f"{value!r} is not a Secret key the API server takes (letters, digits, '-', '_', '.'; "
+                         "not '.', '..' or starting with '..')")
+    return value
+
+
+SecretDataKey = Annotated[str, AfterValidator(_secret_data_key)]
 ResourceName = Annotated[str, matches(LABEL_KEY, "a resource name such as gpu.intel.com/i915")]
 Positive = Annotated[int, Field(gt=0)]
 
@@ -149,8 +194,15 @@ LayerCount = Annotated[int, Field(ge=0, le=999)]  # --n-gpu-layers, --n-cpu-moe
 ContextTokens = Annotated[int, Field(gt=0, le=4_194_304)]  # --ctx-size
 MicroBatch = Annotated[int, Field(gt=0, le=65536)]  # --ubatch-size
 Slots = Annotated[int, Field(gt=0, le=256)]  # --parallel
-Reason = Annotated[str, Field(min_length=10, max_length=300)]
-Args = Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)]
+# Free-form text: one printable line, bounded.
+Line = Annotated[str, AfterValidator(printable_line)]
+# Why a risky setting is accepted: said in the summary (quoted, so it cannot pass for a line of it).
+Reason = Annotated[str, Field(min_length=10, max_length=500), AfterValidator(printable_line), AfterValidator(_reason)]
+Args = Annotated[list[Annotated[str, Field(max_length=4096), AfterValidator(printable_line)]], Field(max_length=64)]
+# A qualified name as the API server validates label and annotation keys, load-balancer classes and
+# resource names: an optional DNS-subdomain prefix and '/', then at most 63 characters.
+QualifiedName = Annotated[str, matches(LABEL_KEY, "a qualified name such as example.com/name (letters, digits, '-', "
+                                                  "'_', '.'; an optional DNS prefix and '/')")]
 
 
 class Strict(BaseModel):

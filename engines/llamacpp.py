@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Optional
 
 from common.constants import EMBEDDINGS_PATH, LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, METRICS_TOKEN_KEY
 from common.quantity import GIB, MIB, parse_quantity
-from config.catalog import facts_for, near_repos, repo_of
+from config.catalog import facts_for, lookup, near_repos, repo_of
 from planning.memory import Estimate, weights_quantity
 
 from .base import Credentials, Engine, Problem
 from .llamacpp_flags import extra_args_problems
 from .llamacpp_speed import predict_range_tok_s, prefill
 from .llamacpp_memory import (
+    BITS_PER_WEIGHT,
     DEFAULT_BATCH,
     effective_batch,
     DEFAULT_UBATCH,
@@ -144,6 +145,7 @@ class LlamaCpp(Engine):
             problems.append((f"{path}.ubatch_size", f"{model.ubatch_size} exceeds ctx_size {model.ctx_size}"))
         problems += extra_args_problems(list(model.extra_args), f"{path}.extra_args", GENERATED_FLAGS)
         problems += self._placement_problems(model, path, pool)
+        problems += size_problems(model, path)
         return problems
 
     @staticmethod
@@ -353,3 +355,40 @@ class LlamaCpp(Engine):
     def reports_queue(self, model: "ModelServer") -> bool:
         """llamacpp:requests_deferred is on /metrics when --metrics is set."""
         return model.metrics
+
+
+# A size is believed only near what the file holds: llama.cpp's files weigh their parameters at the quant's
+# bits (the table's are averages; embedding and output tensors kept larger make real files heavier, never
+# this much lighter). A size the plan is told that is far below makes it hold a fraction of the real model.
+SIZE_FLOOR = 0.75
+# Facts that change a known repo's size: believed down to 10 % below the catalog's (a re-quant, a variant).
+CATALOG_FLOOR = 0.9
+
+
+def size_problems(model: "ModelServer", path: str) -> list[Problem]:
+    """The sizes a stack states held to the model's own arithmetic and to the catalog: weights against
+    parameters x bits, bits against the quant's, facts against the catalog's for a repo it knows."""
+    facts = facts_for(model)
+    if facts is None or model.hf_repo is None:
+        return []
+    problems: list[Problem] = []
+    quant = quant_of(model.hf_repo)
+    table = BITS_PER_WEIGHT.get(quant)
+    if facts.bits_per_weight is not None and table is not None and facts.bits_per_weight < SIZE_FLOOR * table:
+        problems.append((f"{path}.facts.bits_per_weight", f"{facts.bits_per_weight} is far below {quant}'s "
+                         f"{table} bits per weight: the plan would hold a fraction of the file; remove it or correct it"))
+    bits = facts.bits_per_weight or table
+    expected = facts.params_b * 1e9 * bits / 8 if bits else None
+    if model.weights is not None and expected is not None and parse_quantity(model.weights) < SIZE_FLOOR * expected:
+        problems.append((f"{path}.weights", f"{model.weights} is far below what {facts.params_b:g}B parameters at "
+                         f"{bits:g} bits weigh ({expected / GIB:.1f} GiB): the plan would hold a fraction of the file "
+                         "(the downloader refuses a model larger than planned); remove weights or correct it"))
+    known = lookup(model.hf_repo)
+    if model.facts is not None and known is not None and known is not model.facts:
+        ours = weights_bytes(model.model_copy(update={"facts": None}), known) if table or known.bits_per_weight else None
+        theirs = weights_bytes(model, facts) if bits else None
+        if ours is not None and theirs is not None and theirs < CATALOG_FLOOR * ours:
+            problems.append((f"{path}.facts", f"makes {repo_of(model.hf_repo)} {theirs / GIB:.1f} GiB of weights, the "
+                             f"catalog's facts {ours / GIB:.1f} GiB: the plan would count less than the file; remove "
+                             "the keys that shrink it (params_b, bits_per_weight) or correct them"))
+    return problems

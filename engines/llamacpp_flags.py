@@ -1,9 +1,11 @@
 """Which llama-server flags a stack may add in ``extra_args``: a closed list, each flag changing nothing
 the plan, the policies or the pod depend on (sampling defaults, chat formatting, logging, timeouts).
 Every other flag is refused: a generated one names its typed field, a known dangerous one says why,
-and any other is not on the list. Each value is one argv element (no newline, NUL or other control
-character): a router writes it into its preset file as a line of its own. The flags are checked
-against the pinned build's own --help (tests/test_llama_contract.py)."""
+and any other is not on the list. Each item is one printable line (config/values.py Args: a router
+writes it into its preset file), and in a form the pinned llama-server's parser takes: a flag, then its
+value as the next item (b10729 reads no `--flag=value`: "invalid argument"), never a value that reads as a
+flag (it would be taken as the value and refused: "error while handling argument"). The flags are checked
+against the pinned build's own --help, and these forms against its parser (tests/test_llama_contract.py)."""
 
 from __future__ import annotations
 
@@ -64,21 +66,19 @@ REFUSED: dict[str, str] = {
                     "reads or writes a path in the container; put the content in a typed setting instead"),
 }
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# A value may start with '-' only as a number (--seed -1, --temp -0.5 would be odd but parse).
+_NUMBER = re.compile(r"-?[0-9.][0-9.eE+-]*")
 
 
 def extra_args_problems(args: list[str], path: str, generated: frozenset[str]) -> list[Problem]:
-    """Each flag on the list, with a value where it takes one; every element one clean argv element."""
+    """Each flag on the list, with a value where it takes one, in the argv form the pinned parser takes."""
     problems: list[Problem] = []
     index = 0
     while index < len(args):
         arg = args[index]
         where = f"{path}[{index}]"
-        flag, inline = (arg.split("=", 1) + [None])[:2] if arg.startswith("-") else (arg, None)
-        if _CONTROL.search(arg):
-            problems.append((where, f"{arg!r} holds a control character (a newline would start a line of its own in "
-                             "the router's preset file); one argument per list item, without line breaks"))
-        elif not arg.startswith("-"):
+        flag = arg.split("=", 1)[0] if arg.startswith("-") else arg
+        if not arg.startswith("-"):
             problems.append((where, f"{arg!r} is not a flag (a value goes right after the flag that takes it)"))
         elif flag in generated or flag in REFUSED or flag not in ALLOWED:
             if flag in generated:
@@ -89,16 +89,18 @@ def extra_args_problems(args: list[str], path: str, generated: frozenset[str]) -
                 problems.append((where, f"{flag} is not among the flags extra_args may set (sampling, chat template "
                                  "and reasoning, timeouts, batching, logging, RoPE: engines/llamacpp_flags.py); ask for "
                                  "a typed setting"))
-            if inline is None and index + 1 < len(args) and not args[index + 1].startswith("-"):
+            if "=" not in arg and index + 1 < len(args) and not args[index + 1].startswith("-"):
                 index += 1  # its value: one problem for the pair
-        elif ALLOWED[flag] and inline is None:
-            if index + 1 >= len(args):
+        elif "=" in arg:
+            problems.append((where, f"{arg!r}: llama-server (b10729) reads no '=' form and stops at start; write "
+                             f"{flag!r} and its value as two items"))
+        elif ALLOWED[flag]:
+            value = args[index + 1] if index + 1 < len(args) else None
+            if value is None:
                 problems.append((where, f"{flag} takes a value: put it in the next item"))
-            elif _CONTROL.search(args[index + 1]):
-                problems.append((f"{path}[{index + 1}]", f"{args[index + 1]!r} holds a control character; one value "
-                                 "per list item, without line breaks"))
+            elif value.startswith("-") and not _NUMBER.fullmatch(value):
+                problems.append((f"{path}[{index + 1}]", f"{value!r} is not a value for {flag} (llama-server would take "
+                                 f"it as the value and stop at start); put {flag}'s value right after it"))
             index += 1
-        elif not ALLOWED[flag] and inline is not None:
-            problems.append((where, f"{flag} takes no value; write {flag} alone"))
         index += 1
     return problems

@@ -81,19 +81,24 @@ def library_dir(model: "ModelServer", mount_path: str) -> str:
     return f"{mount_path}/{LIBRARY_FOLDER}/{model.name}"
 
 
-def library(model: "ModelServer") -> dict[str, dict]:
+def library(model: "ModelServer", plan: Optional["ServerPlan"] = None) -> dict[str, dict]:
     """What the init container fetches: each public name, its org/repo:TAG, and whether its vision
     projector is fetched too: only where the plan counts one (facts.mmproj), since llama.cpp loads any
-    mmproj file in the model's folder (common/preset.cpp), and `no-mmproj` does not stop it there."""
+    mmproj file in the model's folder (common/preset.cpp), and `no-mmproj` does not stop it there. With the
+    plan, the bytes it counted for the model's files: the downloader offers no model whose files are larger
+    (incluster/library.py), so a size the plan was told wrong can waste memory but never overrun the budget."""
+    planned = {m.name: m.weights_gib for m in plan.residency.models} if plan is not None and plan.residency else {}
     fetched = {}
     for name, entry in model.on_demand.models.items():
         facts = facts_for(model.as_single(name))
         fetched[name] = {"hf_repo": entry.hf_repo, "mmproj": facts is not None and facts.mmproj is not None}
+        if name in planned:
+            fetched[name]["planned_bytes"] = int(planned[name] * 2**30)
     return fetched
 
 
-def library_json(model: "ModelServer") -> str:
-    return json.dumps(library(model), indent=2) + "\n"
+def library_json(model: "ModelServer", plan: Optional["ServerPlan"] = None) -> str:
+    return json.dumps(library(model, plan), indent=2) + "\n"
 
 
 def cache_env(model: "ModelServer", mount_path: str) -> list[dict]:
@@ -192,7 +197,11 @@ class LlamaCppRouter(Engine):
                                  "write it without them"))
         for name in model.on_demand.models:
             for where, message in CHILD.config_problems(model.as_single(name), path, pool):
-                problems.append((where.replace(path, f"{path}.on_demand.models.{name}", 1), message))
+                # The router's own extra_args reach every child: a problem with them is the router's field's, said
+                # once (Problems drops repeats), not under each model's path, where no extra_args is written.
+                if not where.startswith(f"{path}.extra_args"):
+                    where = where.replace(path, f"{path}.on_demand.models.{name}", 1)
+                problems.append((where, message))
         return problems
 
     def estimate(self, model: "ModelServer", pool: "NodePool", path: str) -> tuple[Optional[OnRequest], list[Problem]]:
@@ -225,7 +234,7 @@ class LlamaCppRouter(Engine):
     def config_files(self, model: "ModelServer", plan: Optional["ServerPlan"] = None) -> dict[str, dict[str, str]]:
         """The preset and the list its init container and keeper fetch, and the admission proxy's plan,
         mounted from a ConfigMap (each applied in place: the proxy re-reads its plan when it changes)."""
-        files = {PRESET_FILE: preset_ini(model, CHILD.args), LIBRARY_FILE: library_json(model)}
+        files = {PRESET_FILE: preset_ini(model, CHILD.args), LIBRARY_FILE: library_json(model, plan)}
         if plan is not None and plan.residency is not None:
             admission = {**plan.residency.admission_plan(), "allowed_paths": list(ROUTER_CLIENT_PATHS)}
             files[ADMISSION_FILE] = json.dumps(admission, indent=2, sort_keys=True) + "\n"

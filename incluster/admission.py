@@ -41,6 +41,22 @@ def log(message: str) -> None:
     print(f"admission: {message}", file=sys.stderr, flush=True)
 
 
+def unserved() -> dict:
+    """The listed models the downloader does not offer, and why (LIBRARY_STATUS, written by library.py)."""
+    path = os.environ.get("LIBRARY_STATUS")
+    try:
+        with open(path, "rb") as f:
+            missing = json.loads(f.read(1 << 20)).get("missing", {})
+    except (TypeError, OSError, ValueError, AttributeError):
+        return {}
+    reasons = {}
+    for name, why in missing.items() if isinstance(missing, dict) else ():
+        why = str(why)
+        reasons[str(name)] = ("larger_than_planned" if why.startswith("refused: larger than planned") else
+                              "refused" if why.startswith("refused") else "unreachable")
+    return reasons
+
+
 class RouterClient:
     """The proxy's own requests to the router (its model list, a load, an unload), over the loopback, with
     the first key of the key file."""
@@ -185,8 +201,12 @@ class Residency:
             async with self.lock:
                 resident, statuses = await self.resident()
                 if name not in statuses:
-                    # Planned but not served yet: the keeper is still fetching it (the router reads a preset of
-                    # the fetched models only). A 503 the gateway retries on its next tier, not the router's 400.
+                    # Planned but not served: the keeper is still fetching it (the router reads a preset of the
+                    # fetched models only), or refused it. A 503 the gateway retries on its next tier, not the
+                    # router's 400.
+                    if unserved().get(name) == "larger_than_planned":
+                        raise Refusal(503, f"model {name} is not offered: its files are larger than the plan counted",
+                                      "unavailable_error")
                     raise Refusal(503, f"model {name} is not on this server yet (its weights are being fetched); "
                                        "try again later", "unavailable_error")
                 if statuses.get(name) in RUNNING and name not in self.unloading:
@@ -366,6 +386,9 @@ class Residency:
                [({"model": n}, c) for n, c in self.evictions.items()])
         family("failed_loads_total", "counter", "Loads the router reported failed.",
                [({"model": n}, c) for n, c in self.failed_loads.items()])
+        family("model_unserved", "gauge", "1 for a listed model the downloader does not offer, by why: "
+               "larger_than_planned (never offered), refused (the Hub said no), unreachable.",
+               [({"model": n, "reason": why}, 1) for n, why in sorted(unserved().items()) if n in self.models])
         lines.append("# HELP inference_plane_router_swap_seconds From a load's admission (room made) until the "
                      "router said the model was loaded.")
         lines.append("# TYPE inference_plane_router_swap_seconds summary")

@@ -102,9 +102,28 @@ def _complete(folder):
     return None
 
 
-def fetch_model(name, repo_tag, endpoint, token, hub_cache, library, mmproj=True):
+# How far a model's files may exceed the bytes the plan counted for them (its weights, rounded up to a tenth
+# of a GiB): real files weigh a little more than parameters x the quant's average bits.
+SIZE_TOLERANCE = 0.05
+
+
+class TooLarge(Exception):
+    """A model's files larger than the plan counted: never offered (its memory would overrun the budget)."""
+
+
+def check_size(name, sizes, planned):
+    """Refuses a model whose files (name -> bytes) are larger than planned (bytes, or None: not planned)."""
+    total = sum(size or 0 for size in sizes.values())
+    if planned is not None and total > planned * (1 + SIZE_TOLERANCE):
+        raise TooLarge(f"larger than planned: its files are {total / 2**30:.2f} GiB, the plan counted "
+                       f"{planned / 2**30:.2f} GiB (its weights or facts in the stack file are wrong); not offered")
+
+
+def fetch_model(name, repo_tag, endpoint, token, hub_cache, library, mmproj=True, planned=None):
     """One model into the hub layout, then linked as <library>/<name>/: the links are made only
-    once every file is complete, so the router never sees half a model."""
+    once every file is complete, so the router never sees half a model, and only when the files are
+    no larger than the plan counted (``planned`` bytes): the router lists every folder with a GGUF, so
+    a model too large is kept out of the folder, not only out of the preset."""
     repo, _, tag = repo_tag.rpartition(":")
     folder = os.path.join(library, name)
     root = os.path.join(hub_cache, "models--" + repo.replace("/", "--"))
@@ -114,14 +133,20 @@ def fetch_model(name, repo_tag, endpoint, token, hub_cache, library, mmproj=True
     except (OSError, http.client.HTTPException, ValueError) as error:
         if isinstance(error, urllib.error.HTTPError) and error.code not in (408, 429) and error.code < 500:
             raise Refused(f"{repo} answered {error.code} ({error.reason}): check its hf_repo") from None
-        if _complete(folder) is None:
+        complete = _complete(folder)
+        if complete is None:
             raise Unreachable(f"the Hub is unreachable ({error}) and {repo_tag} was never fetched completely") from None
+        _unless_fits(folder, name, complete, planned)
         print(f"prefetch: the Hub is unreachable ({error}); {name} starts from its last complete fetch", flush=True)
         return
     wanted = {item["path"]: item for item in files}
+    chosen = select(files, tag, mmproj)
+    # What the Hub lists, before a byte is fetched (a wrong size costs no download)...
+    _unless_fits(folder, name, {p: (wanted[p].get("lfs") or {}).get("size", wanted[p].get("size")) for p in chosen},
+                 planned)
     os.makedirs(os.path.join(root, "blobs"), exist_ok=True)
     blobs = {}
-    for path in select(files, tag, mmproj):
+    for path in chosen:
         item = wanted[path]
         lfs = item.get("lfs") or {}
         size = lfs.get("size", item.get("size"))
@@ -129,6 +154,8 @@ def fetch_model(name, repo_tag, endpoint, token, hub_cache, library, mmproj=True
         if not (os.path.exists(blob) and (size is None or os.path.getsize(blob) == size)):
             print(f"prefetch: {name}: {repo}/{path} ({size or '?'} bytes)", flush=True)
             hub.fetch(f"{endpoint}{repo}/resolve/{commit}/{path}", token, blob, size)
+    # ...and what is on the disk, before the router can see it.
+    _unless_fits(folder, name, {path: os.path.getsize(blob) for path, blob in blobs.items()}, planned)
     os.makedirs(folder, exist_ok=True)
     sizes = {}
     for path, blob in blobs.items():
@@ -147,6 +174,16 @@ def fetch_model(name, repo_tag, endpoint, token, hub_cache, library, mmproj=True
         json.dump(sizes, marker)
     hub.durable(os.path.join(folder, ".complete"))
     print(f"prefetch: {name} = {repo_tag}@{commit} complete ({', '.join(sorted(sizes))})", flush=True)
+
+
+def _unless_fits(folder, name, sizes, planned):
+    """check_size, and a model too large leaves the router's folder (an earlier, smaller fetch included)."""
+    try:
+        check_size(name, sizes, planned)
+    except TooLarge:
+        if os.path.isdir(folder):
+            shutil.rmtree(folder)
+        raise
 
 
 class Refused(Exception):
@@ -183,19 +220,24 @@ def library():
         # {"hf_repo": "org/repo:TAG", "mmproj": false}: without the projector the plan did not count (a
         # plain "org/repo:TAG": everything llama.cpp's --hf-repo would fetch).
         repo_tag, mmproj = (entry, True) if isinstance(entry, str) else (entry["hf_repo"], entry.get("mmproj", True))
+        planned = None if isinstance(entry, str) else entry.get("planned_bytes")
         before = _files(os.path.join(folder, name))
         try:
-            fetch_model(name, repo_tag, endpoint, token, os.environ["HUB_CACHE"], folder, mmproj)
+            fetch_model(name, repo_tag, endpoint, token, os.environ["HUB_CACHE"], folder, mmproj, planned)
             if before and _files(os.path.join(folder, name)) != before:
                 changed.append(name)
-        except (Refused, Unreachable, SystemExit, OSError, http.client.HTTPException, ValueError) as error:
+        except (Refused, Unreachable, TooLarge, SystemExit, OSError, http.client.HTTPException, ValueError) as error:
             why = str(getattr(error, "code", None) or error).removeprefix("prefetch: ")
-            missing[name] = f"refused: {why}" if isinstance(error, Refused) else why
+            missing[name] = f"refused: {why}" if isinstance(error, (Refused, TooLarge)) else why
             print(f"prefetch: {name} ({repo_tag}) is not served: {missing[name]}", file=sys.stderr, flush=True)
-    served = [name for name in models if _complete(os.path.join(folder, name)) is not None]
+    served = [name for name in models if name not in missing and _complete(os.path.join(folder, name)) is not None]
     _write_served_preset(served)
-    with open(os.path.join(folder, ".status.json"), "w") as status:
-        json.dump({"served": served, "missing": missing, "at": int(time.time())}, status)
+    status = json.dumps({"served": served, "missing": missing, "at": int(time.time())})
+    for path in (os.path.join(folder, ".status.json"), os.environ.get("LIBRARY_STATUS")):
+        if path:  # the second on the pod's scratch volume, where the admission proxy reads it for /metrics
+            with open(path + ".new", "w") as out:
+                out.write(status)
+            os.replace(path + ".new", path)
     return missing, changed
 
 

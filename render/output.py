@@ -188,7 +188,9 @@ def residency_lines(server: dict) -> list[str]:
     lines = [f"  models on demand, {server['name']}: loaded while they fit the {budget:.1f} GiB {'VRAM' if on_card else 'RAM'} "
              f"budget (up to {residency['most_resident']} of {len(models)} at once{cap}); to load another, the admission "
              f"proxy unloads the least recently used idle model{', never ' + ', '.join(pinned) + ' (pinned)' if pinned else ''}; "
-             f"a full set holds {fill['worst']:.0%}-{fill['best']:.0%} of the budget (typical {fill['typical']:.0%})"]
+             + (f"a full set holds {fill['worst']:.0%}-{fill['best']:.0%} of the budget (typical {fill['typical']:.0%})"
+                if fill is not None else "more sets fit than the plan walks: the count and the pod's memory are "
+                "bounds (the largest models that many), and no full set's share is said")]
     header = ["model", "VRAM" if on_card else "RAM", "RAM", "swap warm/cold", "decode ~ empty/half/full ctx"]
     rows = [[name + (" (vision)" if m.get("multimodal") else ""), f"{m['vram_gib' if on_card else 'ram_gib']:.1f}", f"{m['ram_gib']:.1f}",
              f"{m['swap_seconds']['warm']:g}/{m['swap_seconds']['cold']:g} s",

@@ -7,6 +7,7 @@ the kubectl command that shows it, and the summary names the namespace and label
 
 from __future__ import annotations
 
+import json
 from typing import Iterable, Optional
 
 from common.constants import COMPONENT_LABEL, ENVOY_OWNING_GATEWAY_LABEL, NAME_LABEL, TAILSCALE_CLASS, service_fqdn
@@ -118,10 +119,16 @@ def reach_lines(objects: list[dict], stack: StackConfig) -> list[str]:
                      f"{'; '.join(_peer_text(p, namespace) for p in peers) or 'nothing'}; everything else is denied):")
         if namespace == stack.namespace.name and stack.namespace.pod_security != "restricted":
             lines.append(f"    Pod Security {stack.namespace.pod_security}, not restricted: "
-                         f"{stack.namespace.pod_security_reason}")
+                         f"{said(stack.namespace.pod_security_reason)}")
         for service in (s for s in servers if s["metadata"]["namespace"] == namespace):
             lines.append(f"    {service['metadata']['name']:<16} " + "; ".join(_reach(service, objects, peers, keyed, stack)))
     return lines
+
+
+def said(reason: str | None) -> str:
+    """An operator's acknowledgement as the summary repeats it: quoted, so that no reason (one printable
+    line, config/values.py Reason) can pass for a line or a clause of the summary."""
+    return "the operator's reason: " + json.dumps(reason, ensure_ascii=False)
 
 
 def _reach(service: dict, objects: list[dict], peers: list[Peer], keyed: set[str], stack: StackConfig) -> list[str]:
@@ -138,9 +145,11 @@ def _reach(service: dict, objects: list[dict], peers: list[Peer], keyed: set[str
         exposure = model.exposure if model is not None else None
         if sources and public_ranges(sources):
             reason = exposure.public_reason if exposure is not None else None
-            who = f"clients on the internet ({', '.join(sources)}" + (f"; {reason}" if reason else "") + ")"
+            who = f"clients on the internet ({', '.join(sources)}" + (f"; {said(reason)}" if reason else "") + ")"
         else:
-            who = f"LAN clients in {', '.join(sources)}" if sources else "any client the controller serves"
+            reason = exposure.public_reason if exposure is not None else None
+            who = (f"LAN clients in {', '.join(sources)}" if sources else
+                   "any client the controller serves" + (f" ({said(reason)})" if reason else ""))
         controller = cluster.ingress
         through = "an ingress controller the config does not describe"
         if controller is not None:
@@ -163,7 +172,7 @@ def _reach(service: dict, objects: list[dict], peers: list[Peer], keyed: set[str
         elif stack.gateway is not None:
             how = (f"load-balancer class {stack.gateway.load_balancer_class}" if stack.gateway.load_balancer_class
                    else "the cluster's default load balancer")
-            text += f" ({how}: {stack.gateway.load_balancer_reason})"
+            text += f" ({how}: {said(stack.gateway.load_balancer_reason)})"
         ways.append(text)
     if not ways:
         ways.append("in-cluster only (no Ingress, no gateway route)")

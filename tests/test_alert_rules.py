@@ -119,7 +119,7 @@ def test_each_alert_fires_for_its_failure_and_none_during_a_planned_cold_start(t
     for key, model in run.config.models.items():
         prefix = "".join(part.capitalize() for part in model.name.split("-"))
         mine = {name for name in by_name if name.startswith(prefix) and name[len(prefix):] in
-                ("Down", "Restarting", "NotReady", "Queuing", "PinnedNotResident", "LoadsFailing")}
+                ("Down", "Restarting", "NotReady", "Queuing", "PinnedNotResident", "LoadsFailing", "ModelLargerThanPlanned")}
         # The start-up window the plan allows, from the plan itself; NotReady waits at least that long.
         budget = -(-plan[key]["budget"]["startup_seconds"] // 60)
         wait = minutes(by_name[prefix + "NotReady"]["for"])
@@ -181,6 +181,14 @@ def test_each_alert_fires_for_its_failure_and_none_during_a_planned_cold_start(t
                 quiet(prefix + "PinnedNotResident", 10 + grace - 1),
                 expect(prefix + "PinnedNotResident", 10 + grace + 2, first),
                 quiet(prefix + "LoadsFailing", 15), expect(prefix + "LoadsFailing", 22, other)]})
+            # 7. A model the downloader refuses for files larger than planned (the proxy's series, as
+            # tests/test_incluster_proxy.py reads it off the real proxy); a model still fetching is no alert.
+            large = {**other, "reason": "larger_than_planned"}
+            fetching = {**scraped, "model": pinned[0], "reason": "unreachable"}
+            tests.append({"interval": "1m", "input_series": [
+                series("inference_plane_router_model_unserved", large, "_x10 1x10"),
+                series("inference_plane_router_model_unserved", fetching, "1x20")], "alert_rule_test": [
+                quiet(prefix + "ModelLargerThanPlanned", 5), expect(prefix + "ModelLargerThanPlanned", 12, large)]})
         if prefix + "Queuing" in by_name:
             queue_for = minutes(by_name[prefix + "Queuing"]["for"])
             queued = [series("llamacpp:requests_deferred", scraped, f"0x5 2x{queue_for + 10}")]

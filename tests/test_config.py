@@ -226,8 +226,8 @@ def test_every_llamacpp_server_says_which_origins_may_call_it(homelab_values, ke
 
 
 @pytest.mark.parametrize("args, where, says", [
-    (["--temp", "0.7\n[evil]"], "models.chat.extra_args[1]", "holds a control character"),
-    (["--jinja\nctx-size = 262144"], "models.chat.extra_args[0]", "holds a control character"),
+    (["--temp", "0.7\n[evil]"], "models.chat.extra_args[1]", "holds a control character (U+000A)"),
+    (["--jinja\nctx-size = 262144"], "models.chat.extra_args[0]", "holds a control character (U+000A)"),
     (["--model-url", "https://example.org/x.gguf"], "models.chat.extra_args[0]", "loads weights the plan does not count"),
     (["--path", "/"], "models.chat.extra_args[0]", "serves files from the container to every key holder"),
     (["--rpc", "10.0.0.5:50052"], "models.chat.extra_args[0]", "offloads layers to another host"),
@@ -237,7 +237,7 @@ def test_every_llamacpp_server_says_which_origins_may_call_it(homelab_values, ke
     (["--made-up-flag"], "models.chat.extra_args[0]", "is not among the flags extra_args may set"),
     (["0.7"], "models.chat.extra_args[0]", "is not a flag"),
     (["--temp"], "models.chat.extra_args[0]", "takes a value: put it in the next item"),
-    (["--jinja=yes"], "models.chat.extra_args[0]", "takes no value"),
+    (["--jinja=yes"], "models.chat.extra_args[0]", "reads no '=' form"),
 ])
 def test_extra_args_are_a_closed_list_of_single_argv_elements(homelab_values, args, where, says):
     """Only flags that move nothing the plan, the policies or the pod depend on; each item one clean argv
@@ -248,6 +248,6 @@ def test_extra_args_are_a_closed_list_of_single_argv_elements(homelab_values, ar
 
 
 def test_allowed_extra_args_render_as_given(homelab_values):
-    args = ["--jinja", "--temp=0.6", "-s", "-1", "--reasoning-budget", "0", "--chat-template-kwargs", '{"enable_thinking":false}']
+    args = ["--jinja", "--temp", "0.6", "-s", "-1", "--reasoning-budget", "0", "--chat-template-kwargs", '{"enable_thinking":false}']
     homelab_values["models"]["chat"]["extra_args"] = args
     assert list(parse_stack(homelab_values).models["chat"].extra_args) == args

@@ -391,7 +391,7 @@ def test_two_clients_with_the_same_key_config(strix):
 
 def test_two_clients_with_equal_key_values(strix):
     strix["gateway"]["clients"] = {"a": {"key_config": "key_a"}, "b": {"key_config": "key_b"}}
-    with pytest.raises(pulumi.RunError, match=r"gateway.clients.b.key_config: key_b holds the same key as client a's"):
+    with pytest.raises(pulumi.RunError, match=r"gateway.clients.b.key_config: key_b holds the same key as gateway.clients.a.key_config \(gateway client a's key\)"):
         run_strix(strix, secrets={"key_a": "same", "key_b": "same"})
 
 

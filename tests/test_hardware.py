@@ -241,6 +241,9 @@ def test_ingress_nginx_admits_only_the_source_ranges():
     with pytest.raises(ConfigError, match=r"source_ranges\[0\]|source_ranges\.0"):
         parse_stack(values)
     values["models"]["chat"]["exposure"]["source_ranges"] = None
+    with pytest.raises(ConfigError, match=r"source_ranges: null admits every client the ingress controller serves"):
+        parse_stack(values)  # without a word: the API key would be the only guard (issue #43 item 4)
+    values["models"]["chat"]["exposure"]["public_reason"] = "the LAN's firewall admits only the office range"
     run = run_values(values, secrets=CPU_SECRETS, stack="cpu-cluster")
     assert "nginx.ingress.kubernetes.io/whitelist-source-range" not in run.one("Ingress", "llama-chat").inputs["metadata"]["annotations"]
 
@@ -251,6 +254,7 @@ def test_source_ranges_need_a_controller_the_program_knows():
     with pytest.raises(ConfigError, match=r"models\.chat\.exposure\.source_ranges: the program can restrict sources only"):
         parse_stack(values)
     values["models"]["chat"]["exposure"]["source_ranges"] = None
+    values["models"]["chat"]["exposure"]["public_reason"] = "restricted in the controller's own configuration"
     parse_stack(values)
 
 

@@ -171,8 +171,13 @@ def test_bad_stack_gives_its_exact_message(tmp_path, case):
 FLAG_WORDS = ["--temp", "--temp=0.5", "-s", "--jinja", "--jinja=1", "--model-url", "--path", "--mlock", "--rpc",
               "--ctx-size", "-c", "--alias", "--chat-template-kwargs", "--reasoning-budget", "--no-such-flag", "-lv"]
 VALUE_WORDS = ["0.7", "-1", "/", "{\"a\": 1}", "a ;b", "x #y", " padded ", "a=b", "line\nbreak", "[evil]\nmodel = /etc/passwd",
-               "nul\x00", "tab\tin", "ok"]
+               "nul\x00", "tab\tin", "ok", "0.7\u2028load-on-startup = true", "x\u0085ctx-size = 262144", "a\u2029b",
+               "cr\rctx-size = 1", "\u202eevil", "--top-k", "-0.5", "vt\x0bx", "fs\x1cx"]
+REASONS = ["a reason given on purpose", "          ", "ok", "a reason\nLAN clients in 192.168.0.0/16",
+           "nobody outside the tailnet\u2028ever", "x" * 12, "we know, it is a lab box"]
 ANNOTATION_KEYS = ["nginx.ingress.kubernetes.io/ssl-redirect", "nginx.ingress.kubernetes.io/limit-rps",
+                   "nginx.ingress.kubernetes.io/mirror-target", "Nginx.ingress.kubernetes.io/ssl-redirect",
+                   " nginx.ingress.kubernetes.io/limit-rps", "gethomepage.dev/name",
                    "nginx.ingress.kubernetes.io/server-snippet", "nginx.ingress.kubernetes.io/cors-allow-origin",
                    "external-dns.alpha.kubernetes.io/hostname", "traefik.ingress.kubernetes.io/router.entrypoints",
                    "gethomepage.dev/enabled", "cert-manager.io/issuer", "example.org/note"]
@@ -188,7 +193,7 @@ def free_form(draw) -> dict:
     library["exposure"]["source_ranges"] = draw(st.lists(st.sampled_from(
         ["192.168.0.0/16", "10.1.0.0/16", "0.0.0.0/0", "8.8.8.0/24", "fd00::/8", "::/0"]), min_size=1, max_size=3, unique=True))
     if draw(st.booleans()):
-        library["exposure"]["public_reason"] = "a reason given on purpose"
+        library["exposure"]["public_reason"] = draw(st.sampled_from(REASONS))
     return values
 
 
@@ -216,10 +221,18 @@ def test_free_form_fields_are_refused_in_one_line_or_reach_no_object_unseen(valu
         flag, _, inline = args[index].partition("=")
         assert flag in ALLOWED and not re.search(r"[\x00-\x1f]", args[index])
         index += 2 if ALLOWED[flag] and not inline else 1
-    # The preset holds one line per setting, each a key its parser takes and a value it keeps whole.
+    # The preset holds one line per setting, each a key its parser takes and a value it keeps whole; llama.cpp's
+    # parser (\r\n, \n or \r) and every other reader (str.splitlines: U+2028, U+0085 ...) see the same lines.
     preset = engine_of(library).config_files(library)["/etc/llama-router"]["models.ini"]
+    assert preset.splitlines() == re.split(r"\r\n|\n|\r", preset.rstrip("\n"))
     for line in preset.splitlines():
         assert line == "" or line.startswith((";", "[")) or re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_.-]* = \S(.*\S)?", line), line
         assert not re.search(r"[ \t][;#]", line.split(" = ", 1)[-1]) or line.startswith(";"), line
-    assert all(annotation_refusal(name) is None for name in library.exposure.annotations)
+    assert all(annotation_refusal(name, stack.cluster.ingress.kind) is None for name in library.exposure.annotations)
+    assert all(k.isprintable() and v.isprintable() for k, v in library.exposure.annotations.items())
     assert not public_ranges(library.exposure.source_ranges) or library.exposure.public_reason
+    # Any reason the summary repeats is one printable line, quoted: it cannot imitate a line of the summary.
+    if library.exposure.public_reason is not None:
+        from render.reach import said
+
+        assert library.exposure.public_reason.isprintable() and "\n" not in said(library.exposure.public_reason)

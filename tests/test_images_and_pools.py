@@ -53,7 +53,8 @@ def test_a_pool_is_placed_by_its_own_labels():
     stack = values("rtx4090")
     stack["node_pools"]["rtx4090"]["node_labels"] = {"inference-plane/pool": "gpu"}
     stack["node_pools"]["rtx4090"]["instance_type"] = "k3s"
-    run = run_values(stack, secrets={k: "k" for k in ("chat_api_key", "embed_api_key", "gateway_master_key", "openrouter_api_key")})
+    run = run_values(stack, secrets={k: f"{k}-value" for k in ("chat_api_key", "embed_api_key", "gateway_master_key",
+                                                                       "openrouter_api_key")})
     selectors = [r.inputs["spec"]["template"]["spec"].get("nodeSelector") for r in run.resources
                  if r.type == "kubernetes:apps/v1:Deployment"]
     assert selectors == [{"inference-plane/pool": "gpu", "node.kubernetes.io/instance-type": "k3s"}] * 2

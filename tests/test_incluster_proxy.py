@@ -663,3 +663,23 @@ def test_expect_100_continue_is_answered_before_the_body(tmp_path):
         refused = proxy.exchange(http("POST", "/v1/chat/completions", headers={"Expect": "100-continue"}, key="wrong")
                                  [:-len(b"Content-Length: 0\r\n\r\n")] + b"Content-Length: 10\r\n\r\n")
         assert status_of(refused) == 401
+
+
+def test_a_model_the_downloader_refused_as_larger_than_planned_is_said_and_exported(tmp_path):
+    """The downloader's status (incluster/library.py, on the pod's scratch volume): a model refused for files
+    larger than planned is not on the router; a request for it is a 503 saying so (the gateway's next tier),
+    and /metrics exports it under the reason the rendered alert reads (tests/test_alert_rules.py)."""
+    status = tmp_path / "library-status.json"
+    status.write_text(json.dumps({"served": ["qwen3-8b"], "missing": {
+        "gemma-3-12b": "refused: larger than planned: its files are 9.10 GiB, the plan counted 0.50 GiB",
+        "qwen3-14b": "the Hub is unreachable (timed out) and Qwen/Qwen3-14B-GGUF:Q4_K_M was never fetched completely"}}))
+    with proxy_against(tmp_path, env_extra={"LIBRARY_STATUS": str(status)}) as proxy:
+        for name in ("gemma-3-12b", "qwen3-14b"):
+            del proxy.fake.status[name]
+        answer = proxy.exchange(http("POST", "/v1/chat/completions", chat("gemma-3-12b")))
+        assert status_of(answer) == 503 and b"larger than the plan counted" in answer
+        answer = proxy.exchange(http("POST", "/v1/chat/completions", chat("qwen3-14b")))
+        assert status_of(answer) == 503 and b"being fetched" in answer
+        metrics = proxy.metrics()
+        assert metrics['inference_plane_router_model_unserved{model="gemma-3-12b",reason="larger_than_planned"}'] == 1
+        assert metrics['inference_plane_router_model_unserved{model="qwen3-14b",reason="unreachable"}'] == 1

@@ -386,15 +386,15 @@ def test_every_flag_extra_args_may_set_is_one_the_pinned_build_knows(binary):
 
 
 def test_allowed_extra_args_in_every_form_start_a_router_from_its_preset(binary, tmp_path):
-    """A router carries extra_args in its preset file: inline `--flag=value`, short spellings, a negative
-    value and JSON survive llama.cpp's preset parser (an unknown key would stop the router at start) and
+    """A router carries extra_args in its preset file: short spellings, a negative value and JSON survive
+    llama.cpp's preset parser (an unknown key would stop the router at start) and
     reach the child, which answers."""
     sys.path.insert(0, str(ROOT / "tests" / "contract"))
     from router import start_router
 
     from engines.llamacpp_router import preset_sections
 
-    extra = ["--jinja", "--temp=0.6", "-s", "-1", "--reasoning-budget", "0", "--chat-template-kwargs",
+    extra = ["--jinja", "--temp", "0.6", "-s", "-1", "--reasoning-budget", "0", "--chat-template-kwargs",
              '{"enable_thinking":false}', "-lv", "3"]
     lines = "".join(f"{key} = {value}\n" for key, value in preset_sections(["--ctx-size", "512", "--threads", "1", *extra]))
     assert "temp = 0.6\n" in lines and "s = -1\n" in lines and "jinja = true\n" in lines

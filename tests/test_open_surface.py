@@ -60,7 +60,7 @@ def test_a_public_source_range_needs_a_reason_and_the_summary_says_internet(tmp_
     result = render(tmp_path, stack(source_ranges=["0.0.0.0/0"], public_reason="a demo for the whole team, keys rotated daily"))
     (chat,) = [line for line in reach_section(result.summary()) if line.startswith("    llama-chat ")]
     assert chat.split(None, 1)[1].startswith(
-        "clients on the internet (0.0.0.0/0; a demo for the whole team, keys rotated daily) at https://")
+        'clients on the internet (0.0.0.0/0; the operator\'s reason: "a demo for the whole team, keys rotated daily") at https://')
 
 
 def test_a_lan_range_needs_no_reason(tmp_path):
@@ -79,7 +79,8 @@ def test_a_pod_security_level_below_restricted_needs_a_reason(tmp_path):
     result = render(tmp_path, config)
     (namespace,) = [m for m in result.files.values() if m["kind"] == "Namespace"]
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
-    assert "    Pod Security privileged, not restricted: the node exporter shares this namespace" in reach_section(result.summary())
+    assert ('    Pod Security privileged, not restricted: the operator\'s reason: "the node exporter shares this namespace"'
+            in reach_section(result.summary()))
 
 
 def test_a_gateway_load_balancer_off_the_tailnet_needs_a_reason():
@@ -175,20 +176,21 @@ def test_a_script_piped_into_a_shell_at_start_is_a_runtime_install():
 
 
 def test_one_repo_under_many_router_names_is_one_download():
-    """16 names (the most a router takes: the plan checks every set of them) for one repo, different
-    settings each, need its weights once on the shared cache; a 17th is refused by the config."""
+    """100 names (a large library: the plan walks only the sets memory allows) for one repo, different settings
+    each, need its weights once on the shared cache; past the most a router takes (256) the config refuses."""
     from conftest import plain_values
+    from config.on_demand import MAX_MODELS
     from plane import parse_stack, plan_capacity
 
     values = plain_values("rtx3090-library")
     library = values["models"]["library"]
     library["on_demand"]["models"] = {f"qwen-{i}": {"hf_repo": "Qwen/Qwen3-8B-GGUF:Q4_K_M", "ctx_size": 4096 + 64 * i}
-                                      for i in range(16)}
+                                      for i in range(100)}
     values["gateway"] = None
     plan = plan_capacity(parse_stack(values))
     assert plan.servers["library"].weights == "4.7Gi"
-    library["on_demand"]["models"]["qwen-16"] = {"hf_repo": "Qwen/Qwen3-8B-GGUF:Q4_K_M"}
-    with pytest.raises(ConfigError, match=r"models\.library\.on_demand\.models: Dictionary should have at most 16 items"):
+    library["on_demand"]["models"] = {f"qwen-{i}": {"hf_repo": "Qwen/Qwen3-8B-GGUF:Q4_K_M"} for i in range(MAX_MODELS + 1)}
+    with pytest.raises(ConfigError, match=rf"models\.library\.on_demand\.models: Dictionary should have at most {MAX_MODELS} items"):
         parse_stack(values)
 
 
@@ -247,7 +249,7 @@ def test_the_library_gateway_answers_on_the_lan_at_the_name_its_listener_serves(
     (line,) = [l for l in reach_lines(files, run.config) if l.startswith("    llama-library ")]
     assert {listener["port"] for listener in gateway["spec"]["listeners"]} == {8443}
     assert ("gateway clients at https://ai.lan.example.org:8443 for qwen3-8b" in line
-            and "(the cluster's default load balancer: k3s ServiceLB on the home LAN" in line)
+            and "(the cluster's default load balancer: the operator's reason: \"k3s ServiceLB on the home LAN" in line)
 
 
 def test_a_tailnet_gateway_must_be_named_as_its_device_and_a_lan_one_needs_a_reason():
@@ -292,7 +294,7 @@ def test_another_engines_args_are_single_argv_items():
 
     values = strix_values()
     values["models"]["flash"]["openai"]["args"] += ["--x\n--y"]
-    with pytest.raises(ConfigError, match=r"models\.flash\.openai\.args\[\d+\]: '--x\\n--y' holds a control character"):
+    with pytest.raises(ConfigError, match=r"models\.flash\.openai\.args\[\d+\]: holds a control character \(U\+000A\)"):
         parse_stack(values)
 
 

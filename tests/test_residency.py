@@ -13,6 +13,8 @@ import copy
 
 import pulumi
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from common.quantity import gib
 from conftest import plain_values, run_stack_file, stack_file_config
@@ -329,3 +331,67 @@ def test_the_picture_draws_each_full_resident_set_with_each_models_share(tmp_pat
     # Every model is in some full set, and the pinned one in all.
     assert {n for s in plan["full_sets"] for n in s} == set(plan["models"])
     assert all("qwen3-8b" in s for s in plan["full_sets"])
+
+
+def _brute_force(residency):
+    """Every subset, the way the plan used to count them: the reference the walk is held to."""
+    from incluster.fit import fits
+
+    models = residency.models
+    pinned = tuple(m for m in models if m.pinned)
+    others = [m for m in models if not m.pinned]
+    sets = [pinned + extra for count in range(len(others) + 1) for extra in itertools.combinations(others, count)
+            if fits(residency.budget, [(m.vram_gib, m.ram_gib) for m in pinned + extra])]
+    full = [s for s in sets if not any(fits(residency.budget, [(m.vram_gib, m.ram_gib) for m in s + (m,)])
+                                       for m in models if m not in s)]
+    return sets, full
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.5, 14), st.floats(0.2, 12), st.booleans()), min_size=1, max_size=9),
+       st.sampled_from([None, 1, 2, 3]), st.booleans(), st.floats(6, 40))
+def test_the_walk_finds_what_every_subset_would(figures, cap, on_card, budget):
+    """The plan walks only the sets memory allows (a library of a hundred models plans in well under a second:
+    `make bench`); on any small library its figures are those of enumerating every subset."""
+    from planning.residency import Residency, ResidentModel
+
+    models = tuple(ResidentModel(name=f"m{i}", pinned=pinned and i == 0, ram_gib=round(ram, 2),
+                                 vram_gib=round(vram, 2) if on_card else 0.0, weights_gib=1.0, swap_seconds={},
+                                 decode_predicted_tok_s=None, estimate=None, vram=None)
+                   for i, (vram, ram, pinned) in enumerate(figures))
+    residency = Residency(cap=cap, ram_budget_gib=budget if not on_card else 60.0,
+                          vram_budget_gib=budget if on_card else None, models=models)
+    sets, full = _brute_force(residency)
+    if not sets:
+        return
+    assert residency.most_resident == max(len(s) for s in sets)
+    assert sum(m.ram_gib for m in residency.worst()) == pytest.approx(max(sum(m.ram_gib for m in s) for s in sets))
+    assert sum(m.vram_gib for m in residency.worst_vram()) == pytest.approx(max(sum(m.vram_gib for m in s) for s in sets))
+    assert residency._walk.full_count == len(full)
+    shares = [residency.share(s) for s in full]
+    assert residency.fill() == pytest.approx({"worst": min(shares), "typical": sum(shares) / len(shares), "best": max(shares)})
+    listed = {tuple(sorted(m.name for m in s)) for s in residency.full()}
+    assert listed <= {tuple(sorted(m.name for m in s)) for s in full}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.5, 14), st.floats(0.2, 12), st.booleans()), min_size=1, max_size=9),
+       st.sampled_from([None, 2, 3]), st.booleans(), st.floats(6, 40))
+def test_the_bounds_of_a_library_too_large_to_walk_hold_every_set(figures, cap, on_card, budget):
+    """Past the sets a plan walks, the plan holds bounds: never fewer models than any set holds, never less
+    RAM or VRAM than any set's (the pod's limit is sized on them)."""
+    from planning.residency import Residency, ResidentModel, _bounds
+
+    models = tuple(ResidentModel(name=f"m{i}", pinned=pinned and i == 0, ram_gib=round(ram, 2),
+                                 vram_gib=round(vram, 2) if on_card else 0.0, weights_gib=1.0, swap_seconds={},
+                                 decode_predicted_tok_s=None, estimate=None, vram=None)
+                   for i, (vram, ram, pinned) in enumerate(figures))
+    residency = Residency(cap=cap, ram_budget_gib=budget if not on_card else 60.0,
+                          vram_budget_gib=budget if on_card else None, models=models)
+    sets, _ = _brute_force(residency)
+    if not sets:
+        return
+    bounds = _bounds(residency)
+    assert bounds.most >= max(len(s) for s in sets)
+    assert sum(m.ram_gib for m in bounds.worst_ram) >= max(sum(m.ram_gib for m in s) for s in sets) - 1e-9
+    assert sum(m.vram_gib for m in bounds.worst_vram) >= max(sum(m.vram_gib for m in s) for s in sets) - 1e-9

@@ -421,3 +421,40 @@ def test_weights_changed_under_the_same_file_name_are_loaded_anew(binary, render
         assert ask(router, target).status == 200
         # A new child for it (the others, e.g. the model loaded at start, keep theirs).
         assert set(router.children()) != old_children and len(router.children()) == len(old_children)
+
+
+def test_a_model_larger_than_planned_is_never_offered(binary, rendered, tmp_path):
+    """Sizes checked at run time (issue #43 item 5): the rendered library says how many bytes the plan counted
+    for each model's files; a model whose real files (the Hub's listing, then the blob on the volume) are more
+    than that is kept out of the router's folder and its served preset, said in the status the admission proxy
+    exports, and the router really does not list it; the others are served. A plan that shrinks a model already
+    on the volume removes it from the folder too."""
+    assert all(entry["planned_bytes"] > 0 for entry in json.loads(rendered["files"]["library.json"]).values())
+    names = rendered["names"][:2]
+    repos = tiny_repos(rendered, tmp_path, names)
+    sizes = {name: len(next(v for k, v in repos[rendered["library"][name].rsplit(":", 1)[0]].items() if k.endswith(".gguf")))
+             for name in names}
+    library = {names[0]: {"hf_repo": rendered["library"][names[0]], "mmproj": False, "planned_bytes": sizes[names[0]] * 2},
+               names[1]: {"hf_repo": rendered["library"][names[1]], "mmproj": False, "planned_bytes": sizes[names[1]] // 2}}
+    preset = rendered["preset"].split(f"[{rendered['names'][2]}]")[0]
+    root = tmp_path / "pod"
+    write_files(rendered, root, library, preset)
+    with hub_repos(repos) as endpoint:
+        done = run_library(rendered["init"], root, endpoint)
+        assert done.returncode == 0, done.stderr
+        assert f"{names[1]} ({rendered['library'][names[1]]}) is not served: refused: larger than planned" in done.stderr
+        served = served_preset(rendered, root).read_text()
+        assert f"[{names[0]}]" in served and f"[{names[1]}]" not in served
+        assert not (library_folder(rendered, root) / names[1]).exists()
+        status_path = Path(env_under(rendered["init"]["env"], root)["LIBRARY_STATUS"])
+        status = json.loads(status_path.read_text())
+        assert status["served"] == [names[0]] and status["missing"][names[1]].startswith("refused: larger than planned")
+        env = env_under(rendered["container"]["env"], root)
+        with start_router(binary, served, rendered["container"]["args"], {}, TEST_KEY, env=env) as router:
+            assert sorted(router.statuses()) == [names[0]]
+        # The plan shrinks the model that was served: the next fetch takes it out of the folder.
+        library[names[0]]["planned_bytes"] = sizes[names[0]] // 2
+        write_files(rendered, root, library, preset)
+        done = run_library(rendered["init"], root, endpoint)
+    assert done.returncode != 0 and "larger than planned" in done.stderr
+    assert not (library_folder(rendered, root) / names[0]).exists()
