@@ -79,10 +79,9 @@ def synthetic_stack(servers: int) -> dict:
         f"m{i}": {
             "role": "chat",
             "name": f"chat-{i}",
-            "hf_repo": "ggml-org/Qwen3.6-35B-A3B-GGUF:Q4_K_M",
+            "hf_repo": "Qwen/Qwen3-0.6B-GGUF:Q8_0",  # 0.6 GiB: what the synthetic servers need to be small
             "image": "ghcr.io/ggml-org/llama.cpp:server-b10731",
             "node_pool": "cpu",
-            "weights": "0.5Gi",
             "gpu_layers": 0,
             "threads": 1,  # within the 1-CPU limit
             "ctx_size": 4096,

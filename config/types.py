@@ -411,8 +411,10 @@ class Exposure(Strict):
         "Required when source_ranges admit addresses outside private (RFC 1918), CGNAT and unique-local space: why "
         "this API may be reached from the internet (the summary then says so, with the reason).", default=None)
     annotations: dict[QualifiedName, Annotated[Line, Field(max_length=4096)]] = doc(
-        "More Ingress annotations, listed in the summary. Those the program sets win (a different value is refused), and "
-        "so are those that would change TLS, CORS, paths, hosts, the entry point or DNS publication (config/ingress.py).",
+        "More Ingress annotations, listed in the summary: only those on the controller's list (config/ingress.py "
+        "ALLOWED_ANNOTATIONS: a Homepage entry, ingress-nginx's rate limits, Traefik middlewares), which change "
+        "presentation or a limit; everything else (TLS, CORS, paths, hosts, mirrors, DNS publication) is the "
+        "program's to set and refused. Those the program sets win (a different value is refused).",
         default={},
     )
 

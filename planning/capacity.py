@@ -237,6 +237,10 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
         vram_budget = gib(pool.vram) - GPU_FREE_TARGET_GIB - sum(
             s.vram.total_gib for s in beside if s.vram is not None)
     others = f", beside {', '.join(s.name for s in beside)}" if beside else ""
+    if vram_budget is not None and vram_budget <= 0:
+        return None, [(f"node_pools.{model.node_pool}.vram", f"{pool.vram} leaves the router no VRAM ({vram_budget:.1f} "
+                       f"GiB after llama.cpp's {GPU_FREE_TARGET_GIB:g} GiB free per GPU{others}); give the card's real "
+                       "memory, or run the models on the CPU (gpu_layers: 0)")]
     if model.resources.memory_limit is not None and gib(model.resources.memory_limit) < ram_budget:
         # The pod's own limit is the budget then: the proxy admits (and the plan counts) only sets within it.
         ram_budget = gib(model.resources.memory_limit)

@@ -289,6 +289,10 @@ def plan_residency(path: str, cap: Optional[int], models: list[ResidentModel], r
     for m in models:
         if m.pinned or residency.within(pinned + [m]):
             continue
+        if cap is not None and len(pinned) + 1 > cap:
+            problems.append((f"{path}.max_loaded", f"{cap} with {len(pinned)} pinned leaves no room for {m.name} or any "
+                             f"other model (memory would hold it); raise max_loaded above {len(pinned)} or pin fewer"))
+            break
         beside = f" beside the pinned {', '.join(p.name for p in pinned)}" if pinned else ""
         problems.append((f"{path}.models.{m.name}", f"can never be loaded{beside}: it needs {m.ram_gib:.1f} GiB of RAM "
                          f"and {m.vram_gib:.1f} GiB of VRAM ({_needs(m)}), the router has "

@@ -116,10 +116,12 @@ def test_startup_budget_outlasts_a_cold_download(homelab_values):
 
 
 def test_startup_budget_grows_with_the_model(homelab_values):
-    homelab_values["models"]["chat"]["weights"] = "30Gi"
+    homelab_values["models"]["chat"]["weights"] = "80Gi"
+    homelab_values["model_cache"]["size"] = "100Gi"
+    homelab_values["node_pools"]["iris-xe"].update(memory="256Gi", allocatable="250Gi")
     homelab_values["models"]["chat"]["resources"]["accepted_risk"] = "budget arithmetic only, not deployed"
     _, model, run_big = build(homelab_values, "chat")
-    homelab_values["models"]["chat"]["weights"] = "7.5Gi"
+    homelab_values["models"]["chat"]["weights"] = "20Gi"  # near the 35B's 19.6 GiB (a size far below is refused)
     _, _, run_small = build(homelab_values, "chat")
     big = container_of(run_big, model.name)["startupProbe"]["failureThreshold"]
     small = container_of(run_small, model.name)["startupProbe"]["failureThreshold"]

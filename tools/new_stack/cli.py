@@ -132,6 +132,9 @@ def hardware(args: argparse.Namespace) -> Hardware:
             raise BadInput(f"--render-gids {args.render_gids!r}: give numeric GIDs, e.g. 44,992") from None
         if not gids or any(g < 0 for g in gids):
             raise BadInput(f"--render-gids {args.render_gids!r}: give numeric GIDs, e.g. 44,992")
+        if 0 in gids:
+            raise BadInput(f"--render-gids {args.render_gids!r}: 0 is root's group (the pods would open every root-group "
+                           "file on their mounts); give the render and video groups' GIDs: getent group render video")
     elif args.gpu in ("amd-apu", "amd", "intel-arc"):
         gids = (44, 992)  # video on Debian/Ubuntu; render as on the strix-halo stack's nodes (check: getent group)
     vram_bw, vram_why, profile = None, "", None
@@ -280,6 +283,10 @@ def run(argv: Sequence[str]) -> tuple[Path, str, list[str]]:
     hw = hardware(args)
     cluster = cluster_of(args)
     out = args.out or ROOT / f"Pulumi.{args.name}.yaml"
+    if out.is_dir():
+        raise BadInput(f"--out {out}: a folder; give the stack file's path, e.g. {out / f'Pulumi.{args.name}.yaml'}")
+    if not out.parent.is_dir():
+        raise BadInput(f"--out {out}: its folder {out.parent} does not exist; create it or give another path")
     if out.exists() and not args.force:
         raise BadInput(f"{out}: already exists; choose another NAME or --out, or pass --force to replace it")
     if not out.parent.is_dir():
