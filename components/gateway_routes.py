@@ -127,7 +127,9 @@ def traffic_policy_spec(gw: GatewayConfig, stack: StackConfig, route_name: str, 
         # circuit breaker: its overflow 503 is Envoy's own, never retried and never failed over
         # (retry_state_impl.cc), so it would turn a busy card into errors, not a spill.
         "retry": {
-            "numRetries": retry.num_retries,
+            # Enough for the rule with the most tiers to reach its last (config.gateway: retries).
+            "numRetries": gw.retries(max((len({ref.get("priority", 0) for ref in rule["backendRefs"]}) for rule in rules),
+                                         default=1), retry.attempts_per_priority or replicas),
             "numAttemptsPerPriority": retry.attempts_per_priority or replicas,
             "retryOn": {
                 "triggers": ["connect-failure", "refused-stream", "reset", "retriable-status-codes"],

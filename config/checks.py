@@ -218,6 +218,19 @@ def gateway_problems(gateway: GatewayConfig, models: dict[str, ModelServer]) -> 
                     f"(default: one attempt per local replica) or set it to {needed}",
                 ))
                 break
+    if gateway.retry.num_retries is not None:
+        # The attempts a policy gives each priority: at most this (its rules' largest local server's replicas).
+        attempts = explicit or gateway.local_replicas([b.tier for r in gateway.routes for b in r.backends], models)
+        for index, route in enumerate(gateway.routes):
+            needed = gateway.retries_needed(len(route.backends), attempts)
+            if gateway.retry.num_retries < needed:
+                problems.append((
+                    "gateway.retry.num_retries",
+                    f"{gateway.retry.num_retries} gives route {route.model!r} {gateway.retry.num_retries + 1} attempts at "
+                    f"{attempts} per tier: its last tier ({route.backends[-1].tier}) is never tried; remove it (derived "
+                    f"per route) or set it to {needed}",
+                ))
+                break
     for index, tier_name in enumerate(gateway.catch_all):
         if tier_name not in gateway.tiers:
             problems.append((f"gateway.catch_all[{index}]", f"no tier {tier_name!r}; defined: {', '.join(gateway.tiers)}"))

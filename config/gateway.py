@@ -66,10 +66,17 @@ class ApiClient(Strict):
     )
 
 
+# Retries a route gets at least: a 429 or 503 from a busy local server is worth a second and third try.
+DEFAULT_RETRIES = 3
+
+
 class Retry(Strict):
     """How a failed request moves to the next priority."""
 
-    num_retries: Annotated[int, Field(ge=0, le=10)] = doc("Retries after the first attempt.", default=3)
+    num_retries: Optional[Annotated[int, Field(ge=0, le=20)]] = doc(
+        "Retries after the first attempt; null: at least 3, and enough for every route to reach its last tier (the "
+        "attempts per priority times its tiers less one: Envoy's previous_priorities moves on after that many "
+        "attempts). Fewer than a route needs is refused.", default=None)
     attempts_per_priority: Optional[Annotated[int, Field(ge=1, le=5)]] = doc(
         "Attempts on one priority before the next; null: as many as the route's largest local server has replicas, so a "
         "request that failed on one local replica is tried on the others before it leaves the cluster (Envoy Gateway "
@@ -152,6 +159,17 @@ class GatewayConfig(Strict):
             if tier is not None and tier.local is not None and tier.local in models
         ]
         return max(replicas, default=1)
+
+    def retries_needed(self, priorities: int, attempts: int) -> int:
+        """Retries for a rule of ``priorities`` tiers to reach its last: ``attempts`` on each of the others
+        (Envoy's previous_priorities retry priority, update_frequency = attempts per priority), then one."""
+        return attempts * (priorities - 1)
+
+    def retries(self, priorities: int, attempts: int) -> int:
+        """What a policy's rules get: the configured count, else the default of 3 or what they need."""
+        if self.retry.num_retries is not None:
+            return self.retry.num_retries
+        return max(DEFAULT_RETRIES, self.retries_needed(priorities, attempts))
 
     def local_models(self) -> set[str]:
         """The models keys the gateway's Envoy pods reach (and must authenticate to)."""

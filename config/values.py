@@ -78,10 +78,25 @@ def _cpu(value: str) -> Quantity:
     return Quantity(value)
 
 
+# The values the kubelet writes for its well-known labels (Go's names: GOARCH, GOOS): a node selector with
+# any other never matches, and the pod stays Pending with no error (x86_64 is amd64, aarch64 arm64).
+WELL_KNOWN_LABELS = {
+    "kubernetes.io/arch": ("amd64", "arm64", "arm", "ppc64le", "s390x", "riscv64"),
+    "kubernetes.io/os": ("linux", "windows"),
+}
+_ARCH_ALIASES = {"x86_64": "amd64", "x86-64": "amd64", "x64": "amd64", "aarch64": "arm64", "armv8": "arm64",
+                 "armhf": "arm", "armv7l": "arm"}
+
+
 def _labels(value: dict[str, str]) -> dict[str, str]:
     for key, label in value.items():
         if not LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(label):
             raise ValueError(f"{key}={label!r} is not a valid Kubernetes label")
+        known = WELL_KNOWN_LABELS.get(key)
+        if known is not None and label not in known:
+            hint = f"; {label} is {_ARCH_ALIASES[label.lower()]}" if label.lower() in _ARCH_ALIASES else ""
+            raise ValueError(f"{key}={label!r}: the kubelet writes one of {', '.join(known)}{hint} (kubectl get nodes "
+                             f"-L {key}), and a selector on any other value leaves the pod Pending")
     return value
 
 
@@ -100,6 +115,16 @@ def _decimal_text(value: Any) -> Any:
 
 
 def _cidr(value: str) -> str:
+    if "/" not in value:
+        try:
+            address = ipaddress.ip_address(value)
+        except ValueError:
+            address = None
+        if address is not None:
+            one = 32 if address.version == 4 else 128
+            lan = ipaddress.ip_network(f"{value}/{24 if address.version == 4 else 64}", strict=False)
+            raise ValueError(f"{value!r} is one address, not a range: write {value}/{one} to admit that one host, or its "
+                             f"LAN's range such as {lan}")
     try:
         network = ipaddress.ip_network(value, strict=True)
     except ValueError:

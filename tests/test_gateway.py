@@ -7,6 +7,7 @@ import copy
 import pulumi
 import pytest
 
+from common.errors import ConfigError
 from components.gateway import GENERATIVE_PATHS, derived_client_key
 from components.gateway_routes import MAX_RULES_PER_ROUTE
 from conftest import STRIX_SECRETS, run_strix, strix_values
@@ -583,3 +584,49 @@ def test_clients_authenticate_as_openai_clients_do_or_with_x_api_key(strix_run):
     assert envoy_api_key(policy["extractFrom"], {"x-api-key": key}) == key
     assert envoy_api_key(policy["extractFrom"], {"x-api-key": key, "authorization": "Bearer sk-dummy"}) == key
     assert envoy_api_key(policy["extractFrom"], {}) is None
+
+
+def envoy_priorities_tried(attempts: int, per_priority: int, priorities: int) -> set[int]:
+    """The priorities Envoy tries, as its previous_priorities retry priority (update_frequency = attempts per
+    priority) walks them: every update_frequency attempts the priorities already tried leave the load."""
+    return {min(i // per_priority, priorities - 1) for i in range(attempts)}
+
+
+@pytest.mark.parametrize("stack", ["strix-halo", "rtx3090-library", "rtx4090"])
+def test_every_rule_reaches_every_tier(stack):
+    """Read across the rendered objects as Envoy Gateway applies them: each AIGatewayRoute rule's tiers (its
+    backendRefs' priorities) and the BackendTrafficPolicy that targets its HTTPRoute (or that rule by name): the
+    attempts it allows (numRetries + 1), taken numAttemptsPerPriority at a time, reach its last tier (issue #45
+    item 1: strix-halo's flash model never reached its third)."""
+    from render.manifests import manifests
+    from render.offline import run_stack
+
+    files = list(manifests(run_stack(stack)).values())
+    routes = [m for m in files if m["kind"] == "AIGatewayRoute"]
+    policies = [m for m in files if m["kind"] == "BackendTrafficPolicy"]
+    checked = 0
+    for route in routes:
+        for rule in route["spec"]["rules"]:
+            name = route["metadata"]["name"]
+            mine = [p for p in policies if any(t["name"] == name and t.get("sectionName") == rule.get("name")
+                                               for t in p["spec"]["targetRefs"])]
+            mine = mine or [p for p in policies if any(t["name"] == name and "sectionName" not in t
+                                                        for t in p["spec"]["targetRefs"])]
+            (policy,) = mine
+            retry = policy["spec"]["retry"]
+            priorities = len({ref.get("priority", 0) for ref in rule["backendRefs"]})
+            tried = envoy_priorities_tried(retry["numRetries"] + 1, retry["numAttemptsPerPriority"], priorities)
+            assert tried == set(range(priorities)), (stack, rule.get("name"), retry, priorities)
+            checked += 1
+    assert checked > 0
+
+
+def test_too_few_retries_for_a_routes_tiers_are_refused():
+    from conftest import strix_values
+    from plane import parse_stack
+
+    values = strix_values()
+    values["gateway"].setdefault("retry", {})["num_retries"] = 3
+    with pytest.raises(ConfigError, match=r"gateway\.retry\.num_retries: 3 gives route '.*' 4 attempts at 2 per tier: its "
+                                          r"last tier \(openrouter\) is never tried; .* set it to 4"):
+        parse_stack(values)

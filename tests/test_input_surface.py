@@ -84,6 +84,16 @@ REFUSED = [
      "gateway.load_balancer_class", "qualified name"),
     ("source_ranges null without a word", "rtx3090-library", _set("models.library.exposure.source_ranges", None),
      "models.library.exposure.source_ranges", "null admits every client"),
+    # Issue #45 item 6, a new user's first hour: values that render and then silently do something else.
+    ("a node's arch as uname says it", "rtx3090-library",
+     lambda v: v["node_pools"]["rtx3090"].update(node_labels={"kubernetes.io/arch": "x86_64"}),
+     "node_pools.rtx3090.node_labels", "x86_64 is amd64"),
+    ("a host address as a source range", "rtx3090-library", _set("models.library.exposure.source_ranges", ["192.168.1.10"]),
+     "models.library.exposure.source_ranges[0]", "write 192.168.1.10/32 to admit that one host, or its LAN's range such "
+                                                   "as 192.168.1.0/24"),
+    # Issue #45 item 1: a route whose last tier the retries never reach.
+    ("too few retries for three tiers", "strix-halo", lambda v: v["gateway"].setdefault("retry", {}).update(num_retries=3),
+     "gateway.retry.num_retries", "its last tier (openrouter) is never tried"),
 ]
 
 
