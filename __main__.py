@@ -17,7 +17,8 @@ from components import SERVER_COMPONENTS
 from components.gateway import InferenceGateway, InferenceGatewayArgs, client_keys, envoy_peer, upstream_keys
 from components.model_cache import ModelCache, ModelCacheArgs
 from components.model_server import ModelServerArgs, ModelServerBase
-from components.monitoring import Monitoring, MonitoringArgs, fallback_alerts
+from components.gateway_routes import fallback_alerts
+from components.monitoring import Monitoring, MonitoringArgs
 from components.namespace import AINamespace, AINamespaceArgs
 from config import StackConfig
 from engines import engine_of

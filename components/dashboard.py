@@ -22,6 +22,8 @@ from config.types import StackConfig
 from engines import engine_of
 from planning.capacity import CapacityPlan
 
+from .gateway_routes import fallback_alerts
+
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # The ConfigMap label Grafana's dashboard sidecar looks for (the grafana chart's default sidecar.dashboards.label).
 SIDECAR_LABEL = {"grafana_dashboard": "1"}
@@ -57,17 +59,18 @@ def build_dashboard(stack: StackConfig, plan: CapacityPlan, namespace: str, stac
         pods = f'namespace="{namespace}", pod=~"{server.workload}-.*"'
         board = board.with_row(dashboard.Row(f"{model.name} ({server.workload}, {server.replicas} replica"
                                              f"{'s' if server.replicas != 1 else ''})"))
-        if engine.metrics_path(model) is not None and server.residency is not None:
+        llamacpp = engine.exports_llamacpp_metrics(model)
+        if llamacpp and server.residency is not None:
             # A router's children are scraped one target per model, labelled with its name.
             decode = [(f"avg by (model) (llamacpp:predicted_tokens_seconds{{{where}}})", "measured {{model}}")]
             decode += [(_plan(m.decode_predicted_tok_s["half"]), f"plan {m.name}, half context")
                        for m in server.residency.models if m.decode_predicted_tok_s]
-        elif engine.metrics_path(model) is not None:
+        elif llamacpp:
             decode = [(f"avg by (pod) (llamacpp:predicted_tokens_seconds{{{where}}})", "measured {{pod}}")]
             if server.decode_predicted_tok_s:
                 decode += [(_plan(server.decode_predicted_tok_s["empty"]), "plan, empty context"),
                            (_plan(server.decode_predicted_tok_s["full"]), "plan, full context")]
-        if engine.metrics_path(model) is not None:
+        if llamacpp:
             board = board.with_panel(_series(
                 "Decode speed: measured vs plan", "none",
                 "llama.cpp's average generation speed since the last scrape (tok/s), beside the plan's prediction "
@@ -90,16 +93,18 @@ def build_dashboard(stack: StackConfig, plan: CapacityPlan, namespace: str, stac
              (_plan(server.budget.startup_seconds), "plan: budget")]))
         if server.residency is not None:
             board = _residency_panels(board, where, server)
-    if stack.gateway is not None and stack.gateway.routes:
+    fallbacks = fallback_alerts(stack) if stack.gateway is not None else []
+    if fallbacks:
         board = board.with_row(dashboard.Row("Gateway"))
+        # Per route: its requests sent upstream under another name than its local first tier's (the name the
+        # first tier is sent, which may differ from the public one: a renamed local tier is not a fallback).
         board = board.with_panel(_series(
             "Share of each model's requests answered by a fallback tier", "percentunit",
-            "Requests routed for a model but sent upstream under another name than its first tier's "
+            "Requests routed for a model but sent upstream under another name than its local first tier's "
             "(Envoy AI Gateway's gen_ai_server_request_duration_seconds).",
-            [("sum by (gen_ai_original_model) (rate(gen_ai_server_request_duration_seconds_count"
-              "{gen_ai_original_model!=\"\", gen_ai_request_model!=gen_ai_original_model}[5m])) / "
-              "sum by (gen_ai_original_model) (rate(gen_ai_server_request_duration_seconds_count[5m]))",
-              "{{gen_ai_original_model}}")]))
+            [(f'sum(rate(gen_ai_server_request_duration_seconds_count{{gen_ai_original_model="{route.model}", '
+              f'gen_ai_request_model!="{local}"}}[5m])) / sum(rate(gen_ai_server_request_duration_seconds_count'
+              f'{{gen_ai_original_model="{route.model}"}}[5m]))', route.model) for route, local, _ in fallbacks]))
     return json.loads(JSONEncoder(sort_keys=True, indent=None).encode(board.build()))
 
 

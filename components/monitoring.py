@@ -9,13 +9,13 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from common.constants import ENVOY_OWNING_GATEWAY_LABEL, PART_OF, PROJECT
-from common.errors import ConfigError
 from config.types import Observability, StackConfig
 from engines import engine_of
 from planning.capacity import CapacityPlan
 from planning.startup import rollout_waits
 
 from .dashboard import FILE_NAME as DASHBOARD_FILE, SIDECAR_LABEL, dashboard_config_map
+from .gateway_routes import fallback_alerts
 from .meta import selector, token
 
 VM = "operator.victoriametrics.com/v1beta1"
@@ -163,38 +163,6 @@ def residency_rules(name: str, where: str, server) -> list[dict]:
                                        "(the router's log says why: missing files, out of memory)"},
         },
     ]
-
-
-def fallback_alerts(stack: StackConfig) -> list[tuple]:
-    """(route, name sent to its local first tier, fallbacks described) for every route whose first
-    tier is local and has a fallback; raises ConfigError where the alert could not tell them apart.
-
-    AI Gateway labels a request with the model name it sent upstream (gen_ai_request_model: the
-    backend's modelNameOverride); gen_ai_provider_name is the API schema ("openai") for every
-    OpenAI-compatible backend, so it cannot tell a local tier from a remote one."""
-    from .gateway_routes import backend_refs
-
-    gateway = stack.gateway
-    found, problems = [], []
-    for index, route in enumerate(gateway.routes if gateway is not None else []):
-        first = gateway.tiers[route.backends[0].tier]
-        if first.local is None or len(route.backends) < 2:
-            continue
-        sent = [ref.get("modelNameOverride") or route.model for ref in backend_refs(route.backends, gateway, stack, route.model)]
-        local_name, fallback_names = sent[0], sent[1:]
-        if local_name in fallback_names:
-            other = route.backends[1 + fallback_names.index(local_name)].tier
-            problems.append((
-                f"gateway.routes.{index}.backends.0.model",
-                f"tier {route.backends[0].tier} is sent {local_name!r}, as tier {other} is, so the fallback alert "
-                "cannot tell them apart; give the local tier a distinct model name (llama.cpp answers any)",
-            ))
-            continue
-        fallbacks = ", ".join(f"{b.tier} ({'local' if gateway.tiers[b.tier].local else 'remote'})" for b in route.backends[1:])
-        found.append((route, local_name, fallbacks))
-    if problems:
-        raise ConfigError(problems)
-    return found
 
 
 class Monitoring(pulumi.ComponentResource):

@@ -145,6 +145,11 @@ class Engine(ABC):
         """Whether /metrics reports requests waiting for a slot (the saturation alert)."""
         return False
 
+    def exports_llamacpp_metrics(self, model: "ModelServer") -> bool:
+        """Whether /metrics carries llama.cpp's own series (llamacpp:*): the dashboard's decode and queue panels
+        are drawn only then (another engine's metrics have other names)."""
+        return False
+
     # --- planning ---------------------------------------------------------------------------------
 
     @abstractmethod

@@ -356,6 +356,9 @@ class LlamaCpp(Engine):
         """llamacpp:requests_deferred is on /metrics when --metrics is set."""
         return model.metrics
 
+    def exports_llamacpp_metrics(self, model: "ModelServer") -> bool:
+        return model.metrics
+
 
 # A size is believed only near what the file holds: llama.cpp's files weigh their parameters at the quant's
 # bits (the table's are averages; embedding and output tensors kept larger make real files heavier, never

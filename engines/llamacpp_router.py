@@ -280,3 +280,6 @@ class LlamaCppRouter(Engine):
 
     def reports_queue(self, model: "ModelServer") -> bool:
         return CHILD.reports_queue(model)
+
+    def exports_llamacpp_metrics(self, model: "ModelServer") -> bool:
+        return CHILD.exports_llamacpp_metrics(model)

@@ -329,7 +329,7 @@ def render_stack(stack: str, out: Path, project_dir: Path = PROJECT_DIR) -> Rend
         for name, manifest in applied.items():
             (staging / name).write_text(dump(manifest))
         (staging / "kustomization.yaml").write_text(_kustomization(applied))
-        (staging / PREREQUISITES_FILE).write_text(prerequisites_text(stack, list(files.values())))
+        (staging / PREREQUISITES_FILE).write_text(prerequisites_text(stack, list(files.values()), run.config))
         secrets = [m for m in files.values() if m["kind"] == "Secret"]
         namespaces = sorted(name for name, m in applied.items() if m["kind"] == "Namespace")
         if secrets:

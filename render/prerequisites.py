@@ -21,7 +21,8 @@ CORE_GROUPS = {"", "apps", "batch", "policy", "networking.k8s.io", "rbac.authori
 CONTROLLERS = {
     "aigateway.envoyproxy.io": "Envoy AI Gateway: its controller, and the extension server Envoy Gateway calls",
     "gateway.envoyproxy.io": "Envoy Gateway, configured with AI Gateway's extension manager",
-    "gateway.networking.k8s.io": "Envoy Gateway, which serves the Gateway API's standard-channel CRDs",
+    "gateway.networking.k8s.io": "Envoy Gateway; its gateway-helm chart carries the Gateway API v1.5.1 CRDs, "
+                                 "experimental channel",
     "cert-manager.io": "cert-manager",
     "operator.victoriametrics.com": "the VictoriaMetrics operator",
     "cilium.io": "Cilium as the cluster's CNI",
@@ -148,7 +149,74 @@ def admitted_pods(objects: list[dict[str, Any]]) -> list[str]:
     return commands
 
 
-def prerequisites_text(stack: str, objects: list[dict[str, Any]]) -> str:
+# The Gateway API release Envoy Gateway 1.8 and AI Gateway 1.1 are built against (schemas/README.md), and the
+# experimental channel their chart installs (BackendTLSPolicy v1 arrived in v1.4).
+GATEWAY_API = "v1.5.1"
+
+
+def setup_steps(objects: list[dict[str, Any]], stack: Any) -> list[tuple[str, str]]:
+    """Settings of the cluster's own components that the objects depend on but cannot show, each with the
+    command that checks it: (what to do, the check). ``stack``: the validated stack config (or None)."""
+    steps: list[tuple[str, str]] = []
+    groups = {_group(m) for m in objects}
+    if "gateway.networking.k8s.io" in groups:
+        steps.append((
+            f"The Gateway API {GATEWAY_API} CRDs, experimental channel, before Envoy Gateway's chart: k3s' bundled "
+            "Traefik installs older ones (its traefik-crd chart), which Helm 3 then leaves in place (Helm 4 fails), and "
+            "without BackendTLSPolicy v1 the remote tier's TLS policy is refused and the fallback breaks: "
+            f"`kubectl apply --server-side --force-conflicts -f https://github.com/kubernetes-sigs/gateway-api/releases/"
+            f"download/{GATEWAY_API}/experimental-install.yaml`",
+            "kubectl get crd gateways.gateway.networking.k8s.io -o jsonpath='{.metadata.annotations.gateway\.networking"
+            f"\.k8s\.io/bundle-version}}'   # {GATEWAY_API}; and backendtlspolicies.gateway.networking.k8s.io serves v1"))
+    if stack is None:
+        return steps
+    for key, pool in stack.node_pools.items():
+        if pool.gpu_resource and pool.gpu_shares > 1:
+            sharing = pool.sharing() if callable(getattr(pool, "sharing", None)) else None
+            how = ("NVIDIA's device plugin with time-slicing: `sharing.timeSlicing.resources: [{name: nvidia.com/gpu, "
+                   f"replicas: {pool.gpu_shares}}}]` in its config (GPU Operator: the devicePlugin config map)"
+                   if sharing == "time-slicing" else
+                   f"Intel's GPU device plugin started with `-shared-dev-num {pool.gpu_shares}`")
+            steps.append((f"node pool {key}: {pool.gpu_shares} containers share one GPU ({pool.gpu_resource}): {how}; "
+                          "with a stock plugin the second pod stays Pending",
+                          f"kubectl get nodes -o custom-columns=NODE:.metadata.name,GPU:'.status.allocatable.{_escaped(pool.gpu_resource)}'"
+                          f"   # {pool.gpu_shares} per GPU"))
+        if pool.backend in ("cuda",) and pool.gpu_resource:
+            steps.append((f"node pool {key}: the NVIDIA driver (>= 580 for the CUDA 13 images llama.cpp b10731 ships) "
+                          "before k3s' first start, then the NVIDIA container toolkit: k3s finds it at start and writes "
+                          "the nvidia RuntimeClass's handler into its containerd config",
+                          "nvidia-smi --query-gpu=driver_version --format=csv,noheader; "
+                          "grep -c nvidia /var/lib/rancher/k3s/agent/etc/containerd/config.toml"))
+        if pool.supplemental_groups:
+            steps.append((f"node pool {key}: the pods join the GIDs {', '.join(map(str, pool.supplemental_groups))} to open "
+                          "/dev/dri (the render and video groups on the node); with other GIDs llama.cpp falls back to "
+                          "the CPU, silently", "getent group render video   # on each node of the pool"))
+    exposed = [m for m in stack.models.values() if m.exposure is not None and m.exposure.source_ranges]
+    ingress = stack.cluster.ingress
+    if exposed and ingress is not None and ingress.kind in ("traefik", "ingress-nginx"):
+        steps.append((f"{ingress.kind}'s Service with `externalTrafficPolicy: Local`: behind k3s' ServiceLB (klipper-lb) "
+                      "with the default Cluster policy every client arrives as a pod address (10.42.x), inside the "
+                      "private ranges the source check admits, so the check admits everyone (the key still holds). "
+                      "k3s' Traefik: a HelmChartConfig for traefik in kube-system with `service.spec.externalTrafficPolicy: "
+                      "Local`; and keep the k3s pod and service CIDRs (--cluster-cidr, --service-cidr) out of the ranges "
+                      "you list",
+                      f"kubectl get svc -n {ingress.namespace} -o custom-columns=NAME:.metadata.name,"
+                      "POLICY:.spec.externalTrafficPolicy   # Local"))
+    if stack.observability is not None and stack.cluster.monitoring is not None:
+        steps.append(("VictoriaMetrics' VMAgent and VMAlert selecting every namespace's VMServiceScrape and VMRule "
+                      "(selectAllByDefault, or their selectors matching this folder's labels), kube-state-metrics and "
+                      "the kubelet's cAdvisor scraped (the alerts read kube_* and container_* series), and Grafana's "
+                      "dashboard sidecar searching this namespace",
+                      "kubectl get vmagent,vmalert -A -o yaml | grep -i selectAllByDefault; "
+                      "kubectl get pods -A -l app.kubernetes.io/name=kube-state-metrics"))
+    return steps
+
+
+def _escaped(resource: str) -> str:
+    return resource.replace(".", "\\.")
+
+
+def prerequisites_text(stack: str, objects: list[dict[str, Any]], config: Any = None) -> str:
     lines = [f"# What the cluster needs before this folder applies (stack {stack})", "",
              "Read from the manifests in this folder; `pulumi up` needs the same. Install these first, then",
              "follow SECRETS.md (namespace, Secrets, then `kubectl apply -k .`).", ""]
@@ -157,6 +225,11 @@ def prerequisites_text(stack: str, objects: list[dict[str, Any]]) -> str:
         lines.append(f"- {what}{f' ({how})' if how else ''}: for {', '.join(who)}")
     if not found:
         lines.append("- nothing beyond Kubernetes itself")
+    steps = setup_steps(objects, config)
+    if steps:
+        lines += ["", "How those components must be set up for this folder, each with the command that checks it:", ""]
+        for what, check in steps:
+            lines += [f"- {what}", f"  check: `{check}`"]
     commands = admitted_pods(objects)
     if commands:
         lines += ["", "The network policy lets in these pods from other namespaces, as configured (`cluster`, `gateway`).",

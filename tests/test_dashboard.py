@@ -92,3 +92,40 @@ def test_each_server_shows_the_plan_beside_what_happens(stack):
             swaps = panels["Router: swap time vs plan"]["targets"][1:]
             assert [t["expr"] for t in swaps] == [f"vector({m['swap_seconds']['warm']:g})"
                                                   for m in server["residency"]["models"].values()]
+
+
+@pytest.mark.parametrize("stack", CASES)
+def test_every_panel_query_parses_as_promql(tmp_path, stack):
+    """Each panel's expression, handed to Prometheus' own parser (promtool checks it as a recording rule's;
+    VictoriaMetrics' MetricsQL takes PromQL): issue #45 item 3 found a label compared with a label, which
+    neither parses. The fallback panel's series are per route, against the name its local tier is sent."""
+    import subprocess
+
+    import yaml
+
+    from test_alert_rules import PROMTOOL
+
+    _, board, run = dashboard_of(stack)
+    exprs = [target["expr"] for panel in board["panels"] for target in panel.get("targets", [])]
+    assert exprs
+    rules = [{"record": f"dashboard:query_{i}", "expr": expr} for i, expr in enumerate(exprs)]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    assert PROMTOOL, "promtool is not installed: `make test` installs Debian's prometheus package (promtool)"
+    done = subprocess.run([PROMTOOL, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    fallback = [e for e in exprs if "gen_ai_original_model" in e]
+    routes = [r for r in (run.config.gateway.routes if run.config.gateway else []) if len(r.backends) > 1
+              and run.config.gateway.tiers[r.backends[0].tier].local]
+    assert len(fallback) == len(routes)
+
+
+def test_a_server_of_another_engine_gets_no_llama_cpp_panels():
+    """Issue #45 item 5: an OpenAI-compatible engine's row drew llama.cpp's series, which it never exports."""
+    from engines import engine_of
+
+    _, board, run = dashboard_of("strix-halo")
+    others = [m for m in run.config.models.values() if not engine_of(m).exports_llamacpp_metrics(m)]
+    assert others
+    for model in others:
+        queries = [t["expr"] for p in board["panels"] for t in p.get("targets", []) if f'service="{model.name}"' in t["expr"]]
+        assert not [q for q in queries if "llamacpp:" in q], model.name

@@ -110,7 +110,8 @@ def test_the_library_stack_needs_exactly_these(tmp_path):
     (k3s ServiceLB, MetalLB), the card; and the pods its policy lets in."""
     result = render_stack("rtx3090-library", tmp_path / "out")
     text = (result.out / PREREQUISITES_FILE).read_text()
-    items = [line[2:].split(" (")[0].split(":")[0] for line in text.splitlines() if line.startswith("- ")]
+    listed = text.split("How those components must be set up", 1)[0]
+    items = [line[2:].split(" (")[0].split(":")[0] for line in listed.splitlines() if line.startswith("- ")]
     assert items == [
         "CRDs of aigateway.envoyproxy.io", "CRDs of cert-manager.io", "CRDs of gateway.envoyproxy.io",
         "CRDs of gateway.networking.k8s.io", "CRDs of traefik.io", "ClusterIssuer lan-ca", "IngressClass traefik",
@@ -119,3 +120,36 @@ def test_the_library_stack_needs_exactly_these(tmp_path):
     assert commands == [
         "kubectl get pods -n kube-system -l app.kubernetes.io/name=traefik",
         "kubectl get pods -n envoy-gateway-system -l app.kubernetes.io/name=envoy,gateway.envoyproxy.io/owning-gateway-name=inference"]
+
+
+def _steps(tmp_path, stack: str) -> str:
+    result = render_stack(stack, tmp_path / stack)
+    text = (result.out / PREREQUISITES_FILE).read_text()
+    return text.split("How those components must be set up", 1)[1].split("The network policy lets in", 1)[0]
+
+
+@pytest.mark.parametrize("stack", ["homelab", "rtx4090", "rtx3090-library", "strix-halo"])
+def test_each_component_setting_the_stack_depends_on_is_written_with_its_check(tmp_path, stack):
+    """What the objects cannot show but the stack needs (issue #45 item 2): the Gateway API CRDs where a gateway
+    renders, the device plugin's sharing where a pool's servers share a GPU (with the number), externalTrafficPolicy
+    where the summary promises a LAN allow-list, the driver and toolkit order for CUDA, the observability
+    selectors; each with the command that checks it."""
+    from plane import parse_stack
+
+    from conftest import plain_values
+
+    config = parse_stack(plain_values(stack))
+    steps = _steps(tmp_path, stack)
+    items = [line for line in steps.splitlines() if line.startswith("- ")]
+    checks = [line for line in steps.splitlines() if line.startswith("  check: `")]
+    assert items and len(items) == len(checks)
+    assert ("Gateway API v1.5.1 CRDs, experimental channel" in steps) == (config.gateway is not None)
+    for key, pool in config.node_pools.items():
+        shared = pool.gpu_resource is not None and pool.gpu_shares > 1
+        assert (f"node pool {key}: {pool.gpu_shares} containers share one GPU" in steps) == shared
+        if shared and pool.sharing() == "time-slicing":
+            assert f"replicas: {pool.gpu_shares}" in steps
+        elif shared:
+            assert f"-shared-dev-num {pool.gpu_shares}" in steps
+    allow_list = any(m.exposure is not None and m.exposure.source_ranges for m in config.models.values())
+    assert ("externalTrafficPolicy: Local" in steps) == (allow_list and config.cluster.ingress.kind in ("traefik", "ingress-nginx"))
