@@ -8,6 +8,7 @@ Standard library and h11 only: run as a file of the server's programs ConfigMap 
 
 import asyncio
 import json
+import math
 import os
 import sys
 import time
@@ -161,7 +162,9 @@ class Residency:
         log(f"plan: {len(models)} models, VRAM budget {budget.vram_gib} GiB, RAM budget {budget.ram_gib} GiB")
 
     def figures(self, name: str) -> dict:
-        return self.models.get(name) or self.retired.get(name) or {"vram_gib": 0.0, "ram_gib": 0.0}
+        """A model's planned figures; one the router runs that no plan of this proxy's ever listed (the proxy
+        restarted with a plan that dropped it) counts as filling everything, so it is unloaded before any load."""
+        return self.models.get(name) or self.retired.get(name) or {"vram_gib": math.inf, "ram_gib": math.inf}
 
     def fits(self, names) -> bool:
         return fit.fits(self.budget, [(self.figures(n)["vram_gib"], self.figures(n)["ram_gib"]) for n in set(names)])
@@ -212,21 +215,29 @@ class Residency:
                 if statuses.get(name) in RUNNING and name not in self.unloading:
                     self._enter(name)
                     if statuses[name] == "loading" and name not in self.loads:
-                        self._watch(name)  # loading on someone else's request: its end is watched too
+                        # Loading on someone else's request: its end is watched too.
+                        self._spawn(self._watch_load(name, time.monotonic(), self._watch(name)))
                     break
                 if name not in self.unloading and self.fits(resident | {name}):
                     self._enter(name)
+                    # The load's future before the call: a request for the same model that arrives meanwhile
+                    # (counted in flight, so it skips this lock) waits for it instead of going on unloaded.
+                    future = self._watch(name)
                     try:
                         await self.router.load(name)
-                    except BaseException:
+                    except BaseException as error:
+                        if not future.done():
+                            future.set_exception(error if isinstance(error, Refusal) else Refusal(
+                                503, f"the load of {name} did not start; try again", "unavailable_error"))
                         self.leave(name)
                         raise
-                    self._watch(name)
+                    self._spawn(self._watch_load(name, time.monotonic(), future))
                     break
                 candidates = [n for n in resident if self.in_flight.get(n, 0) == 0 and n not in self.pinned
                               and n not in self.unloading and statuses.get(n) in RUNNING]
                 if candidates:
-                    victim = min(candidates, key=lambda n: (n not in self.retired, self.last_used.get(n, 0.0), n))
+                    # A model the plan no longer lists (retired, or unknown to this proxy) goes first.
+                    victim = min(candidates, key=lambda n: (n in self.models, self.last_used.get(n, 0.0), n))
                     self.unloading.add(victim)
                     log(f"unloading {victim} (least recently used idle) to make room for {name}")
                     try:
@@ -252,13 +263,14 @@ class Residency:
             self.waits[0] += 1
             self.waits[1] += time.monotonic() - started
 
-    def _watch(self, name: str) -> None:
-        """A future for the model's load, settled by a background watch of the router's model list."""
+    def _watch(self, name: str):
+        """A future for the model's load (settled by _watch_load), registered where requests look for it."""
         future = asyncio.get_running_loop().create_future()
         # Read whether or not a request still waits for it (no "exception never retrieved" noise).
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        future.add_done_callback(lambda f: self.loads.get(name) is f and self.loads.pop(name))
         self.loads[name] = future
-        self._spawn(self._watch_load(name, time.monotonic(), future))
+        return future
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)

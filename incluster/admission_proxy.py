@@ -170,6 +170,11 @@ class Proxy:
         if b"transfer-encoding" in names and b"content-length" in names:
             # h11 takes the chunked framing (RFC 9112 allows it); the router refuses such a request: so does this.
             raise Refusal(400, "a request with both Content-Length and Transfer-Encoding is refused")
+        if method != "POST" and (b"transfer-encoding" in names or
+                                 any(name == b"content-length" and value != b"0" for name, value in headers)):
+            # No GET the router serves reads a body; one that came with a body would hold memory (and a
+            # connection slot, /health's included) without a key.
+            raise Refusal(400, f"a {method} request with a body is not accepted")
         path, parameters = router_rules.split_target(target)
         if reserve and path not in router_rules.PUBLIC_PATHS:
             raise Refusal(503, "too many connections; try again", "unavailable_error")

@@ -42,4 +42,7 @@ def fits(budget: Budget, figures: Iterable[tuple[float, float]]) -> bool:
         return False
     if budget.vram_gib is not None and sum(v for v, _ in figures) > budget.vram_gib + EPSILON:
         return False
-    return ram_limit_gib((r for _, r in figures), budget.host_gib) <= budget.ram_gib + EPSILON
+    ram = sum(r for _, r in figures)
+    if not math.isfinite(ram):  # a model of unknown size: nothing fits beside it
+        return False
+    return ram_limit_gib([ram], budget.host_gib) <= budget.ram_gib + EPSILON

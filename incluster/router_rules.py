@@ -31,6 +31,7 @@ from __future__ import annotations
 import codecs
 import hmac
 import json
+import math
 import re
 
 # cpp-httplib 0.54.1 (the router's): past these it refuses the request.
@@ -140,13 +141,23 @@ def route(method: str, path: str, parameters: dict[str, str], client_paths: froz
         raise Refusal(400, f"{path} takes no query parameter {name!r}")
 
 
+# A header value as cpp-httplib 0.54.1 takes it (httplib.cpp fields::is_field_content): visible characters and
+# obs-text, with spaces and tabs inside; h11 also lets other control characters through, the router does not.
+_FIELD_VALUE = re.compile(rb"([\x21-\x7e\x80-\xff]([\x20\x09\x21-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?")
+
+
 def check_head(headers: list[tuple[bytes, bytes]], target: str) -> None:
-    """The router's limits, on the head as the proxy will send it (the proxy's own headers included)."""
+    """The router's limits and rules, on the head as the proxy will send it (the proxy's own headers included):
+    a request it would refuse is refused here, before anything is unloaded."""
     if len(headers) > HEADER_MAX_COUNT:
         raise Refusal(431, f"more than {HEADER_MAX_COUNT} headers")
     for name, value in headers:
         if len(name) + len(value) + 4 > HEADER_MAX_LENGTH:
             raise Refusal(431, f"a header line longer than {HEADER_MAX_LENGTH} bytes ({name.decode('latin-1')})")
+        if not _FIELD_VALUE.fullmatch(value):
+            raise Refusal(400, f"the {name.decode('latin-1')} header holds a control character")
+        if name == b"content-encoding" and value.lower() != b"identity":
+            raise Refusal(415, "a compressed request body is not accepted here: send it uncompressed")
     if len(target) > URI_MAX_LENGTH:
         raise Refusal(414, f"request target longer than {URI_MAX_LENGTH} bytes")
 
@@ -191,6 +202,34 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite(text: str) -> None:
+    """A number nlohmann::json can hold: one past a double's range (1e999, or an integer of 400 digits) is its
+    parse error 406, so the router would refuse the body. Nothing is kept."""
+    if math.isinf(float(text)):
+        raise ValueError(f"the number {text[:20]}... is out of range")
+
+
+_SURROGATE = re.compile(rb"(?<!\\)((?:\\\\)*)\\u([dD][89abAB][0-9a-fA-F]{2}|[dD][c-fC-F][0-9a-fA-F]{2})")
+
+
+def _surrogates_paired(body: bytes) -> bool:
+    """Every \\uD800-\\uDBFF escape followed at once by a \\uDC00-\\uDFFF one, and no low one alone: what
+    nlohmann::json requires (its parse error 101); Python's json would take a lone one."""
+    expect_low_at = None
+    for match in _SURROGATE.finditer(body):
+        start = match.start() + len(match.group(1))
+        high = match.group(2)[1:2].lower() in (b"8", b"9", b"a", b"b")
+        if expect_low_at is not None:
+            if start != expect_low_at or high:
+                return False
+            expect_low_at = None
+        elif high:
+            expect_low_at = match.end()
+        else:
+            return False
+    return expect_low_at is None
+
+
 def body_model(body: bytes, max_values: int) -> str:
     """The model a POST body names, read as the router reads it, or a Refusal. Memory stays within a
     small multiple of the body: it is parsed as Latin-1 (one byte a character; JSON's syntax is ASCII, so
@@ -205,8 +244,10 @@ def body_model(body: bytes, max_values: int) -> str:
         for start in range(0, len(body), _VALIDATE_SLICE):
             decoder.decode(body[start:start + _VALIDATE_SLICE])
         decoder.decode(b"", final=True)
-        parsed = json.loads(body.decode("latin-1"), object_pairs_hook=_object, parse_int=lambda _: None,
-                            parse_float=lambda _: None, parse_constant=_no_constant)
+        if b"\\u" in body and not _surrogates_paired(body):
+            raise ValueError("an unpaired surrogate escape (\\uD800-\\uDFFF)")
+        parsed = json.loads(body.decode("latin-1"), object_pairs_hook=_object, parse_int=_finite,
+                            parse_float=_finite, parse_constant=_no_constant)
     except UnicodeDecodeError:
         raise Refusal(400, "the body is not UTF-8") from None
     except RecursionError:
@@ -220,5 +261,6 @@ def body_model(body: bytes, max_values: int) -> str:
     model = parsed.models[0] if parsed.models else None
     if not isinstance(model, str) or not model:
         raise Refusal(400, "model name is missing from the request")
-    # Latin-1 characters past ASCII are UTF-8 bytes here: no model name of the plan has any.
-    return model if model.isascii() else model.encode("latin-1").decode("utf-8", "replace")
+    # Past ASCII, a character here is a UTF-8 byte or an escape's: no model name of the plan has any, so such a
+    # name is one the router does not serve either (the caller answers it as not found).
+    return model

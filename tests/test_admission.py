@@ -91,6 +91,8 @@ def plane(binary, folder, env_extra=None, plan=None, preset_extra="", proxy_env=
         port = free_port()
         env = {e["name"]: e.get("value") for e in SPEC["proxy"]["env"]}
         env.update({"ADMISSION_PLAN_FILE": str(plan_file), "LISTEN_PORT": str(port), "LISTEN_HOST": "127.0.0.1",
+                    # The downloader's status where the pod's scratch volume would be (the rendered path is /tmp).
+                    "LIBRARY_STATUS": str(work / "library-status.json"),
                     "ROUTER_URL": router.base, "ROUTER_AUTH_FILE": str(key_file), "PATH": os.environ["PATH"],
                     **(proxy_env or {})})
         log = work / "proxy.log"
@@ -330,8 +332,12 @@ def test_a_lost_pinned_model_is_loaded_again_and_failed_loads_are_counted_as_the
 
     plan = json.loads(json.dumps(SPEC["plan"]))
     plan["models"]["broken-model"] = dict(plan["models"]["llama-3.1-8b"])
+    plan["models"]["too-large"] = dict(plan["models"]["llama-3.1-8b"])
     with plane(binary, gguf_folder, plan=plan, preset_extra="\n[broken-model]\nmodel = /nonexistent/broken.gguf\n",
                proxy_env={"PIN_CHECK_SECONDS": "1"}) as p:
+        # What the downloader writes for a model it refused (incluster/library.py), on the pod's scratch volume.
+        (p.router.work / "library-status.json").write_text(json.dumps({"served": [], "missing": {
+            "too-large": "refused: larger than planned: its files are 9.00 GiB, the plan counted 4.00 GiB"}}))
         p.router.wait_status("qwen3-8b", ("loaded",))
         assert p.router.post("/models/unload", {"model": "qwen3-8b"}).status == 200
         p.router.wait_status("qwen3-8b", ("unloaded",))
@@ -345,9 +351,10 @@ def test_a_lost_pinned_model_is_loaded_again_and_failed_loads_are_counted_as_the
         exported = request(p.base + "/metrics", None, {"Authorization": f"Bearer {TEST_KEY}"}).body.decode()
     _, (rule,), _ = rendered_rules("rtx3090-library" + OBSERVED)
     exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"] if "inference_plane_router_" in r["expr"]]
-    assert len(exprs) == 2
+    assert len(exprs) == 3
     for name in {n for e in exprs for n in re.findall(r"inference_plane_router_\w+", e)}:
-        assert re.search(rf'^{name}\{{model="[^"]+"\}} ', exported, re.M), name
+        assert re.search(rf'^{name}\{{model="[^"]+"(,reason="[a-z_]+")?\}} ', exported, re.M), name
+    assert 'inference_plane_router_model_unserved{model="too-large",reason="larger_than_planned"} 1' in exported
     # And every proxy series the stack's dashboard queries (components/dashboard.py).
     from test_dashboard import dashboard_of
 

@@ -683,3 +683,92 @@ def test_a_model_the_downloader_refused_as_larger_than_planned_is_said_and_expor
         metrics = proxy.metrics()
         assert metrics['inference_plane_router_model_unserved{model="gemma-3-12b",reason="larger_than_planned"}'] == 1
         assert metrics['inference_plane_router_model_unserved{model="qwen3-14b",reason="unreachable"}'] == 1
+
+
+# --- 6. what a review of the new proxy found (each test names its finding) -----------------------------
+
+def test_a_get_with_a_body_is_refused_before_it_is_read(tmp_path):
+    """Review 1: /health needs no key and a GET body was read: three keyless GETs announcing 32 MiB held every
+    POST off, and enough of them filled /health's reserve. Now a GET (or any method but POST) with a body is a
+    400 before a byte of it is read."""
+    with proxy_against(tmp_path) as proxy:
+        for framing in (f"Content-Length: {32 * 1024 * 1024}", "Transfer-Encoding: chunked"):
+            with proxy.connect() as s:
+                s.sendall(f"GET /health HTTP/1.1\r\nHost: x\r\n{framing}\r\n\r\n".encode() + b"x" * 1000)
+                answer = read_answer(s)
+            assert status_of(answer) == 400 and b"with a body" in answer
+        assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat("qwen3-8b")))) == 200
+
+
+def test_requests_for_a_model_whose_load_is_under_way_wait_for_it(tmp_path):
+    """Review 2: the load's future was made after the router's answer to the load, so a second request for the
+    same cold model, arriving meanwhile, went on to a model still loading (503 "Loading model")."""
+    with proxy_against(tmp_path, load_seconds=0.5) as proxy:
+        results: list[int] = []
+        threads = [threading.Thread(target=lambda: results.append(chat_status(proxy, "qwen3-14b"))) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert results == [200] * 8 and proxy.fake.loads.count("proxy") == 2  # the pinned model's, then this one
+
+
+REFUSED_BY_THE_ROUTERS_PARSERS = {
+    "a control character in a header value": (http("POST", "/v1/chat/completions", chat("gemma-3-12b"),
+                                                   {"X-Note": "a\x01b"}), 400),
+    "a compressed body": (http("POST", "/v1/chat/completions", chat("gemma-3-12b"), {"Content-Encoding": "gzip"}), 415),
+    "a number past a double": (http("POST", "/v1/chat/completions", b'{"model":"gemma-3-12b","x":1e999}'), 400),
+    "an integer past a double": (http("POST", "/v1/chat/completions", b'{"model":"gemma-3-12b","x":' + b"9" * 400 + b"}"), 400),
+    "a lone surrogate escape": (http("POST", "/v1/chat/completions", b'{"model":"gemma-3-12b","x":"\\ud800"}'), 400),
+    "a lone low surrogate": (http("POST", "/v1/chat/completions", b'{"model":"gemma-3-12b","x":"a\\udc00"}'), 400),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_BY_THE_ROUTERS_PARSERS))
+def test_what_the_routers_parsers_refuse_unloads_nothing(case, tmp_path):
+    """Review 3: requests b10729 refuses (cpp-httplib's field rule, no Content-Encoding, nlohmann's numbers and
+    surrogates) made the proxy unload and load first. On a full card they are refused with nothing changed."""
+    raw, status = REFUSED_BY_THE_ROUTERS_PARSERS[case]
+    with proxy_against(tmp_path) as proxy:
+        fill_the_card(proxy)
+        before = (dict(proxy.fake.status), len(proxy.fake.loads))
+        assert status_of(proxy.exchange(raw)) == status
+        time.sleep(0.3)
+        assert (dict(proxy.fake.status), len(proxy.fake.loads)) == before
+
+
+def test_a_paired_surrogate_and_an_escaped_backslash_pass():
+    """The surrogate check reads escapes as JSON does: a pair passes, and so does the text \\ud800 after an
+    escaped backslash (which is no escape)."""
+    sys.path.insert(0, str(ROOT / "incluster"))
+    try:
+        import router_rules
+    finally:
+        sys.path.remove(str(ROOT / "incluster"))
+    assert router_rules.body_model(b'{"model":"m","x":"\\ud83d\\ude00"}', 100) == "m"
+    assert router_rules.body_model(b'{"model":"m","x":"\\\\ud800"}', 100) == "m"
+    assert router_rules.body_model(b'{"model":"m","x":1.5e300,"y":12345678901234567890}', 100) == "m"
+
+
+def test_a_model_name_past_ascii_is_not_found_not_a_dropped_connection(tmp_path):
+    """Review 4: an escaped CJK model name raised in the proxy and the connection was dropped unanswered."""
+    with proxy_against(tmp_path) as proxy:
+        answer = proxy.exchange(http("POST", "/v1/chat/completions", b'{"model":"\\u4e00"}'))
+        assert status_of(answer) == 400 and b"not found" in answer
+
+
+def test_a_running_model_no_plan_of_this_proxy_listed_is_unloaded_before_any_load(tmp_path):
+    """Review 5: after a proxy restart with a plan that dropped a running model, it counted as 0 GiB and a load
+    could pass the budget. Now it counts as filling everything: the next load unloads it first."""
+    with proxy_against(tmp_path) as proxy:
+        fill_the_card(proxy)
+        plan = json.loads(json.dumps(PLAN))
+        del plan["models"]["qwen3-30b-a3b"]
+        proxy.proc.terminate()
+        proxy.proc.wait(10)
+    # A new proxy on the same router state: the 30B still running, unknown to its plan.
+    with proxy_against(tmp_path / "again", plan=plan) as proxy:
+        proxy.fake.vram["qwen3-30b-a3b"] = PLAN["models"]["qwen3-30b-a3b"]["vram_gib"]
+        proxy.fake.status["qwen3-30b-a3b"] = "loaded"
+        assert chat_status(proxy, "gemma-3-12b") == 200
+        assert proxy.fake.status["qwen3-30b-a3b"] == "unloaded" and proxy.fake.peak <= BUDGET + 1e-9
