@@ -7,6 +7,7 @@ import functools
 import hashlib
 
 from common.constants import API_KEY_VOLUME, OFFLINE_SECRET_PLACEHOLDER
+from common.quantity import parse_quantity
 from config.types import ModelCacheConfig, ModelServer, NodePool
 from engines import engine_of
 from planning.capacity import ServerPlan
@@ -199,7 +200,8 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
                                                       files_mounts(files) + [PROGRAMS_MOUNT]))
     library = engine.library(model, cache.mount_path)
     if model.prefetch is not None:
-        spec["initContainers"] = [prefetch_container(model, cache, [PROGRAMS_MOUNT])]
+        spec["initContainers"] = [prefetch_container(model, cache, [PROGRAMS_MOUNT],
+                                                     int(float(parse_quantity(plan.weights))))]
     elif library is not None:
         mounts = files_mounts(files) + [PROGRAMS_MOUNT]
         spec["initContainers"] = [library_container(model, library, cache, mounts)]

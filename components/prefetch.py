@@ -5,6 +5,8 @@ ConfigMap in a plain pinned python image."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from common.constants import API_KEY_VOLUME
 from config.types import ModelCacheConfig, ModelServer
 from engines import engine_of
@@ -37,7 +39,11 @@ def hub_token_env(cache: ModelCacheConfig) -> list[dict]:
     return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.secret_name, "key": token.secret_key}}}]
 
 
-def prefetch_container(model: ModelServer, cache: ModelCacheConfig, program_mounts: list[dict]) -> dict:
+def prefetch_container(model: ModelServer, cache: ModelCacheConfig, program_mounts: list[dict],
+                       planned_bytes: Optional[int] = None) -> dict:
+    """``planned_bytes``: what the plan counted for the download; the built-in downloader fetches nothing of a
+    repo whose files are larger (incluster/hub_download.py), so the pod does not start on a size the plan
+    never saw."""
     prefetch = model.prefetch
     if prefetch is None:
         raise ValueError(f"{model.name}: no prefetch settings")
@@ -51,6 +57,7 @@ def prefetch_container(model: ModelServer, cache: ModelCacheConfig, program_moun
             {"name": "HOME", "value": HF_HOME_DIR},
             # The same cache as the engine reads (see _cache_mount), never derived from XDG_CACHE_HOME.
             {"name": "HF_HOME", "value": HF_CACHE},
+            *([{"name": "PLANNED_BYTES", "value": str(planned_bytes)}] if planned_bytes and not prefetch.command else []),
             *hub_token_env(cache),
         ],
         "securityContext": dict(CONTAINER_SECURITY),

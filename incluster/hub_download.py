@@ -47,6 +47,13 @@ def main():
         print(f"prefetch: the Hub is unreachable ({error}); starting from {repo}@{cached}, "
               f"the last complete commit fetched", flush=True)
         return
+    # What the plan counted for this download (its weights): a repo larger than that is not fetched at all,
+    # so the pod never starts on a size the plan never saw (5 %: the plan's figure is rounded to a tenth of a GiB).
+    planned = int(os.environ.get("PLANNED_BYTES") or 0)
+    listed = sum((item.get("lfs") or {}).get("size", item.get("size")) or 0 for item in files)
+    if planned and listed > planned * 1.05:
+        sys.exit(f"prefetch: {repo}@{commit} is {listed / 2**30:.2f} GiB, larger than the plan counted "
+                 f"({planned / 2**30:.2f} GiB, the model's weights in the stack file): not fetched; correct weights")
     for folder in ("blobs", "refs", os.path.join("snapshots", commit)):
         os.makedirs(os.path.join(root, folder), exist_ok=True)
     sizes = {}

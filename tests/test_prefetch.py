@@ -38,13 +38,14 @@ def init_container() -> tuple[dict, dict]:
 PROGRAMS: dict = {}  # the rendered programs ConfigMap and the pod that mounts it
 
 
-def run_init(init: dict, root: Path, endpoint: str) -> subprocess.CompletedProcess:
+def run_init(init: dict, root: Path, endpoint: str, **override: str) -> subprocess.CompletedProcess:
     """Its command with its environment; absolute paths land under root (the pod's volumes)."""
     env = {"PATH": os.environ["PATH"], "HF_ENDPOINT": endpoint}
     for item in init["env"]:
         value = item["value"]
         env[item["name"]] = str(root / value.lstrip("/")) if value.startswith("/") else value
     env["HF_REPO"] = REPO
+    env.update(override)
     programs = write_programs(PROGRAMS["config_map"], PROGRAMS["pod"], programs_under(root))
     return subprocess.run(pod_command(init, programs), env=env, capture_output=True, text=True, timeout=60)
 
@@ -245,3 +246,18 @@ def test_a_download_never_finished_does_not_start_when_the_hub_is_down(init_cont
     again = run_init(init, tmp_path, f"http://127.0.0.1:{free_port()}/")
     assert again.returncode != 0
     assert "was never fetched completely" in again.stderr
+
+
+def test_a_repo_larger_than_planned_is_not_fetched(init_container, tmp_path):
+    """Sizes checked at run time (issue #43 item 5), for a single-model server: the rendered init container
+    carries what the plan counted for the download (the stack's weights); a repo whose files are larger is not
+    fetched at all and the start stops, saying both sizes; at its planned size it is."""
+    init, _ = init_container
+    planned = {e["name"]: e["value"] for e in init["env"]}["PLANNED_BYTES"]
+    assert int(planned) == int(115.5 * 2**30)  # strix-halo's halogen-flash: weights 115.5Gi
+    total = sum(len(data) for data in FILES.values())
+    with hub_files(REPO, FILES) as endpoint:
+        done = run_init(init, tmp_path, endpoint, PLANNED_BYTES=str(total // 2))
+        assert done.returncode != 0 and "larger than the plan counted" in done.stderr and "not fetched" in done.stderr
+        assert not list(tmp_path.rglob("blobs/*"))
+        assert run_init(init, tmp_path, endpoint, PLANNED_BYTES=str(total)).returncode == 0
