@@ -241,6 +241,10 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
         return None, [(f"node_pools.{model.node_pool}.vram", f"{pool.vram} leaves the router no VRAM ({vram_budget:.1f} "
                        f"GiB after llama.cpp's {GPU_FREE_TARGET_GIB:g} GiB free per GPU{others}); give the card's real "
                        "memory, or run the models on the CPU (gpu_layers: 0)")]
+    if model.resources.memory_limit is not None and gib(model.resources.memory_limit) > node_offers_gib(pool) + 1e-9:
+        return None, [(f"models.{key}.resources.memory_limit", f"{model.resources.memory_limit} is more than a node of "
+                       f"pool {model.node_pool} offers ({node_offers_gib(pool):.1f} GiB, allocatable less reserved); set "
+                       f"at most {math.floor(ram_budget)}Gi (what the node leaves the router), or remove it (planned)")]
     if model.resources.memory_limit is not None and gib(model.resources.memory_limit) < ram_budget:
         # The pod's own limit is the budget then: the proxy admits (and the plan counts) only sets within it.
         ram_budget = gib(model.resources.memory_limit)

@@ -297,7 +297,8 @@ def plan_residency(path: str, cap: Optional[int], models: list[ResidentModel], r
         problems.append((f"{path}.models.{m.name}", f"can never be loaded{beside}: it needs {m.ram_gib:.1f} GiB of RAM "
                          f"and {m.vram_gib:.1f} GiB of VRAM ({_needs(m)}), the router has "
                          f"{_budget(ram_budget_gib, vram_budget_gib)}{others}; use a smaller quant or ctx_size, fewer "
-                         f"gpu_layers or more cpu_moe_layers, {'pin fewer models, ' if pinned else ''}or remove it"))
+                         f"gpu_layers or more cpu_moe_layers, {'drop its vision projector (facts.mmproj: null), ' if m.multimodal else ''}"
+                         f"{'pin fewer models, ' if pinned else ''}or remove it"))
     if problems:
         return None, problems
     return residency, []

@@ -84,6 +84,16 @@ REFUSED = [
      "gateway.load_balancer_class", "qualified name"),
     ("source_ranges null without a word", "rtx3090-library", _set("models.library.exposure.source_ranges", None),
      "models.library.exposure.source_ranges", "null admits every client"),
+    # 7. messages that blamed the wrong thing
+    ("a router's memory limit above the node", "rtx3090-library", _set("models.library.resources.memory_limit", "4000Gi"),
+     "models.library.resources.memory_limit", "set at most 59Gi"),
+    ("max_loaded below the pins", "rtx3090-library", _set("models.library.on_demand.max_loaded", 1),
+     "models.library.on_demand.max_loaded", "raise max_loaded above 1 or pin fewer"),
+    ("a card with no room", "rtx3090-library", _set("node_pools.rtx3090.vram", "1Gi"),
+     "node_pools.rtx3090.vram", "leaves the router no VRAM"),
+    ("a huge projector", "rtx3090-library", lambda v: library(v)["on_demand"]["models"]["gemma-3-12b"].update(
+        facts={"mmproj": {"weights_mib": 90000, "compute_mib": 100}}),
+     "models.library.on_demand.models.gemma-3-12b", "drop its vision projector (facts.mmproj: null)"),
     # Issue #45 item 6, a new user's first hour: values that render and then silently do something else.
     ("a node's arch as uname says it", "rtx3090-library",
      lambda v: v["node_pools"]["rtx3090"].update(node_labels={"kubernetes.io/arch": "x86_64"}),
@@ -106,6 +116,11 @@ def test_refused_in_one_line_naming_the_field(case):
     assert "\n" not in text and "Traceback" not in text
     assert path in text and words in text, text
     assert "(and " not in text, "one problem said once, not once per model"
+
+
+def test_the_memory_limit_a_refusal_suggests_is_one_the_next_render_takes():
+    values = edit("rtx3090-library", _set("models.library.resources.memory_limit", "59Gi"))
+    assert plan(parse_stack(values)).servers["library"].memory_limit == "59Gi"
 
 
 def test_what_an_operator_acknowledges_the_summary_repeats_quoted():
