@@ -123,10 +123,11 @@ def run_stack_file(stack: str, mapping: dict[str, Any], secrets: dict[str, str] 
 
 # The tests that need llama.cpp's own programs, built by tools/build_llama_server.py (`make llama`),
 # are marked `llama` here, from what they use, so the mark cannot drift from the need: every test
-# that uses the `binary` fixture (directly or through another fixture), and every test of a module
-# that calls build_llama_server.build() itself. `make quick` runs the rest without building
+# that uses the `binary` or `llama_source` fixture (directly or through another fixture: llama.cpp's
+# source, its vocab files among it, comes with the build), and every test of a module that calls
+# build_llama_server.build() itself. `make quick` runs the rest without building
 # llama.cpp: pytest -m "not llama".
-LLAMA_FIXTURES = {"binary"}
+LLAMA_FIXTURES = {"binary", "llama_source"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -154,3 +155,10 @@ def binary() -> Path:
         failure = str(e)
     pytest.fail(failure, pytrace=False)  # outside the except: one line, no chained traceback
 
+
+@pytest.fixture(scope="session")
+def llama_source(binary) -> Path:
+    """The pinned llama.cpp's source folder (its vocab-only GGUFs under models/), fetched with the build."""
+    from build_llama_server import source_dir
+
+    return source_dir()

@@ -30,7 +30,7 @@ N_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, llama_source):
     folder = tmp_path_factory.mktemp("routing")
     return {r: write_real_shape(PRESET, folder / f"{PRESET}-{r}.gguf", routing=r) for r in ("zero", "token")}
 
@@ -127,7 +127,7 @@ def test_experts_depend_on_the_token(files):
 
 
 @pytest.mark.parametrize("preset", MOE)
-def test_every_moe_preset_writes_token_routing(preset, tmp_path):
+def test_every_moe_preset_writes_token_routing(preset, tmp_path, llama_source):
     p = PRESETS[preset]
     path = write_real_shape(preset, tmp_path / "m.gguf", routing="token")
     zero = write_real_shape(preset, tmp_path / "z.gguf")
@@ -139,7 +139,7 @@ def test_every_moe_preset_writes_token_routing(preset, tmp_path):
     assert np.isfinite(quants.dequantize(raw, t)).all() and raw.any()
 
 
-def test_another_mix(tmp_path):
+def test_another_mix(tmp_path, llama_source):
     path = write_real_shape(PRESET, tmp_path / "m.gguf", "Q8_0", routing="token")
     t, raw = _Tensors(path).raw_rows("token_embd.weight", range(0, PRESETS[PRESET].n_vocab, 4099))
     x = quants.dequantize(raw, t)
@@ -156,7 +156,7 @@ def test_random_rows_every_embedding_type(t):
     assert 0.015 < x.std() < 0.03 and abs(x.mean()) < 0.002
 
 
-def test_dense_presets_refuse_token_routing(tmp_path):
+def test_dense_presets_refuse_token_routing(tmp_path, llama_source):
     with pytest.raises(ValueError, match="no experts"):
         write_real_shape("qwen3-8b", tmp_path / "d.gguf", routing="token")
     with pytest.raises(ValueError, match="routing"):
