@@ -187,6 +187,13 @@ def setup_steps(objects: list[dict[str, Any]], stack: Any) -> list[tuple[str, st
                           "the nvidia RuntimeClass's handler into its containerd config",
                           "nvidia-smi --query-gpu=driver_version --format=csv,noheader; "
                           "grep -c nvidia /var/lib/rancher/k3s/agent/etc/containerd/config.toml"))
+        if pool.gpu_resource and not pool.gpu_resource.startswith("nvidia.com/") and not pool.supplemental_groups:
+            steps.append((f"node pool {key}: the pods run as UID 1000 with no extra group, so the device nodes the "
+                          f"plugin hands them ({pool.gpu_resource}) must be open to every user (Talos' siderolabs "
+                          "extensions: yes); where /dev/dri/renderD* is root:render 0660 (Ubuntu, Debian), set "
+                          f"node_pools.{key}.supplemental_groups to the render and video GIDs, or llama.cpp falls back "
+                          "to the CPU without a word",
+                          "ls -ln /dev/dri/   # on each node of the pool: mode crw-rw-rw-, or the GIDs you list"))
         if pool.supplemental_groups:
             steps.append((f"node pool {key}: the pods join the GIDs {', '.join(map(str, pool.supplemental_groups))} to open "
                           "/dev/dri (the render and video groups on the node); with other GIDs llama.cpp falls back to "
