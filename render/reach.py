@@ -148,7 +148,12 @@ def _reach(service: dict, objects: list[dict], peers: list[Peer], keyed: set[str
             who = f"clients on the internet ({', '.join(sources)}" + (f"; {said(reason)}" if reason else "") + ")"
         else:
             reason = exposure.public_reason if exposure is not None else None
-            who = (f"LAN clients in {', '.join(sources)}" if sources else
+            # The controller checks the client address it sees: behind k3s' ServiceLB with the default Cluster
+            # policy every client arrives as a pod address, inside the private ranges (PREREQUISITES.md says so).
+            seen = (" (as the controller sees client addresses: its Service needs externalTrafficPolicy: Local, "
+                    "PREREQUISITES.md)" if cluster.ingress is not None and cluster.ingress.kind in ("traefik", "ingress-nginx")
+                    else "")
+            who = (f"LAN clients in {', '.join(sources)}{seen}" if sources else
                    "any client the controller serves" + (f" ({said(reason)})" if reason else ""))
         controller = cluster.ingress
         through = "an ingress controller the config does not describe"

@@ -82,7 +82,8 @@ def test_the_summary_says_who_may_reach_each_server_and_from_where(tmp_path):
                       "app.kubernetes.io/name=traefik pods in kube-system; everything else is denied):")
     (chat,) = [line for line in summary if line.startswith("    llama-chat ")]
     assert chat.split(None, 1)[1] == (
-        "LAN clients in 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10, fc00::/7 at "
+        "LAN clients in 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10, fc00::/7 (as the controller sees "
+        "client addresses: its Service needs externalTrafficPolicy: Local, PREREQUISITES.md) at "
         "https://llm.lan.example.org through traefik pods in kube-system; API key required")
     (embed,) = [line for line in summary if line.startswith("    llama-embed ")]
     assert embed.split(None, 1)[1] == "in-cluster only (no Ingress, no gateway route); no API key"
