@@ -386,18 +386,12 @@ def test_a_request_the_router_would_refuse_unloads_nothing_and_the_body_names_th
 
 
 def raw_exchange(base: str, raw: bytes, timeout: float = 60) -> bytes:
+    from test_incluster_proxy import read_answer
+
     host, port = base.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=timeout) as s:
         s.sendall(raw)
-        data = b""
-        while True:
-            try:
-                chunk = s.recv(65536)
-            except (ConnectionResetError, socket.timeout):
-                return data
-            if not chunk:
-                return data
-            data += chunk
+        return read_answer(s)
 
 
 def raw(method: str, target: str, body: bytes = b"", headers: dict | None = None, key: str | None = TEST_KEY) -> bytes:

@@ -347,20 +347,25 @@ def _brute_force(residency):
     return sets, full
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.floats(0.5, 14), st.floats(0.2, 12), st.booleans()), min_size=1, max_size=9),
-       st.sampled_from([None, 1, 2, 3]), st.booleans(), st.floats(6, 40))
-def test_the_walk_finds_what_every_subset_would(figures, cap, on_card, budget):
-    """The plan walks only the sets memory allows (a library of a hundred models plans in well under a second:
-    `make bench`); on any small library its figures are those of enumerating every subset."""
+def _library(figures, cap, on_card: bool, budget: float):
+    """A residency of drawn models: (VRAM, RAM, pinned) each, on a card of ``budget`` or a CPU router."""
     from planning.residency import Residency, ResidentModel
 
     models = tuple(ResidentModel(name=f"m{i}", pinned=pinned and i == 0, ram_gib=round(ram, 2),
                                  vram_gib=round(vram, 2) if on_card else 0.0, weights_gib=1.0, swap_seconds={},
                                  decode_predicted_tok_s=None, estimate=None, vram=None)
                    for i, (vram, ram, pinned) in enumerate(figures))
-    residency = Residency(cap=cap, ram_budget_gib=budget if not on_card else 60.0,
-                          vram_budget_gib=budget if on_card else None, models=models)
+    return Residency(cap=cap, ram_budget_gib=budget if not on_card else 60.0,
+                     vram_budget_gib=budget if on_card else None, models=models)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.5, 14), st.floats(0.2, 12), st.booleans()), min_size=1, max_size=9),
+       st.sampled_from([None, 1, 2, 3]), st.booleans(), st.floats(6, 40))
+def test_the_walk_finds_what_every_subset_would(figures, cap, on_card, budget):
+    """The plan walks only the sets memory allows (a library of a hundred models plans in well under a second:
+    `make bench`); on any small library its figures are those of enumerating every subset."""
+    residency = _library(figures, cap, on_card, budget)
     sets, full = _brute_force(residency)
     if not sets:
         return
@@ -380,14 +385,9 @@ def test_the_walk_finds_what_every_subset_would(figures, cap, on_card, budget):
 def test_the_bounds_of_a_library_too_large_to_walk_hold_every_set(figures, cap, on_card, budget):
     """Past the sets a plan walks, the plan holds bounds: never fewer models than any set holds, never less
     RAM or VRAM than any set's (the pod's limit is sized on them)."""
-    from planning.residency import Residency, ResidentModel, _bounds
+    from planning.residency import _bounds
 
-    models = tuple(ResidentModel(name=f"m{i}", pinned=pinned and i == 0, ram_gib=round(ram, 2),
-                                 vram_gib=round(vram, 2) if on_card else 0.0, weights_gib=1.0, swap_seconds={},
-                                 decode_predicted_tok_s=None, estimate=None, vram=None)
-                   for i, (vram, ram, pinned) in enumerate(figures))
-    residency = Residency(cap=cap, ram_budget_gib=budget if not on_card else 60.0,
-                          vram_budget_gib=budget if on_card else None, models=models)
+    residency = _library(figures, cap, on_card, budget)
     sets, _ = _brute_force(residency)
     if not sets:
         return
