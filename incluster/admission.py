@@ -54,7 +54,8 @@ def unserved() -> dict:
     for name, why in missing.items() if isinstance(missing, dict) else ():
         why = str(why)
         reasons[str(name)] = ("larger_than_planned" if why.startswith("refused: larger than planned") else
-                              "refused" if why.startswith("refused") else "unreachable")
+                              "refused" if why.startswith("refused") else
+                              "fetching" if why.startswith("not fetched yet") else "unreachable")
     return reasons
 
 
@@ -399,7 +400,7 @@ class Residency:
         family("failed_loads_total", "counter", "Loads the router reported failed.",
                [({"model": n}, c) for n, c in self.failed_loads.items()])
         family("model_unserved", "gauge", "1 for a listed model the downloader does not offer, by why: "
-               "larger_than_planned (never offered), refused (the Hub said no), unreachable.",
+               "larger_than_planned (never offered), refused (the Hub said no), fetching, unreachable.",
                [({"model": n, "reason": why}, 1) for n, why in sorted(unserved().items()) if n in self.models])
         lines.append("# HELP inference_plane_router_swap_seconds From a load's admission (room made) until the "
                      "router said the model was loaded.")

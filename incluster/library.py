@@ -199,10 +199,12 @@ def _read(path):
         return handle.read()
 
 
-def library():
+def library(fetch=True):
     """Every listed model fetched on its own (one that fails keeps none of the others from the router),
     the folders of unlisted ones removed, and the preset the router reads written with the sections of
-    complete models only. Returns {name: why} for the models that are not there."""
+    complete models only. Returns {name: why} for the models that are not there. ``fetch=False``: the Hub
+    is not asked; what is complete on the volume (and no larger than planned) is offered, the rest is left
+    to the keeper."""
     models = json.loads(_read(os.environ["HF_LIBRARY"]))
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/") + "/"
     token = os.environ.get("HF_TOKEN")
@@ -223,6 +225,13 @@ def library():
         planned = None if isinstance(entry, str) else entry.get("planned_bytes")
         before = _files(os.path.join(folder, name))
         try:
+            if not fetch:
+                complete = _complete(os.path.join(folder, name))
+                if complete is None:
+                    missing[name] = "not fetched yet (the keeper fetches it in the background)"
+                else:
+                    _unless_fits(os.path.join(folder, name), name, complete, planned)
+                continue
             fetch_model(name, repo_tag, endpoint, token, os.environ["HUB_CACHE"], folder, mmproj, planned)
             if before and _files(os.path.join(folder, name)) != before:
                 changed.append(name)
@@ -272,14 +281,18 @@ def _write_served_preset(served):
 
 
 def fill():
-    """The init container: the router starts with what could be fetched, unless that is nothing."""
-    missing, _ = library()
+    """The init container. A pod never waits for a download while a listed model is on the volume: then what
+    is complete is offered at once and the keeper fetches the rest in the background (a request for one of
+    them is a 503 with Retry-After until then, which the gateway takes to its next tier). Only on an empty
+    volume (the first start) does it fetch before the router starts, and stops the start when nothing can be."""
     listed = json.loads(_read(os.environ["HF_LIBRARY"]))
+    on_volume = [name for name in listed if _complete(os.path.join(os.environ["LIBRARY_DIR"], name)) is not None]
+    missing, _ = library(fetch=not on_volume)
     if len(missing) == len(listed):
         sys.exit("prefetch: no listed model could be fetched, so the router would serve nothing: "
                  + "; ".join(f"{name}: {why}" for name, why in missing.items()))
     if missing:
-        print(f"prefetch: starting without {', '.join(missing)} (the keeper retries them; see its log)", flush=True)
+        print(f"prefetch: starting without {', '.join(missing)} (the keeper fetches them; see its log)", flush=True)
     # A first heartbeat for the keeper (the pod's scratch volume outlives this container): its first
     # readiness probe, at its start, passes, so the pod is Ready as soon as the router is.
     with open(os.environ["HEARTBEAT"], "w") as beat:

@@ -458,3 +458,28 @@ def test_a_model_larger_than_planned_is_never_offered(binary, rendered, tmp_path
         done = run_library(rendered["init"], root, endpoint)
     assert done.returncode != 0 and "larger than planned" in done.stderr
     assert not (library_folder(rendered, root) / names[0]).exists()
+
+
+def test_a_restart_with_a_model_added_waits_for_no_download(rendered, tmp_path):
+    """Issue #48 item 1: a pod that starts with models on its volume (a restart, a library edit) serves them at
+    once; the model just added is left to the keeper (a 503 with Retry-After until it is fetched). The init
+    container does not ask the Hub at all; only on an empty volume (the first start) does it fetch first."""
+    names = rendered["names"][:2]
+    repos = tiny_repos(rendered, tmp_path, names)
+    first = {names[0]: rendered["library"][names[0]]}
+    preset = rendered["preset"].split(f"[{rendered['names'][2]}]")[0]
+    root = tmp_path / "pod"
+    write_files(rendered, root, first, preset)
+    log: list[str] = []
+    with hub_repos(repos, log=log) as endpoint:
+        assert run_library(rendered["init"], root, endpoint).returncode == 0  # the first start: fetched first
+        asked = len(log)
+        assert asked > 0
+        write_files(rendered, root, {**first, names[1]: rendered["library"][names[1]]}, preset)
+        done = run_library(rendered["init"], root, endpoint)
+    assert done.returncode == 0, done.stderr
+    assert len(log) == asked, log[asked:]  # the restart asked the Hub nothing
+    served = served_preset(rendered, root).read_text()
+    assert f"[{names[0]}]" in served and f"[{names[1]}]" not in served
+    status = json.loads(Path(env_under(rendered["init"]["env"], root)["LIBRARY_STATUS"]).read_text())
+    assert status["served"] == [names[0]] and "the keeper fetches it" in status["missing"][names[1]]
