@@ -129,8 +129,8 @@ def _library_edits(ctx: _Context, starts: Sequence[_Start]) -> None:
             rate = (hint.download_seconds / hint.weights_gib) if hint.download_seconds and hint.weights_gib else None
             took = f", about {_duration(round(rate * sum(added.values())))} at the stack's download rate" if rate else ""
             parts.append(f"fetches {', '.join(f'{m} ({gib:g} GiB)' for m, gib in sorted(added.items()))}{took}, "
-                         "then offers it (until then the router answers 400 for it, which the gateway does not "
-                         "retry on another tier)")
+                         "then offers it (until then the admission proxy answers 503 with Retry-After for it, which "
+                         "the gateway retries on the route's next tier)")
         if swapped:
             parts.append("fetches new weights for " + ", ".join(
                 f"{m} ({old.library[m][1]} -> {source}, {gib:g} GiB)" for m, (gib, source) in sorted(swapped.items()))
@@ -138,7 +138,8 @@ def _library_edits(ctx: _Context, starts: Sequence[_Start]) -> None:
                 "next request loads the new weights)")
         if removed:
             parts.append(f"drops {', '.join(removed)} (unloaded if loaded; its files stay in the cache)")
-        how = ("the pod restarts in this update (above): every loaded model unloads and the init container fetches first"
+        how = ("the pod restarts in this update (above): every loaded model unloads; the models on the volume are "
+               "offered at once and the keeper fetches the new ones in the background"
                if name in restarting else
                f"its keeper applies it once the kubelet has refreshed the mounted ConfigMap (its sync period and "
                f"cache, typically 1-2 min) and within its {KEEP_SECONDS} s round (no restart: the router re-reads "

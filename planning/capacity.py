@@ -258,7 +258,9 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
         return None, problems
     worst = residency.worst()
     estimate = summed_estimate(worst)
-    limit = model.resources.memory_limit or Quantity(f"{limit_gib(worst)}Gi")
+    # The pod holds what the proxy may admit: the whole budget (whole GiB), not the largest set of today's
+    # library, so a library edit within the card changes no pod template and restarts nothing (issue #48).
+    limit = model.resources.memory_limit or Quantity(f"{max(limit_gib(worst), math.floor(ram_budget + 1e-9))}Gi")
     # Each repo once: two names for the same weights (other settings) share the download.
     weights = Quantity(f"{ceil_gib(sum({m.source: m.weights_gib for m in resident}.values()) * 10) / 10}Gi")
     return ServerPlan(
