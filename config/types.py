@@ -355,7 +355,7 @@ class Prefetch(Strict):
     revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9._/-]+$")] = doc("Branch, tag or 40-hex commit; a commit, once fetched, starts with no Hub.", default="main")
     image: PinnedImage = doc("The init container's image (needs python3; nothing is installed).", default=PREFETCH_IMAGE)
     command: Optional[Annotated[list[Annotated[Line, Field(max_length=4096)]], Field(min_length=1, max_length=64)]] = doc(
-        "null: the built-in downloader (components/prefetch/hub_download.py, standard library only: no PyPI at start). "
+        "null: the built-in downloader (incluster/hub_download.py, standard library only, shipped in the pod's programs ConfigMap: no PyPI at start). "
         "Otherwise runs with HF_REPO, HF_REVISION, HOME and HF_HOME set, and must skip files it already has.",
         default=None,
     )
