@@ -24,6 +24,7 @@ from planning.capacity import ServerPlan
 from planning.startup import StartupBudget
 
 from .meta import VALUE_NOTES_ANNOTATION, labels, metadata, selector, token, value_notes
+from .namespace import clients_policy
 from .pod import (KEY_FINGERPRINT_ANNOTATION, checkov_waivers, config_map_name, key_fingerprint, pod_programs, pod_spec,
                   programs_config_map_name)
 from .programs import PROGRAMS_ANNOTATION, code_hash, config_map_data, program_files
@@ -164,6 +165,18 @@ class ModelServerBase(pulumi.ComponentResource):
             parent=self,
         ))
         self.url = self.service.metadata.apply(lambda m: f"http://{service_fqdn(m['name'], m['namespace'])}:{model.port}")
+
+        self.clients_policy = None
+        if model.in_cluster_clients:
+            # Its in-cluster clients from other namespaces (a RAG app's), to this server's pods and port alone.
+            kind, spec = clients_policy(args.cluster.cni, ns, selector(model.name), model.port, list(model.in_cluster_clients))
+            policy_meta = metadata(f"{model.name}-clients", ns, model.name, component)
+            child = pulumi.ResourceOptions(parent=self)
+            self.clients_policy = (
+                k8s.apiextensions.CustomResource(f"{name}-clients", api_version="cilium.io/v2", kind=kind,
+                                                 metadata=policy_meta, spec=spec, opts=child)
+                if kind == "CiliumNetworkPolicy" else
+                k8s.networking.v1.NetworkPolicy(f"{name}-clients", metadata=policy_meta, spec=spec, opts=child))
 
         self.disruption_budget = None
         if model.workload.replicas > 1:

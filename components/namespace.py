@@ -197,3 +197,19 @@ class AINamespace(pulumi.ComponentResource):
             )
         self.name = self.namespace.metadata.apply(lambda m: m["name"])
         self.register_outputs({"name": self.name})
+
+
+def clients_policy(cni: str, namespace: str, server_labels: dict[str, str], port: int, clients: list[PodPeer]) -> tuple[str, dict]:
+    """(kind, spec) of the policy that admits a server's in-cluster clients from other namespaces to its pods on
+    its port: added to the namespace's default-deny policy (policies add up), selecting that server's pods alone."""
+    if cni == "cilium":
+        return "CiliumNetworkPolicy", {
+            "endpointSelector": {"matchLabels": dict(server_labels)},
+            "ingress": [{"fromEndpoints": [_cilium_peer(peer) for peer in clients],
+                         "toPorts": [{"ports": [{"port": str(port), "protocol": "TCP"}]}]}],
+        }
+    return "NetworkPolicy", {
+        "podSelector": {"matchLabels": dict(server_labels)},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [_np_peer(peer) for peer in clients], "ports": [{"port": port, "protocol": "TCP"}]}],
+    }

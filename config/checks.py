@@ -92,6 +92,12 @@ def model_problems(model: ModelServer, path: str, pools: dict[str, NodePool]) ->
             f"{path} offloads {model.gpu_layers} layers to a GPU, so its node pool must name the GPU resource "
             "(e.g. gpu.intel.com/i915), or set gpu_layers: 0",
         ))
+    if model.in_cluster_clients and model.api_key is None:
+        problems.append((f"{path}.in_cluster_clients", "pods of other namespaces reach the server: add api_key (they "
+                         "send it like any client from outside the namespace)"))
+    own = {peer.namespace for peer in model.in_cluster_clients}
+    if len(own) != len(model.in_cluster_clients):
+        problems.append((f"{path}.in_cluster_clients", "a namespace is listed twice; give each once (pod_labels narrow it)"))
     if model.role == "embedding":
         if model.exposure is not None and model.api_key is None:
             # Exposed, only POST /v1/embeddings is routed (asked to chat it would answer fluent nonsense).

@@ -508,6 +508,10 @@ class ModelServer(ModelSettings):
         "An Ingress on the LAN. An embedding server's routes only /v1/embeddings (never a chat path) and needs api_key.",
         default=None,
     )
+    in_cluster_clients: Annotated[list[PodPeer], Field(max_length=16)] = doc(
+        "Pods in other namespaces of this cluster that may call this server (a RAG app's namespace, its pod labels): a "
+        "network policy admits them to this server's pods on its port, and no other server's; the summary lists them. "
+        "They need api_key like any client from outside the namespace.", default=[])
     api_key: Optional[ApiKey] = doc("llama.cpp's API key; required once anything outside the namespace reaches it.", default=None)
     extra_args: Args = doc("More llama.cpp flags; flags generated from the fields above are refused here.", default=[])
 

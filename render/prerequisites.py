@@ -166,8 +166,8 @@ def setup_steps(objects: list[dict[str, Any]], stack: Any) -> list[tuple[str, st
             "without BackendTLSPolicy v1 the remote tier's TLS policy is refused and the fallback breaks: "
             f"`kubectl apply --server-side --force-conflicts -f https://github.com/kubernetes-sigs/gateway-api/releases/"
             f"download/{GATEWAY_API}/experimental-install.yaml`",
-            "kubectl get crd gateways.gateway.networking.k8s.io -o jsonpath='{.metadata.annotations.gateway\.networking"
-            f"\.k8s\.io/bundle-version}}'   # {GATEWAY_API}; and backendtlspolicies.gateway.networking.k8s.io serves v1"))
+            "kubectl get crd gateways.gateway.networking.k8s.io -o jsonpath='{.metadata.annotations.gateway\\.networking"
+            f"\\.k8s\\.io/bundle-version}}'   # {GATEWAY_API}; and backendtlspolicies.gateway.networking.k8s.io serves v1"))
     if stack is None:
         return steps
     for key, pool in stack.node_pools.items():

@@ -25,9 +25,19 @@ def _of(objects: Iterable[dict], kind: str, namespace: Optional[str] = None) -> 
             and (namespace is None or o["metadata"].get("namespace") == namespace)]
 
 
-def admitted(objects: list[dict], namespace: str) -> list[Peer]:
-    """The peers the namespace's default-deny policy lets in (plain or Cilium)."""
+def _namespace_wide(policy: dict) -> bool:
+    spec = policy["spec"]
+    return not (spec.get("podSelector") or {}).get("matchLabels") and not (spec.get("endpointSelector") or {}).get("matchLabels")
+
+
+def admitted(objects: list[dict], namespace: str, pod_labels: Optional[dict[str, str]] = None) -> list[Peer]:
+    """The peers the namespace's policies let in (plain or Cilium): those of the namespace-wide ones, or with
+    ``pod_labels``, only those of the policies that select such pods (a server's own in-cluster clients)."""
     peers: list[Peer] = []
+    objects = [o for o in objects if o["kind"] not in ("NetworkPolicy", "CiliumNetworkPolicy") or (
+        _namespace_wide(o) if pod_labels is None else
+        not _namespace_wide(o) and ((o["spec"].get("podSelector") or o["spec"].get("endpointSelector") or {})
+                                    .get("matchLabels") or {}).items() <= pod_labels.items())]
     for policy in _of(objects, "NetworkPolicy", namespace):
         for rule in policy["spec"].get("ingress") or []:
             for source in rule.get("from") or []:
@@ -179,6 +189,9 @@ def _reach(service: dict, objects: list[dict], peers: list[Peer], keyed: set[str
                    else "the cluster's default load balancer")
             text += f" ({how}: {said(stack.gateway.load_balancer_reason)})"
         ways.append(text)
+    own = admitted(objects, namespace, dict(service["spec"].get("selector") or {}))
+    if own:
+        ways.append("in-cluster clients from " + "; ".join(_peer_text(p, namespace) for p in own))
     if not ways:
         ways.append("in-cluster only (no Ingress, no gateway route)")
     labels = service["metadata"].get("labels") or {}

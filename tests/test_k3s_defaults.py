@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import yaml
 
 from conftest import ROOT
 from config.types import ClusterConfig
 from render.manifests import manifests
-from render.output import render_stack
+from render.output import RenderError, render_stack
 from render.reach import reach_lines
 
 # What a newcomer writes for one k3s box with a 12 GiB card: no cluster section at all.
@@ -153,3 +154,88 @@ def test_an_embedding_server_exposed_on_request_gets_its_embeddings_path_only_be
     assert "10.0.0.0/8" in middleware["spec"]["ipAllowList"]["sourceRange"]
     (line,) = [line for line in reach_section(result.summary()) if line.startswith("    llama-embed ")]
     assert "at https://embed.lan.example.org through traefik pods in kube-system" in line and line.endswith("API key required")
+
+
+def with_clients(cni: str = "networkpolicy", **model_changes) -> dict:
+    config = copy.deepcopy(MINIMAL)
+    config["inference-plane:cluster"] = {"cni": cni}
+    chat = config["inference-plane:models"]["chat"]
+    chat["in_cluster_clients"] = [{"namespace": "rag", "pod_labels": {"app": "notes"}}, {"namespace": "agents"}]
+    chat.update(model_changes)
+    return config
+
+
+def test_in_cluster_clients_reach_their_server_alone_on_its_port(tmp_path):
+    """A RAG app in another namespace calls the chat server: a second policy, added to the namespace's
+    default deny (policies add up), selects the chat server's pods alone, on the port its Service targets."""
+    result = render(tmp_path, with_clients())
+    objects = list(result.files.values())
+    policies = {m["metadata"]["name"]: m for m in objects if m["kind"] == "NetworkPolicy"}
+    clients = policies["llama-chat-clients"]
+    (service,) = [m for m in objects if m["kind"] == "Service" and m["metadata"]["name"] == "llama-chat"]
+    (deployment,) = [m for m in objects if m["kind"] in ("Deployment", "StatefulSet") and m["metadata"]["name"] == "llama-chat"]
+    (embed,) = [m for m in objects if m["kind"] in ("Deployment", "StatefulSet") and m["metadata"]["name"] == "llama-embed"]
+    selector = clients["spec"]["podSelector"]["matchLabels"]
+    assert selector == service["spec"]["selector"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
+    assert not selector.items() <= embed["spec"]["template"]["metadata"]["labels"].items()
+    assert clients["metadata"]["namespace"] == "ai" and clients["spec"]["policyTypes"] == ["Ingress"]
+    # The port is the pod's port the Service's targetPort names (a NetworkPolicy sees the pod port, after DNAT).
+    (port,) = service["spec"]["ports"]
+    named = {p["name"]: p["containerPort"] for c in deployment["spec"]["template"]["spec"]["containers"]
+             for p in c.get("ports", [])}
+    (rule,) = clients["spec"]["ingress"]
+    assert rule["ports"] == [{"port": named[port["targetPort"]], "protocol": "TCP"}]
+    assert rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rag"}},
+         "podSelector": {"matchLabels": {"app": "notes"}}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "agents"}}},
+    ]
+    # The namespace's default deny still admits neither (the clients are the chat server's alone).
+    deny = policies["default-deny"] if "default-deny" in policies else next(
+        p for name, p in policies.items() if name != "llama-chat-clients")
+    assert deny["spec"]["podSelector"] == {}
+    assert not any(peer.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
+                   in ("rag", "agents") for r in deny["spec"]["ingress"] for peer in r.get("from", []))
+    summary = reach_section(result.summary())
+    (chat,) = [line for line in summary if line.startswith("    llama-chat ")]
+    assert "; in-cluster clients from app=notes pods in rag; pods in agents; API key required" in chat
+    (embed_line,) = [line for line in summary if line.startswith("    llama-embed ")]
+    assert "rag" not in embed_line and "agents" not in embed_line
+    header = next(line for line in summary if "who may reach each server" in line)
+    assert "rag" not in header and "agents" not in header
+
+
+def test_in_cluster_clients_under_cilium_select_the_servers_endpoints(tmp_path):
+    result = render(tmp_path, with_clients("cilium"))
+    objects = list(result.files.values())
+    (clients,) = [m for m in objects if m["kind"] == "CiliumNetworkPolicy" and m["metadata"]["name"] == "llama-chat-clients"]
+    (service,) = [m for m in objects if m["kind"] == "Service" and m["metadata"]["name"] == "llama-chat"]
+    assert clients["spec"]["endpointSelector"] == {"matchLabels": service["spec"]["selector"]}
+    (rule,) = clients["spec"]["ingress"]
+    assert rule["toPorts"] == [{"ports": [{"port": str(service["spec"]["ports"][0]["port"]), "protocol": "TCP"}]}]
+    assert rule["fromEndpoints"] == [
+        {"matchLabels": {"k8s:io.kubernetes.pod.namespace": "rag", "app": "notes"}},
+        {"matchLabels": {"k8s:io.kubernetes.pod.namespace": "agents"}},
+    ]
+    (chat,) = [line for line in reach_section(result.summary()) if line.startswith("    llama-chat ")]
+    assert "in-cluster clients from app=notes pods in rag; pods in agents" in chat
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"api_key": None}, "models.chat.in_cluster_clients: pods of other namespaces reach the server: add api_key"),
+    ({"in_cluster_clients": [{"namespace": "rag"}, {"namespace": "rag", "pod_labels": {"app": "x"}}]},
+     "models.chat.in_cluster_clients: a namespace is listed twice"),
+])
+def test_in_cluster_clients_need_a_key_and_each_namespace_once(tmp_path, change, says):
+    config = with_clients()
+    chat = config["inference-plane:models"]["chat"]
+    chat.update(change)
+    if chat.get("api_key") is None:
+        chat.pop("api_key")
+        chat.pop("exposure")
+    with pytest.raises(RenderError) as raised:
+        render(tmp_path, config)
+    assert says in str(raised.value)
+    assert not (tmp_path / "out").exists()
