@@ -98,10 +98,13 @@ def cilium_policy_spec(ns: NamespaceConfig, cluster: ClusterConfig, gateway: Opt
 def egress_summary(ns: NamespaceConfig, cluster: ClusterConfig) -> str:
     """What the namespace's pods may reach on the internet, as the policy really enforces it."""
     hub = ns.model_hub_egress
+    # The seed's host and remote-node entities (kubelet, Ceph mons on the host network) admit every port of
+    # every node's own addresses, the API server's too where it runs on a node: said, not left out.
+    nodes = "; and every node's own addresses on any port (Cilium host and remote-node entities)"
     if hub.mode == "fqdn":
-        return f"namespace {ns.name}: internet egress only to {', '.join(hub.hosts)} on 443 (Cilium toFQDNs)"
+        return f"namespace {ns.name}: internet egress only to {', '.join(hub.hosts)} on 443 (Cilium toFQDNs){nodes}"
     if cluster.cni == "cilium":
-        return f"namespace {ns.name}: internet egress to any address and port (Cilium world entity)"
+        return f"namespace {ns.name}: internet egress to any address and port (Cilium world entity){nodes}"
     return (f"namespace {ns.name}: internet egress to any public address on 443 (plain NetworkPolicy cannot "
             f"match host names; {', '.join(PRIVATE_RANGES)} excluded)")
 

@@ -134,7 +134,11 @@ class GatewayConfig(Strict):
         "the AI routes (overriding stream_idle_timeout there).",
         default="1800s",
     )
-    api_key_header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] = doc("The header clients send their key in.", default="x-api-key")
+    api_key_header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] = doc(
+        "The header clients send their gateway key in; `Authorization: Bearer <key>` works too (OpenAI SDKs). A client "
+        "sending both is judged by this header (Envoy tries it first); both are stripped before forwarding, so a "
+        "server behind the gateway never sees a client's key (a server reached directly reads Authorization first, "
+        "as llama.cpp does).", default="x-api-key")
     clients: Annotated[dict[DnsLabel, ApiClient], Field(min_length=1)] = doc("Who may call the gateway.")
     master_key_config: Optional[ConfigKey] = doc(
         "Pulumi secret config key from which clients without key_config get their keys (HMAC).", default=None

@@ -584,6 +584,24 @@ def test_clients_authenticate_as_openai_clients_do_or_with_x_api_key(strix_run):
     assert envoy_api_key(policy["extractFrom"], {"x-api-key": key}) == key
     assert envoy_api_key(policy["extractFrom"], {"x-api-key": key, "authorization": "Bearer sk-dummy"}) == key
     assert envoy_api_key(policy["extractFrom"], {}) is None
+    # Envoy reads x-api-key before Authorization, llama.cpp and the proxy the reverse (issue #45 item 5): no
+    # disagreement reaches a server, because the filter strips every key source it reads, the one it judged
+    # and the other (api_key_auth.cc KeySources::removeKey, run when forwarding.hide_credentials, which is
+    # what Envoy Gateway's sanitize sets), and each tier's key comes from its own BackendSecurityPolicy.
+    forwarded = envoy_forwarded(policy, "ci", {"x-api-key": key, "authorization": "Bearer sk-other", "accept": "*/*"})
+    assert forwarded == {"accept": "*/*", policy["forwardClientIDHeader"]: "ci"}
+
+
+def envoy_forwarded(policy: dict, client: str, headers: dict[str, str]) -> dict[str, str]:
+    """The request headers Envoy forwards once its api_key_auth filter admitted ``client`` (api_key_auth.cc:
+    the client's id set in forwarding.header, then, with hide_credentials, every key source's header removed)."""
+    out = dict(headers)
+    out[policy["forwardClientIDHeader"].lower()] = client
+    if policy.get("sanitize"):
+        for source in policy["extractFrom"]:
+            for name in source.get("headers", []):
+                out.pop(name.lower(), None)
+    return out
 
 
 def envoy_priorities_tried(attempts: int, per_priority: int, priorities: int) -> set[int]:

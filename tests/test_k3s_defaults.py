@@ -239,3 +239,16 @@ def test_in_cluster_clients_need_a_key_and_each_namespace_once(tmp_path, change,
         render(tmp_path, config)
     assert says in str(raised.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_cilium_egress_line_says_the_nodes_are_reachable_on_every_port(tmp_path):
+    """The seed's egress to the host and remote-node entities (kubelet, Ceph mons on the host network) has no
+    port list, so Cilium admits every port of every node's addresses: the summary says so (issue #45 item 5)."""
+    result = render(tmp_path, with_clients("cilium"))
+    (policy,) = [m for m in result.files.values() if m["kind"] == "CiliumNetworkPolicy"
+                 and m["spec"]["endpointSelector"] == {}]
+    (nodes,) = [rule for rule in policy["spec"]["egress"] if "toEntities" in rule]
+    assert {"host", "remote-node"} <= set(nodes["toEntities"]) and "toPorts" not in nodes
+    (line,) = [line for line in result.summary().splitlines() if line.startswith("  egress:")]
+    assert line.endswith("; and every node's own addresses on any port (Cilium host and remote-node entities)")
+    assert "only to huggingface.co" in line
