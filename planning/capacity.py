@@ -28,6 +28,9 @@ LIMIT_HEADROOM = 0.10  # a derived limit sits 10% above the estimate: compute bu
 # llama.cpp's own fitting keeps this much of each GPU free (common/common.h, b10729: fit_params_target
 # 1 GiB per device): what is planned closer to the card's size fits on paper only.
 GPU_FREE_TARGET_GIB = 1.0
+# Below this predicted decode rate at half context a chat answer arrives slower than people read it (about
+# 4-5 words/s, some 5-7 tokens/s): the plan says so (usable for batch work, not for a conversation).
+USABLE_DECODE_TOK_S = 5.0
 
 
 def decode_bound_tok_s(
@@ -390,7 +393,31 @@ def plan_stack(stack: "StackConfig", estimate: Estimator) -> CapacityPlan:
     problems += _cache_problems(stack, result)
     if problems:
         raise CapacityError(problems)
+    result.warnings += slow_decode_notes(stack, result)
     return result
+
+
+def slow_decode_notes(stack: "StackConfig", plan: CapacityPlan) -> list[str]:
+    """A chat server (or a model of a library) predicted to decode slower than people read, at half context."""
+    notes = []
+    for key, server in plan.servers.items():
+        if stack.models[key].role == "embedding":
+            continue
+        models = ({m.name: m.decode_predicted_tok_s for m in server.residency.models}
+                  if server.residency is not None else {None: server.decode_predicted_tok_s})
+        for name, predicted in models.items():
+            if not predicted or predicted["half"] >= USABLE_DECODE_TOK_S:
+                continue
+            which = f"models.{key}" + (f" (library model {name})" if name is not None else "")
+            faster = ""
+            if name is None and server.decode_range_tok_s:
+                high = server.decode_range_tok_s["half"][1]
+                faster = f", up to {high:.1f} if this node's CPU reads faster than assumed (make host-profile)"
+            notes.append(
+                f"{which}: decode is predicted at {predicted['half']:.1f} tok/s at half context ({predicted['full']:.1f} "
+                f"full){faster}, below {USABLE_DECODE_TOK_S:g} tok/s, slower than people read: fine for batch work, too "
+                "slow for a conversation; a smaller quant or model, more layers on a GPU, or a faster pool")
+    return notes
 
 
 def _cache_problems(stack: "StackConfig", plan: CapacityPlan) -> list[Problem]:

@@ -277,3 +277,57 @@ def test_quantities_are_parsed_once_where_they_are_made(monkeypatch):
     for stack in stacks:
         plan(stack)
     assert reparsed == []
+
+
+def test_a_chat_server_slower_than_people_read_is_said_so():
+    """Issue #45 item 6: a predicted 1 tok/s came with no word that it is too slow to chat with. A dense 32B
+    model on cpu-cluster's DDR5 nodes: the warning carries the plan's own figures and its measured-CPU range."""
+    from conftest import CPU_SECRETS, run_stack_file, stack_file_config
+    from planning.capacity import USABLE_DECODE_TOK_S
+
+    config = stack_file_config("cpu-cluster")
+    chat = config["inference-plane:models"]["chat"]
+    chat["hf_repo"] = "Qwen/Qwen3-32B-GGUF:Q4_K_M"
+    chat.pop("weights")
+    run = run_stack_file("cpu-cluster", config, CPU_SECRETS)
+    server = run.outputs["capacity_plan"]["servers"]["chat"]
+    predicted, high = server["decode_predicted_tok_s"], server["decode_range_tok_s"]["half"][1]
+    assert predicted["half"] < USABLE_DECODE_TOK_S
+    (note,) = [line for line in run.logs if "slower than people read" in line]
+    assert note.startswith(f"models.chat: decode is predicted at {predicted['half']:.1f} tok/s at half context "
+                           f"({predicted['full']:.1f} full), up to {high:.1f} if this node's CPU reads faster")
+    assert noted_slow(run) == predicted_slow(run) == {("chat", None)}
+
+
+def predicted_slow(run) -> set[tuple[str, str | None]]:
+    """The chat servers and library models whose plan predicts a half-context decode under the line."""
+    from planning.capacity import USABLE_DECODE_TOK_S
+
+    slow = set()
+    for key, server in run.outputs["capacity_plan"]["servers"].items():
+        if run.config.models[key].role == "embedding":
+            continue
+        models = ({name: m.get("decode_predicted_tok_s") for name, m in server["residency"]["models"].items()}
+                  if server.get("residency") else {None: server.get("decode_predicted_tok_s")})
+        slow |= {(key, name) for name, p in models.items() if p and p["half"] < USABLE_DECODE_TOK_S}
+    return slow
+
+
+def noted_slow(run) -> set[tuple[str, str | None]]:
+    import re
+    found = set()
+    for line in run.logs:
+        if "slower than people read" in line:
+            m = re.match(r"models\.([\w-]+)(?: \(library model ([^)]+)\))?: decode is predicted", line)
+            found.add((m.group(1), m.group(2)))
+    return found
+
+
+@pytest.mark.parametrize("stack", __import__("conftest").STACKS)
+def test_the_slow_note_names_exactly_the_chat_models_predicted_below_reading_speed(tmp_path, stack):
+    """Across the shipped stacks' plans, servers and library models alike: a note for each chat model whose
+    predicted half-context decode is under the line, and none for any other."""
+    from render.output import render_stack
+
+    run = render_stack(stack, tmp_path / "out").run
+    assert noted_slow(run) == predicted_slow(run)
