@@ -463,8 +463,7 @@ def _vram_problems(key: str, model: "ModelServer", server: ServerPlan, pool: "No
             return [(f"models.{key}.gpus", f"needs {vram.total_gib:.1f} GiB of VRAM ({vram.breakdown()}) but one GPU of "
                      f"node pool {model.node_pool} has {card:.1f} GiB; its nodes have {pool.gpus_per_node}: set gpus: "
                      f"{cards} (split by layer, {split.vram.total_gib:.1f} GiB on each card)")]
-    # -ngl N offloads the output layer and N-1 blocks: the blocks that fit, plus one.
-    fit = vram.layers_that_fit(card) + 1
+    fit = _layers_to_suggest(key, model, pool, estimate, card, vram.layers_that_fit(card) + 1)
     kv_hint = "" if model.cache_type_k == "q8_0" else ", cache_type_k/cache_type_v: q8_0 (halves the KV cache)"
     moe_hint = ", cpu_moe_layers (experts in system RAM)" if vram.experts_in_ram or model.cpu_moe_layers is not None else ""
     return [(
@@ -473,6 +472,28 @@ def _vram_problems(key: str, model: "ModelServer", server: ServerPlan, pool: "No
         f"{card:.1f} GiB; set gpu_layers: {fit} (the rest runs from system RAM, slower){moe_hint}, use a smaller "
         f"quant, a shorter ctx_size{kv_hint}",
     )]
+
+
+def _layers_to_suggest(key: str, model: "ModelServer", pool: "NodePool", estimate: Estimator, card: float,
+                       first_guess: int) -> int:
+    """The gpu_layers to suggest: the most the engine's own estimate puts within the card, leaving the free
+    margin llama.cpp keeps where that still offloads some (so the next render takes it without a warning), else
+    within the card. Checked by estimating, not by the linear guess (-ngl N is the output layer and N-1 blocks,
+    and partial offload changes the compute buffer): a suggestion the next render refuses is worse than none."""
+    def vram_at(layers: int) -> Optional[float]:
+        found, _ = estimate(model.model_copy(update={"gpu_layers": layers}), pool, f"models.{key}")
+        return found.vram.total_gib if isinstance(found, Estimate) and found.vram is not None else None
+
+    def most_within(room: float) -> int:
+        layers = max(0, first_guess)
+        while layers > 0 and (vram_at(layers) or 0.0) > room:
+            layers -= 1
+        while layers < model.gpu_layers and (vram_at(layers + 1) or float("inf")) <= room:
+            layers += 1
+        return layers
+
+    with_margin = most_within(card - GPU_FREE_TARGET_GIB)
+    return with_margin if with_margin > 0 else most_within(card)
 
 
 def _limit_problems(key: str, model: "ModelServer", server: ServerPlan, pool: "NodePool") -> list[Problem]:

@@ -9,6 +9,7 @@ import copy
 import pytest
 
 from common.errors import CapacityError
+from render.output import RenderError
 from config import ConfigError
 from conftest import plain_values, run_values
 from plane import parse_stack
@@ -159,3 +160,29 @@ def test_a_value_shared_by_two_roles_is_refused_where_the_program_holds_it():
     problems = _secret_key_problems(stack, values, set(values))
     assert [p for p in problems if "holds the same key" in p[1]], problems
     assert not _secret_key_problems(stack, {**values, "chat_api_key": "lan-key"}, set(values))
+
+
+@pytest.mark.parametrize("repo, ctx", [("Qwen/Qwen3-32B-GGUF:Q4_K_M", 16384), ("Qwen/Qwen3-14B-GGUF:Q8_0", 32768),
+                                       ("Qwen/Qwen3-14B-GGUF:Q4_K_M", 40960), ("ggml-org/Qwen3.6-35B-A3B-GGUF:Q4_K_M", 16384)])
+def test_the_gpu_layers_a_refusal_suggests_is_the_most_the_next_render_takes_without_a_warning(tmp_path, repo, ctx):
+    """Issue #45 item 6: a model too large for a 12 GiB card was told gpu_layers 33, then refused at 33 and told
+    32 (a linear guess). The suggestion is now the most layers the plan itself puts within the card less the
+    GiB llama.cpp keeps free: taken, the next render passes with no warning; one more would not."""
+    import re
+
+    from test_k3s_defaults import MINIMAL, render
+
+    config = copy.deepcopy(MINIMAL)
+    chat = config["inference-plane:models"]["chat"]
+    chat.update(hf_repo=repo, ctx_size=ctx)
+    with pytest.raises(RenderError) as refused:
+        render(tmp_path, config, stack="a")
+    (suggested,) = re.findall(r"models\.chat\.gpu_layers: .* set gpu_layers: (\d+) ", str(refused.value))
+    chat["gpu_layers"] = int(suggested)
+    result = render(tmp_path, config, stack="b")
+    assert not [line for line in result.run.logs if "gpu_layers" in line or "GPU 1" in line]
+    vram = result.run.outputs["capacity_plan"]["servers"]["chat"]["vram"]
+    assert vram["total_gib"] <= 12.0 - 1.0
+    chat["gpu_layers"] = int(suggested) + 1
+    more = render(tmp_path, config, stack="b")
+    assert more.run.outputs["capacity_plan"]["servers"]["chat"]["vram"]["total_gib"] > 12.0 - 1.0
