@@ -90,6 +90,31 @@ PROFILES: dict[str, DecodeProfile] = {
 }
 
 
+
+# One card's published llama-bench decode on two of llama.cpp's backends (Llama-2-7B Q4_0, tg128; the sources
+# of the profiles above): which image to run on a Radeon or an Arc card, in the words the stack writer uses.
+BACKEND_FIGURES: dict[str, tuple[str, tuple[tuple[str, float, str], ...]]] = {
+    "amd-discrete-rocm": ("an RX 7900 XTX", (("rocm", 167.11, "llama.cpp discussion #15021"),
+                                             ("vulkan", 182.63, "llama.cpp discussion #10879"))),
+    "intel-arc-b": ("an Arc B580", (("sycl", 65.13, "llama.cpp PR #13885"), ("vulkan", 70.14, "llama.cpp discussion #10879"))),
+}
+
+
+BACKEND_NAMES = {"rocm": "ROCm", "sycl": "SYCL", "vulkan": "Vulkan", "cuda": "CUDA", "cpu": "CPU"}
+
+
+def backend_advice(profile: str) -> Optional[str]:
+    """What llama.cpp's published runs say of the backends for this class of card, or None where none compare."""
+    if profile not in BACKEND_FIGURES:
+        return None
+    card, figures = BACKEND_FIGURES[profile]
+    ranked = sorted(figures, key=lambda f: -f[1])
+    (best, top, _), (other, low, _) = ranked[0], ranked[-1]
+    said = ", ".join(f"{BACKEND_NAMES[name]} {tok_s:.1f} t/s ({source})" for name, tok_s, source in ranked)
+    return (f"published llama-bench decode on {card} (Llama-2-7B Q4_0, tg128): {said}; "
+            f"{BACKEND_NAMES[best]} about {(top / low - 1) * 100:.0f}% faster on that "
+            "model; other models, quants and prompt processing may rank them otherwise")
+
 @dataclass(frozen=True)
 class HostProfile:
     """How a CPU reads the weights a server keeps in system RAM, with --threads T: at a share of what the node

@@ -341,3 +341,42 @@ def test_an_issuer_without_a_host_writes_no_solver(tmp_path, capsys):
     _, text, _ = generate(tmp_path, "issuer", MACHINES["nvidia-12"][0] + ["--issuer", "my-ca"], capsys)
     cluster = values_of(text)["cluster"]
     assert cluster["cert_manager_issuer"] == "my-ca" and "issuer_solver" not in cluster and "None" not in text
+
+
+@pytest.mark.parametrize("name, backend, vulkan_profile", [
+    ("radeon-rx7900xtx-24", "rocm", "amd-discrete-vulkan"),
+    ("arc-b580-12", "sycl", "intel-arc-b"),
+])
+def test_a_radeon_or_arc_stack_says_what_published_runs_give_vulkan_and_the_switch_renders(
+        written, name, backend, vulkan_profile, tmp_path):
+    """Issue #45 item 6: the Arc image was SYCL with no word that llama.cpp's published runs decode faster on
+    Vulkan. The backend's comment gives both published figures (engines/llamacpp_speed.py BACKEND_FIGURES) and
+    the switch; made as written, the switch renders the Vulkan image with the profile the comment names."""
+    from engines.llamacpp_speed import BACKEND_FIGURES
+    from tools.new_stack.candidates import IMAGES
+
+    path, text, _ = written[name]
+    pool_key, pool = next(iter(values_of(text)["node_pools"].items()))
+    assert pool["backend"] == backend
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip() == f"backend: {backend}")
+    above = []
+    while lines[at - 1 - len(above)].strip().startswith("#"):
+        above.insert(0, lines[at - 1 - len(above)].strip()[2:])
+    comment = " ".join(above)
+    card, figures = BACKEND_FIGURES[pool["decode_profile"]]
+    for _, tok_s, source in figures:
+        assert f"{tok_s:.1f} t/s ({source})" in comment
+    assert f"on {card}" in comment and f"image {IMAGES['vulkan']}" in comment and "backend: vulkan" in comment
+    # Switched as the comment says: the chat server's image, the pool's backend and profile.
+    document = yaml.safe_load(text)
+    config = document["config"]
+    config[PROJECT_PREFIX + "node_pools"][pool_key].update(backend="vulkan", decode_profile=vulkan_profile)
+    config[PROJECT_PREFIX + "models"]["chat"]["image"] = IMAGES["vulkan"]
+    (tmp_path / f"Pulumi.{name}.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    before = render_stack(name, tmp_path / "before", project_dir=path.parent)
+    after = render_stack(name, tmp_path / "after", project_dir=tmp_path)
+    (chat,) = [m for m in after.files.values() if m["kind"] == "Deployment" and m["metadata"]["name"] == "llama-chat"]
+    assert [c["image"] for c in chat["spec"]["template"]["spec"]["containers"]] == [IMAGES["vulkan"]]
+    speed = {r.run.outputs["capacity_plan"]["servers"]["chat"]["decode_predicted_tok_s"]["empty"] for r in (before, after)}
+    assert len(speed) == (2 if vulkan_profile != pool["decode_profile"] else 1)

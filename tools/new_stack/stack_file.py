@@ -12,6 +12,7 @@ import yaml
 from common.constants import PROJECT
 from config.checks import private_suffix
 from config.catalog import lookup
+from engines.llamacpp_speed import BACKEND_NAMES, backend_advice
 from tools.new_stack.candidates import IMAGES, Candidate, ChatSetup
 from tools.new_stack.hardware import INGRESS, KINDS, STORAGE, Cluster, Hardware
 
@@ -130,17 +131,27 @@ def node_pool(hw: Hardware) -> dict[str, V]:
                                    "and SYCL have no default profile.")
     pool["backend"] = V(backend, {"cpu": "No GPU: llama.cpp's CPU build.",
                                   "cuda": "llama.cpp's CUDA build for the chat server.",
-                                  "rocm": "llama.cpp's ROCm build (server-rocm); its Vulkan build also drives a "
-                                          "Radeon (decode_profile: amd-discrete-vulkan, the faster in llama.cpp's "
-                                          "published runs): swap the image and this to use it.",
-                                  "sycl": "llama.cpp's SYCL build (server-intel) for the Arc card; its Vulkan build "
-                                          "also runs on it.",
-                                  "vulkan": f"llama.cpp's Vulkan build: it drives the {what} through /dev/dri."}[backend])
+                                  "rocm": "llama.cpp's ROCm build (server-rocm) for the Radeon card.",
+                                  "sycl": "llama.cpp's SYCL build (server-intel) for the Arc card, Intel's own.",
+                                  "vulkan": f"llama.cpp's Vulkan build: it drives the {what} through /dev/dri."}[backend]
+                       + _vulkan_instead(backend, profile))
     if hw.render_gids:
         pool["supplemental_groups"] = V(list(hw.render_gids),
                                         "GIDs of the node's video and render groups (`getent group video render`), "
                                         "for non-root access to /dev/dri; check yours.")
     return pool
+
+
+def _vulkan_instead(backend: str, profile: Optional[str]) -> str:
+    """For a Radeon or an Arc card: what llama.cpp's published runs say of its Vulkan build, and how to switch."""
+    if backend not in ("rocm", "sycl"):
+        return ""
+    advice = backend_advice(profile) if profile else None
+    vulkan_profile = "amd-discrete-vulkan" if backend == "rocm" else profile
+    return ((f" Its Vulkan build also drives the card: {advice}." if advice else " Its Vulkan build also drives the card.")
+            + f" To run it: image {IMAGES['vulkan']} (on the chat server), backend: vulkan"
+            + (f", decode_profile: {vulkan_profile}" if vulkan_profile and vulkan_profile != profile else
+               f" (decode_profile {profile} stays: measured on {BACKEND_NAMES[backend]})" if profile else "") + ".")
 
 
 def image_for(hw: Hardware, backend: str) -> str:
