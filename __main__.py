@@ -55,7 +55,7 @@ def check(stack: StackConfig) -> CapacityPlan:
                 f"{server.estimate.total_gib:.1f} GiB: the pod runs above its request, so under memory pressure "
                 "the kubelet evicts it first; raise it, or leave it null (the limit)"
             )
-    for warning in capacity.warnings:
+    for warning in capacity.warnings + capacity.slow_notes:
         pulumi.log.warn(warning)
     return capacity
 

@@ -129,6 +129,8 @@ class CapacityPlan:
     nodes: list[NodePlan] = field(default_factory=list)
     # What fits but is worth knowing (the program logs each as a warning).
     warnings: list[str] = field(default_factory=list)
+    # Fits, but a chat model predicted slower than people read (also logged as a warning).
+    slow_notes: list[str] = field(default_factory=list)
 
     def fits(self) -> bool:
         return all(node.free_gib >= 0 for node in self.nodes)
@@ -393,7 +395,7 @@ def plan_stack(stack: "StackConfig", estimate: Estimator) -> CapacityPlan:
     problems += _cache_problems(stack, result)
     if problems:
         raise CapacityError(problems)
-    result.warnings += slow_decode_notes(stack, result)
+    result.slow_notes = slow_decode_notes(stack, result)
     return result
 
 

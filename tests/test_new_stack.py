@@ -277,6 +277,10 @@ BAD = [
     (["--gpu", "none", "--ram", "16", "--kubernetes-version", "1.12"], "--kubernetes-version 1.12: no schemas"),
     (["--gpu", "none", "--ram", "16", "--namespace", "kube-system"], "--namespace kube-system: a system or peer"),
     (["--gpu", "nvidia", "--vram", "12", "--ram", "64", "--arch", "arm64"], "--arch arm64 --gpu nvidia"),
+    (["--gpu", "none", "--ram", "16", "--cpus", "16", "--e-cores", "4"], "--e-cores 4: give --p-cores too"),
+    (["--gpu", "none", "--ram", "16", "--cpus", "16", "--p-cores", "4", "--e-cores", "4"],
+     "--p-cores 4 --e-cores 4: with --cpus 16 a node has between 8 and 12 CPUs"),
+    (["--gpu", "none", "--ram", "16", "--cpus", "8", "--p-cores", "12"], "--p-cores 12 --e-cores 0: with --cpus 8"),
     # The Raspberry Pi without an image: the project cannot vouch for an arm64 llama.cpp image.
     (["--gpu", "none", "--ram", "8", "--arch", "arm64"], "cannot confirm that tag has a linux/arm64 image"),
 ]
@@ -380,3 +384,28 @@ def test_a_radeon_or_arc_stack_says_what_published_runs_give_vulkan_and_the_swit
     assert [c["image"] for c in chat["spec"]["template"]["spec"]["containers"]] == [IMAGES["vulkan"]]
     speed = {r.run.outputs["capacity_plan"]["servers"]["chat"]["decode_predicted_tok_s"]["empty"] for r in (before, after)}
     assert len(speed) == (2 if vulkan_profile != pool["decode_profile"] else 1)
+
+
+def test_a_hybrid_cpu_runs_one_chat_thread_per_p_core_as_llama_cpp_counts_them(tmp_path, capsys):
+    """Issue #45 item 6: `--cpus 16` on a 6P+4E CPU gave 14 threads with no word about E-cores. llama.cpp's own
+    default (common/common.cpp cpu_count_math_cpus, read in the pinned source) skips efficiency cores and SMT
+    siblings; given the core types, the stack does the same, and its CPU limit follows the threads."""
+    path, text, summary = generate(tmp_path, "hybrid", ["--gpu", "intel-igpu", "--ram", "32", "--cpus", "16",
+                                                        "--p-cores", "6", "--e-cores", "4"], capsys)
+    chat = values_of(text)["models"]["chat"]
+    assert chat["threads"] == 6 and chat["resources"]["cpu_limit"] == "6"
+    assert "One per physical P-core (6 of 6P+4E)" in text
+    assert "16 CPUs (6P+4E)" in summary and "--cpus 16 --p-cores 6 --e-cores 4" in text
+    render_stack("hybrid", tmp_path / "out", project_dir=path.parent)
+    # Without the core types, every CPU of --cpus is a thread, and the summary asks to check.
+    _, text, summary = generate(tmp_path, "plain", ["--gpu", "intel-igpu", "--ram", "32", "--cpus", "16"], capsys)
+    assert values_of(text)["models"]["chat"]["threads"] == 14
+    assert "check: the chat server runs a thread per CPU of --cpus (16" in summary and "--p-cores" in text
+
+
+def test_llama_cpp_skips_efficiency_cores_and_smt_siblings_in_its_thread_count(llama_source):
+    """The fact the stack writer follows, read from the pinned llama.cpp source (common/common.cpp)."""
+    source = (llama_source / "common" / "common.cpp").read_text()
+    counting = source[source.index("static int cpu_count_math_cpus"):source.index("int32_t common_cpu_get_num_math")]
+    assert "is_running_on_efficiency_core()" in counting and "continue;" in counting
+    assert "++cpu; // hyperthreading" in counting

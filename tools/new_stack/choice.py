@@ -9,13 +9,14 @@ from typing import Any, Iterator, Optional
 
 from common.errors import CapacityError, ConfigError
 from config.catalog import lookup
+from planning.capacity import USABLE_DECODE_TOK_S
 from tools.new_stack.candidates import CHAT_CANDIDATES, EMBED_CANDIDATES, Candidate, ChatSetup, params_b
 from tools.new_stack.hardware import Cluster, Hardware
 from tools.new_stack.stack_file import build_config, stack_values
 
 MIN_CTX = 8192  # a usable context: a chat with some history, a pasted page
 CTX_CHOICES = (32768, 16384, MIN_CTX)  # tried longest first, for the chosen model
-MIN_DECODE_TOK_S = 5.0  # a reading pace, predicted at half the context
+MIN_DECODE_TOK_S = USABLE_DECODE_TOK_S  # a reading pace, predicted at half the context (the plan's own line)
 # On a discrete card a chat at reading pace is not what its owner bought it for: 20 tok/s (predicted at
 # half the context) passes over a huge model spilled into RAM (gpt-oss-120b at ~10 tok/s on a 24 GiB card)
 # for one the card holds (Qwen3.6-35B-A3B at ~100).

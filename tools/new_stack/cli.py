@@ -1,7 +1,7 @@
 """Write a working stack file (Pulumi.<NAME>.yaml) for your hardware, every value commented.
 
     python -m tools.new_stack NAME --gpu {none,nvidia,amd,intel-arc,intel-igpu,amd-apu} [--vram GiB] --ram GiB
-        [--nodes N] [--cpus N] [--arch amd64|arm64] [--image IMAGE]
+        [--nodes N] [--cpus N] [--p-cores N] [--e-cores N] [--arch amd64|arm64] [--image IMAGE]
         [--ram-bandwidth GB/s] [--vram-bandwidth GB/s] [--render-gids 44,992]
         [--cni flannel|cilium|calico] [--ingress traefik-k3s|nginx|none]
         [--storage local-path|longhorn|ceph-filesystem|nfs-client] [--issuer NAME|none]
@@ -60,7 +60,11 @@ def parser() -> Parser:
     p.add_argument("--vram", type=float, metavar="GiB", help="memory of the card (required with --gpu nvidia, amd, intel-arc)")
     p.add_argument("--ram", type=float, required=True, metavar="GiB", help="physical memory of one node")
     p.add_argument("--nodes", type=int, default=1, help="identical nodes (default 1)")
-    p.add_argument("--cpus", type=int, help="CPU cores of one node (default 8; 4 on arm64)")
+    p.add_argument("--cpus", type=int, help="CPUs of one node, as nproc counts them (default 8; 4 on arm64)")
+    p.add_argument("--p-cores", type=int, metavar="N",
+                   help="physical performance cores of one node, where --cpus counts SMT siblings or efficiency "
+                        "cores too (lscpu); the chat server runs one thread per P-core")
+    p.add_argument("--e-cores", type=int, metavar="N", help="efficiency cores of a hybrid CPU (default 0; needs --p-cores)")
     p.add_argument("--arch", choices=("amd64", "arm64"), default="amd64", help="the nodes' CPU architecture")
     p.add_argument("--image", help="a pinned llama.cpp server image to run instead of the project's (required on arm64)")
     p.add_argument("--ram-bandwidth", type=float, metavar="GB/s", help="sustained memory bandwidth of one node")
@@ -105,6 +109,15 @@ def hardware(args: argparse.Namespace) -> Hardware:
     cpus = args.cpus if args.cpus is not None else (4 if args.arch == "arm64" else 8)
     if not 1 <= cpus <= 1024:
         raise BadInput(f"--cpus {cpus}: give the node's cores, 1 to 1024")
+    p_cores, e_cores = args.p_cores, args.e_cores or 0
+    if args.e_cores is not None and p_cores is None:
+        raise BadInput(f"--e-cores {args.e_cores}: give --p-cores too (the performance cores; lscpu shows both)")
+    if p_cores is not None:
+        # Each P-core with at most two SMT siblings, each E-core one CPU: what nproc counts lies between.
+        if not (1 <= p_cores and 0 <= e_cores and p_cores + e_cores <= cpus <= 2 * p_cores + e_cores):
+            raise BadInput(f"--p-cores {p_cores} --e-cores {e_cores}: with --cpus {cpus} a node has between "
+                           f"{p_cores + e_cores} and {2 * p_cores + e_cores} CPUs; give the counts lscpu shows (e.g. 6P+4E "
+                           "with SMT: --cpus 16 --p-cores 6 --e-cores 4)")
     for flag, value in (("--ram-bandwidth", args.ram_bandwidth), ("--vram-bandwidth", args.vram_bandwidth)):
         if value is not None and not 1 <= value <= 20_000:
             raise BadInput(f"{flag} {value:g}: give GB/s, e.g. 50")
@@ -159,7 +172,8 @@ def hardware(args: argparse.Namespace) -> Hardware:
     else:
         ram_bw, ram_why = 50.0, ("Assumed: dual-channel DDR4-3200 sustains about 45-50 GB/s (DDR5-5600 about 70); "
                                  "give yours with --ram-bandwidth (for the decode prediction).")
-    return Hardware(gpu=args.gpu, ram_gib=args.ram, vram_gib=args.vram, nodes=args.nodes, cpus=cpus, arch=args.arch,
+    return Hardware(gpu=args.gpu, ram_gib=args.ram, vram_gib=args.vram, nodes=args.nodes, cpus=cpus, p_cores=p_cores, e_cores=e_cores,
+                    arch=args.arch,
                     ram_bandwidth=ram_bw, ram_bandwidth_why=ram_why, vram_bandwidth=vram_bw,
                     vram_bandwidth_why=vram_why, render_gids=gids, image=args.image, profile=profile)
 
@@ -205,7 +219,7 @@ def command_line(args: argparse.Namespace, hw: Hardware) -> str:
     parts.append(f"--ram {args.ram:g}")
     defaults = {"nodes": 1, "arch": "amd64", "cni": "flannel", "ingress": "traefik-k3s", "storage": "local-path",
                 "issuer": "none", "monitoring": "none", "namespace": "ai", "kubernetes_version": "1.33"}
-    for key in ("nodes", "cpus", "arch", "image", "ram_bandwidth", "vram_bandwidth", "render_gids", "cni", "ingress",
+    for key in ("nodes", "cpus", "p_cores", "e_cores", "arch", "image", "ram_bandwidth", "vram_bandwidth", "render_gids", "cni", "ingress",
                 "storage", "issuer", "host", "monitoring", "namespace", "kubernetes_version"):
         value = getattr(args, key)
         if value is None or defaults.get(key) == value:
@@ -218,7 +232,8 @@ def machine(hw: Hardware) -> str:
     what = KINDS[hw.gpu][4]
     card = f" with {hw.vram_gib:g} GiB of VRAM" if hw.discrete else ""
     nodes = f"{hw.nodes} x " if hw.nodes > 1 else ""
-    return f"{nodes}{what}{card}, {hw.ram_gib:g} GiB RAM, {hw.cpus} cores, {hw.arch}"
+    cores = f"{hw.cpus} CPUs ({hw.p_cores}P" + (f"+{hw.e_cores}E" if hw.e_cores else "") + ")" if hw.p_cores else f"{hw.cpus} cores"
+    return f"{nodes}{what}{card}, {hw.ram_gib:g} GiB RAM, {cores}, {hw.arch}"
 
 
 def describe(choice: Choice, hw: Hardware) -> dict[str, str]:
@@ -336,6 +351,9 @@ def run(argv: Sequence[str]) -> tuple[Path, str, list[str]]:
     if hw.ram_bandwidth_why.startswith("Assumed") or hw.vram_bandwidth_why.startswith("Assumed"):
         summary.append("  note: bandwidths are assumed (see the file's comments): give --ram-bandwidth/--vram-bandwidth "
                        "for your machine's")
+    if hw.p_cores is None and hw.cpus >= 8:
+        summary.append(f"  check: the chat server runs a thread per CPU of --cpus ({hw.cpus}, less the embedding "
+                       "server's); on a CPU with SMT or efficiency cores give --p-cores (and --e-cores), as lscpu shows")
     if hw.render_gids and args.render_gids is None:
         summary.append(f"  check: supplemental_groups {list(hw.render_gids)} are the video/render GIDs of the "
                        "strix-halo nodes; `getent group video render` on yours (--render-gids)")

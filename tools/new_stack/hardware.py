@@ -41,7 +41,7 @@ class Hardware:
     ram_gib: float
     vram_gib: Optional[float]
     nodes: int
-    cpus: int
+    cpus: int  # as nproc counts them
     arch: str
     ram_bandwidth: float
     ram_bandwidth_why: str
@@ -50,6 +50,8 @@ class Hardware:
     render_gids: tuple[int, ...]
     image: Optional[str]  # --image: overrides the llama.cpp image (required on arm64)
     profile: Optional[str] = None  # the card's decode profile, where the kind's depends on the card
+    p_cores: Optional[int] = None  # physical performance cores, where given (--p-cores)
+    e_cores: int = 0  # a hybrid CPU's efficiency cores (--e-cores)
 
     @property
     def pool(self) -> str:

@@ -77,9 +77,27 @@ def _number(value: float) -> float | int:
 
 
 def threads(hw: Hardware) -> tuple[int, int]:
-    """(chat threads, embedding threads): one per core, the embedding server taking one or two."""
+    """(chat threads, embedding threads): one per core, the embedding server taking one or two. Where the
+    P-cores are given, one per P-core: llama.cpp's own default counts only those (common/common.cpp,
+    cpu_count_math_cpus: efficiency cores harm its lockstep threads, SMT siblings do not help), and the
+    embedding server takes its threads from the other CPUs where there are enough."""
     embed = 2 if hw.cpus >= 6 else 1
-    return max(1, min(16, hw.cpus - embed)), embed
+    if hw.p_cores is None:
+        return max(1, min(16, hw.cpus - embed)), embed
+    spare = hw.cpus - hw.p_cores
+    return max(1, min(16, hw.p_cores if spare >= embed else hw.p_cores - embed)), embed
+
+
+def threads_why(hw: Hardware) -> str:
+    if hw.p_cores is None:
+        return ("One per core, less the embedding server's. On a CPU with SMT or efficiency cores give --p-cores "
+                "(and --e-cores): a decode step waits for its slowest thread.")
+    others = hw.cpus - hw.p_cores
+    return (f"One per physical P-core ({hw.p_cores}" + (f" of {hw.p_cores}P+{hw.e_cores}E" if hw.e_cores else "")
+            + f"), as llama.cpp's own default counts them: efficiency cores slow its lockstep threads and SMT "
+            f"siblings do not help; the other {others} CPUs are the embedding server's and the system's."
+            if others >= (2 if hw.cpus >= 6 else 1) else
+            f"One per physical P-core ({hw.p_cores}), less the embedding server's.")
 
 
 def cache_ram_mib(hw: Hardware) -> int:
@@ -185,7 +203,7 @@ def chat_server(hw: Hardware, setup: ChatSetup, cluster: Cluster) -> dict[str, V
         server["cpu_moe_layers"] = V(setup.cpu_moe_layers, f"The experts of the first {setup.cpu_moe_layers} of "
                                      f"{facts.layers} blocks stay in system RAM (--n-cpu-moe), the fewest that leave "
                                      "the card llama.cpp's 1 GiB margin; attention and the KV cache stay on the GPU.")
-    server["threads"] = V(chat_threads, "One per core, less the embedding server's.")
+    server["threads"] = V(chat_threads, threads_why(hw))
     server["ctx_size"] = V(setup.ctx_size, "The longest context that fits beside the model (tried 32768, 16384, "
                            "8192), shared by the slots.")
     if hw.discrete:
