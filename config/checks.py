@@ -8,14 +8,15 @@ import difflib
 import ipaddress
 from typing import Optional
 
-from common.constants import TAILSCALE_CLASS
+from common.constants import LLAMACPP_TESTED_BUILD, TAILSCALE_CLASS
 from common.quantity import parse_quantity
 
 from .defaults import PRIVATE_SOURCE_RANGES
 
 from .gpus import BACKEND_VENDORS, BACKENDS, image_choices
-from .images import OLDEST_TESTED_BUILD, backend_of_image, build_of_image, cpu_image
+from .images import backend_of_image, build_of_image, cpu_image
 from .ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, annotation_refusal, program_annotations
+from .credentials import one_role_each
 from .gateway import GatewayConfig
 from .types import (
     SYSTEM_NAMESPACES,
@@ -141,10 +142,10 @@ def _backend_problems(model: ModelServer, path: str, pool: NodePool) -> list[Pro
                          f"{vendors[0].rstrip('/')} GPUs, but node pool {model.node_pool} offers {pool.gpu_resource}; "
                          "use the image built for that card (or vulkan, which runs on any vendor's)"))
     build = build_of_image(model.image)
-    if build is not None and build < OLDEST_TESTED_BUILD:
-        problems.append((f"{path}.image", f"llama.cpp b{build} is older than b{OLDEST_TESTED_BUILD}, the oldest build "
+    if build is not None and build < LLAMACPP_TESTED_BUILD:
+        problems.append((f"{path}.image", f"llama.cpp b{build} is older than b{LLAMACPP_TESTED_BUILD}, the oldest build "
                          "the rendered flags are tested against (an older server may refuse them at start); use "
-                         f"b{OLDEST_TESTED_BUILD} or later"))
+                         f"b{LLAMACPP_TESTED_BUILD} or later"))
     if named is None and backend is None:
         problems.append((
             f"{path}.backend",
@@ -317,7 +318,7 @@ def stack_problems(stack: StackConfig) -> list[Problem]:
     problems += _egress_expressible(stack)
     problems += _exposure_problems(stack)
     problems += _acknowledged(stack)
-    problems += _one_role_each(stack)
+    problems += one_role_each(stack)
     problems += _public_names(stack)
     if stack.observability is not None and stack.cluster.monitoring is None:
         # The namespace's policy admits only the peers the config names: no scraper, no series.
@@ -351,71 +352,6 @@ def public_ranges(ranges) -> list[str]:
     private = [ipaddress.ip_network(r) for r in PRIVATE_SOURCE_RANGES]
     return [r for r in ranges or [] if not any(
         ipaddress.ip_network(r).version == p.version and ipaddress.ip_network(r).subnet_of(p) for p in private)]
-
-
-def credential_roles(stack: StackConfig) -> tuple[list[tuple[str, str, str, bool]], list[tuple[str, str, str]]]:
-    """Every Secret a setting names, as (Secret name, role, setting path, whether the render writes it), and
-    every secret config key, as (config key, role, setting path): the credentials each has one role."""
-    secrets: list[tuple[str, str, str, bool]] = []
-    keys: list[tuple[str, str, str]] = []
-    for key, model in stack.models.items():
-        if model.api_key is not None:
-            path = f"models.{key}.api_key"
-            secrets.append((model.api_key.secret_name, "a server's API key (LAN clients hold it)", f"{path}.secret_name",
-                            model.api_key.from_config is not None))
-            if model.api_key.from_config:
-                keys.append((model.api_key.from_config, "a server's API key (LAN clients hold it)", f"{path}.from_config"))
-        if model.exposure is not None:
-            secrets.append((model.exposure.tls_secret, "a TLS certificate cert-manager writes",
-                            f"models.{key}.exposure.tls_secret", True))
-    if stack.model_cache.hub_token is not None:
-        secrets.append((stack.model_cache.hub_token.secret_name, "the Hugging Face token",
-                        "model_cache.hub_token.secret_name", False))
-    gateway = stack.gateway
-    if gateway is not None:
-        secrets.append((gateway.tls_secret, "a TLS certificate cert-manager writes", "gateway.tls_secret", True))
-        if gateway.client_ca_secret:
-            secrets.append((gateway.client_ca_secret, "the gateway's client CA", "gateway.client_ca_secret", False))
-        secrets.append((f"{gateway.name}-api-keys", "the gateway's client keys", "gateway.name", True))
-        secrets.append((f"{gateway.name}-llamacpp-credential", "the gateway's key to the local servers", "gateway.name", True))
-        if gateway.master_key_config:
-            keys.append((gateway.master_key_config, "the gateway's master key (every client key derives from it)",
-                         "gateway.master_key_config"))
-        for name, client in gateway.clients.items():
-            if client.key_config:
-                keys.append((client.key_config, f"gateway client {name}'s key", f"gateway.clients.{name}.key_config"))
-        for name, tier in gateway.tiers.items():
-            if tier.remote is not None:
-                secrets.append((f"{name}-provider-key", "a remote provider's account key", f"gateway.tiers.{name}", True))
-                if tier.remote.api_key_config:
-                    keys.append((tier.remote.api_key_config, f"a remote provider's account key ({tier.remote.host})",
-                                 f"gateway.tiers.{name}.remote.api_key_config"))
-    return secrets, keys
-
-
-def _one_role_each(stack: StackConfig) -> list[Problem]:
-    """One Secret, one role; one secret config key, one role. A server's LAN key in the same Secret or config
-    key as a provider's account key hands the account to every LAN client and the scraper; a Secret the render
-    writes twice, or one the render writes under a name a setting reads for something else, is another's."""
-    secrets, keys = credential_roles(stack)
-    problems: list[Problem] = []
-    seen: dict[str, tuple[str, str, bool]] = {}
-    for name, role, path, written in secrets:
-        if name in seen:
-            other_role, other_path, other_written = seen[name]
-            if other_role != role or (written and other_written):
-                problems.append((path, f"Secret {name} is also {other_role} ({other_path}): one Secret, one role; "
-                                 "name this one differently"))
-                continue
-        seen[name] = (role, path, written)
-    by_key: dict[str, tuple[str, str]] = {}
-    for key, role, path in keys:
-        if key in by_key and (by_key[key][0] != role or role.startswith("gateway client")):
-            problems.append((path, f"config key {key} is also {by_key[key][0]} ({by_key[key][1]}): one credential, "
-                             "one role; set a key of its own"))
-            continue
-        by_key.setdefault(key, (role, path))
-    return problems
 
 
 def _acknowledged(stack: StackConfig) -> list[Problem]:

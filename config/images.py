@@ -21,10 +21,6 @@ def backend_of_image(image: str) -> Optional[str]:
     return IMAGE_VARIANTS.get(match["variant"], match["variant"])
 
 
-# The oldest llama.cpp build whose flags and answers this program is checked against: the contract
-# tests run b10729 (the PyPI sdist nearest the pinned image tag b10731). An older image may not know
-# flags the render writes (--no-ui, --kv-unified, --n-cpu-moe all came in 2025-2026 builds).
-OLDEST_TESTED_BUILD = 10729
 _BUILD = re.compile(r"-b(?P<build>[0-9]+)$")
 
 

@@ -10,7 +10,8 @@ from typing import Any, Optional
 from common.constants import COMMIT_ID, OFFLINE_SECRET_PLACEHOLDER, PROJECT, TAILSCALE_CLASS, tailnet_device
 from common.errors import ConfigError
 
-from .checks import config_warnings, credential_roles
+from .checks import config_warnings
+from .credentials import credential_roles
 from .gateway import GatewayConfig
 from .types import TOP_LEVEL_KEYS, Problem, StackConfig
 from .validation import EngineChecks, path_part, validate_values

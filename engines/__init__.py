@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from .base import Credentials, Engine, Problem
 from .llamacpp import LlamaCpp
 from .llamacpp_router import LlamaCppRouter
+from .llamacpp_speed import BACKEND_NAMES, backend_advice  # the stack writer's word on Radeon and Arc images
 from .openai_compatible import OpenAICompatible
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def engine_problems(stack: "StackConfig") -> list[Problem]:
         engine = engine_of(model)
         problems += engine.config_problems(model, path, stack.node_pools.get(model.node_pool))
         if engine.credentials(model) is None or (model.role == "embedding" and model.exposure is not None):
-            continue  # an exposed embedding server is refused outright, key or not
+            continue  # an exposed embedding server needs its key by config/checks.py (model_problems) already
         # An engine that takes a key is unauthenticated without one: required once anything outside
         # its namespace (an Ingress, the gateway's Envoy pods) reaches it.
         if model.api_key is None and (model.exposure is not None or key in gateway_reaches):
@@ -98,5 +99,5 @@ def engine_problems(stack: "StackConfig") -> list[Problem]:
     return problems
 
 
-__all__ = ["ENGINES", "Credentials", "Engine", "LlamaCpp", "LlamaCppRouter", "OpenAICompatible", "engine_of", "engine_problems",
-           "weights_flags"]
+__all__ = ["BACKEND_NAMES", "ENGINES", "Credentials", "Engine", "LlamaCpp", "LlamaCppRouter", "OpenAICompatible", "engine_of", "engine_problems",
+           "backend_advice", "weights_flags"]

@@ -2,7 +2,7 @@
 llama-server started with no model runs each model of its preset as a child llama-server, loaded
 when a request names it. Each child is the single-model engine's server (engines/llamacpp.py),
 whose flags, checks and estimate this engine asks for each model. Facts from the
-b10729 source and runs are in tests/contract/ROUTER_FACTS.md; the ones relied on here:
+b10729 source and runs are in lab/contract/ROUTER_FACTS.md; the ones relied on here:
 
 - the router's own flags are merged on top of every model's preset (server-models.cpp:548-552), so
   the router's command line carries only what every child shares (host/port are replaced per

@@ -13,7 +13,7 @@ figures are not measured the prediction is a range.
 
 Each profile's numbers come from measurements, cited beside them; the error of the predictions
 against every recorded measurement is in docs/capacity-planning.md ("Decode speed: predicted and measured") and is
-recomputed by `make bench` (bench/decode_error.py).
+recomputed by `make bench` (lab/bench/decode_error.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ PROFILES: dict[str, DecodeProfile] = {
     # the KV read. A mixture-of-experts block's extra cost on CUDA is not measured: taken as a block's.
     "nvidia": DecodeProfile(block_us=40.0, moe_block_us=40.0, share={"f16": 0.90, "q8": 0.80, "kquant": 0.73},
                             kv_share=0.40, source="RTX 4090/3090 llama-bench, XiongjieDai aa72e0ec"),
-    # Measured: an NVIDIA H200 (4.8 TB/s), CUDA build of b10729, bench/measure_decode.py on real shapes
+    # Measured: an NVIDIA H200 (4.8 TB/s), CUDA build of b10729, lab/bench/measure_decode.py on real shapes
     # (bench/results-decode-h200.json): Llama-3.1-8B Q4_K_M / Q8_0 / F16 266 / 251 / 207 t/s at depth 0
     # and 215 / 206 / 176 at 16k, Qwen3-30B-A3B 297 t/s. On a card this fast decode is mostly fixed
     # cost: ~35 us per block, K-quants at 38% of the bandwidth, Q8_0 62%, F16 90%. A Gated DeltaNet block of
@@ -146,14 +146,14 @@ class HostCost:
     """What llama.cpp's decode costs a node's CPU beyond reading the weights, at a thread count: per block it
     runs, per token (its threads meet after every operation), and the KV cache's rate per thread (attention
     on a CPU is compute-bound: half of its cost grows with the query heads; the rate is for 4 per KV head).
-    Measured per node by `make host-profile` (bench/host_profile.py: llama-bench on a real-shape model at an
+    Measured per node by `make host-profile` (lab/bench/host_profile.py: llama-bench on a real-shape model at an
     empty context and at depth, solved by solve_host_cost); node_pools.<pool>.cpu_decode_by_threads."""
 
     block_us: float
     kv_gbs: float
 
 
-# The slowest and the fastest of the hosts measured (`bench/decode_error.py --node-figures` prints each: four
+# The slowest and the fastest of the hosts measured (`lab/bench/decode_error.py --node-figures` prints each: four
 # leases of the H200 machine and the CI machine): a node not measured is planned between them
 # (tests/test_speed_model.py holds both ends to the records). The KV rate is what differs between hosts (0.8-0.9
 # GB/s a thread at 16 threads on the fourth lease whichever shape it is solved from, 1.9-2.7 on the third); the block time is what the solving shape's weights leave

@@ -2,7 +2,7 @@
 models already resident, in the memory the plan gave the router; the least recently used idle models are
 unloaded first to make room. It listens on the server's port; the router listens on the pod's loopback.
 
-Why (tests/contract/ROUTER_FACTS.md): b10729's router limits residency only by a count (--models-max) and
+Why (lab/contract/ROUTER_FACTS.md): b10729's router limits residency only by a count (--models-max) and
 evicts by recency, so with models of different sizes a count safe for every set leaves most of the card
 unused. Here the router never loads a model on its own (--no-models-autoload, --models-max 0) and this
 proxy is the only thing that loads or unloads: before a request for a model that is not resident goes on,

@@ -9,7 +9,7 @@ each, the proxy accepts only forms that both read the same way, and refuses the 
 anything is loaded or unloaded; it never guesses. The router itself runs with --no-models-autoload, so
 even a request both misread could not make it load a model: only the proxy's own /models/load does.
 
-Facts (tools/server/ and vendor/cpp-httplib/ at b10729; tests/contract/ROUTER_FACTS.md):
+Facts (tools/server/ and vendor/cpp-httplib/ at b10729; lab/contract/ROUTER_FACTS.md):
 - the key: --api-key-file's lines, each as std::getline reads it (split at \\n only, nothing stripped),
   except empty ones and those starting with '#' (common/arg.cpp); a request's key is its Authorization
   header, else its X-Api-Key header, less an exact "Bearer " prefix, compared byte for byte; /health and

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 # with CUDA (engines/llamacpp_memory.py CUDA_CONTEXT_MIB); a margin for the other runtimes.
 VRAM_CONTEXT_GIB = 0.5
 # The most a server's VRAM plan was below what its process held on a real card (nvidia-smi, 24 servers on an
-# H200: bench/results-vram-h200.json, recomputed by bench/vram_error.py; tests/test_vram_measured.py holds
+# H200: bench/results-vram-h200.json, recomputed by lab/bench/vram_error.py; tests/test_vram_measured.py holds
 # it). A router reserves it for each resident model, so that a full resident set stays on the card
 # however many models it holds.
 VRAM_PLAN_MOST_UNDER_GIB = 0.16

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,9 @@ from hypothesis import settings
 settings.register_profile("repo", derandomize=True, database=None, print_blob=True)
 settings.load_profile("repo")
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parent.parent  # on sys.path by pytest.ini's pythonpath
 
-from render.offline import ProgramRun, config_from_mapping, run_program  # noqa: E402
+from render.offline import ProgramRun, config_from_mapping, run_program
 
 STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
 
@@ -121,33 +119,50 @@ def run_stack_file(stack: str, mapping: dict[str, Any], secrets: dict[str, str] 
     return run_program(config, secret_keys, stack=stack)
 
 
-# The tests that need llama.cpp's own programs, built by tools/build_llama_server.py (`make llama`),
+# The tests that need llama.cpp's own programs, built by lab/llama_build.py (`make llama`),
 # are marked `llama` here, from what they use, so the mark cannot drift from the need: every test
 # that uses the `binary` or `llama_source` fixture (directly or through another fixture: llama.cpp's
-# source, its vocab files among it, comes with the build), and every test of a module that calls
-# build_llama_server.build() itself. `make quick` runs the rest without building
-# llama.cpp: pytest -m "not llama".
+# source, its vocab files among it, comes with the build), and every test of a module that imports
+# lab.llama_build's build() or source_dir() itself. `make quick` runs the rest without building
+# llama.cpp: pytest -m "not llama". The rule holds by construction: a test left unmarked that reaches
+# the build or the source anyway (through the lab's GGUF writers, say) fails, warm cache or not.
 LLAMA_FIXTURES = {"binary", "llama_source"}
+# The build tool's own tests run it on stand-ins (a user's binary, a fake archive, an empty cache).
+BUILD_TOOL_TESTS = "test_llama_build"
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if str(ROOT / "tools") not in sys.path:
-        sys.path.insert(0, str(ROOT / "tools"))
-    from build_llama_server import build
+    from lab.llama_build import build, source_dir
 
     for item in items:
-        builds_itself = getattr(getattr(item, "module", None), "build", None) is build
-        if builds_itself or LLAMA_FIXTURES & set(getattr(item, "fixturenames", ())):
+        module = getattr(item, "module", None)
+        imports_it = any(getattr(module, name, None) is fn for name, fn in (("build", build), ("source_dir", source_dir)))
+        if imports_it or LLAMA_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.llama)
+
+
+@pytest.fixture(autouse=True)
+def _llama_only_when_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unmarked test may not reach llama.cpp's build or source: it would pass here on a warm cache and
+    fail `make quick` on a fresh clone (issue #46 item 2: a hidden path insert hid one that way)."""
+    if request.node.get_closest_marker("llama") or request.module.__name__ == BUILD_TOOL_TESTS:
+        return
+    import lab.llama_build as llama
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError(f"{request.node.nodeid} reaches llama.cpp's build or source but is not marked llama: "
+                             "take the binary or llama_source fixture")
+
+    monkeypatch.setattr(llama, "build", refused)
+    monkeypatch.setattr(llama, "source_dir", refused)
 
 
 @pytest.fixture(scope="session")
 def binary() -> Path:
     """llama.cpp's llama-server for the contract tests. `make test` builds first with progress on the
-    terminal; run alone, pytest builds here (tools/build_llama_server.py, cached outside the clone)."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    from build_llama_server import BuildError, build
+    terminal; run alone, pytest builds here (lab/llama_build.py, cached outside the clone)."""
+    from lab.llama_build import BuildError, build
 
     try:
         return build()
@@ -159,6 +174,6 @@ def binary() -> Path:
 @pytest.fixture(scope="session")
 def llama_source(binary) -> Path:
     """The pinned llama.cpp's source folder (its vocab-only GGUFs under models/), fetched with the build."""
-    from build_llama_server import source_dir
+    from lab.llama_build import source_dir
 
     return source_dir()

@@ -1,7 +1,7 @@
 """The admission proxy (incluster/admission_proxy.py) in front of the real router (b10729), both run from
 the shipped library stack's rendered pod: the router's container args, the proxy's rendered command run
-from the rendered programs ConfigMap (tests/contract/pod_programs.py), and the ConfigMap's admission.json.
-Only what cannot exist here is substituted (tests/contract/router.py): each model is a tiny GGUF under its
+from the rendered programs ConfigMap (lab/contract/pod_programs.py), and the ConfigMap's admission.json.
+Only what cannot exist here is substituted (lab/contract/router.py): each model is a tiny GGUF under its
 public name, loopback ports, the key file. The plan's figures are the real ones (6.2-12.3 GiB per model, a
 23 GiB card): what is tested is that the proxy keeps the router's resident set within them, whatever the
 order, concurrency, cancellation or form of the requests (issue #42: each way a request could be read
@@ -14,7 +14,6 @@ import random
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -22,14 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
-from pod_programs import pod_command, write_programs  # noqa: E402
-from router import start_router  # noqa: E402
-from server import free_port, request  # noqa: E402
-from test_router_contract import SUBSTITUTED, TEST_KEY, tiny_models  # noqa: E402
+from lab.contract.pod_programs import pod_command, write_programs
+from lab.contract.router import start_router
+from lab.contract.server import free_port, request
+from test_router_contract import SUBSTITUTED, TEST_KEY, tiny_models
 
 STACK, KEY = "rtx3090-library", "library"
 

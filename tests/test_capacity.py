@@ -19,7 +19,7 @@ from config.gpus import BACKEND_OVERHEAD
 from engines.llamacpp_memory import llamacpp_estimate as estimate_memory
 from plane import parse_stack
 from config.types import ModelFacts
-from conftest import homelab_plain_values, run_values, stack_values
+from conftest import homelab_plain_values, run_values
 from render.output import render_stack
 
 HOMELAB = parse_stack(homelab_plain_values())

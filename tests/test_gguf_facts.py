@@ -487,12 +487,10 @@ def test_every_catalog_entry_validates():
 
 def test_the_shipped_models_facts_match_their_real_shapes():
     """The catalog's facts for every model a shipped stack runs agree with the tensor table of its real
-    shape (tests/contract/real_shape.py), the file llama.cpp loads in tests/test_memory_oracle.py."""
+    shape (lab/contract/real_shape.py), the file llama.cpp loads in tests/test_memory_oracle.py."""
     import math
-    import sys
 
-    sys.path.insert(0, str(ROOT / "tests" / "contract"))
-    from real_shape import PRESETS, tensor_table
+    from lab.contract.real_shape import PRESETS, tensor_table
 
     for repo, preset in [("ggml-org/Qwen3.6-35B-A3B-GGUF", "qwen3.6-35b-a3b"), ("ggml-org/Qwen3-30B-A3B-GGUF", "qwen3-30b-a3b"),
                          ("Qwen/Qwen3-Embedding-0.6B-GGUF", "qwen3-embedding-0.6b"),

@@ -7,7 +7,6 @@ a check of what the program does instead.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Callable
 
 import pytest

@@ -1,4 +1,4 @@
-"""`make host-profile` run for real on this machine (bench/host_profile.py: bench/host_bandwidth.c, then llama.cpp's
+"""`make host-profile` run for real on this machine (lab/bench/host_profile.py: bench/host_bandwidth.c, then llama.cpp's
 own llama-bench on a real-shape Qwen3-1.7B): the two lines it prints are a stack file's pool fields the program
 accepts and plans with (one decode figure, no range), and the figures give back the rates llama-bench measured.
 Timing on a shared machine varies, so the test holds what the figures are made of, not their size."""
@@ -16,18 +16,16 @@ from conftest import ROOT, plain_values
 from engines.llamacpp_speed import predict_range_tok_s
 from plane import parse_stack, plan_capacity
 
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tools"))
 
-from build_llama_server import build  # noqa: E402  (a module that builds: its tests are marked llama)
+from lab.llama_build import build  # a module that builds: its tests are marked llama
 
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory) -> tuple[str, dict]:
     bench = build(program="llama-bench")
     out = tmp_path_factory.mktemp("host-profile") / "record.json"
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "host_profile.py"), "--threads", "2", "--depth", "2048",
-                          "--llama-bench", str(bench), "--out", str(out)], capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-m", "lab.bench.host_profile", "--threads", "2", "--depth", "2048",
+                          "--llama-bench", str(bench), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout, json.loads(out.read_text())
 
@@ -54,8 +52,7 @@ def test_the_figures_it_prints_give_back_the_rates_it_measured(profile):
     context where the weights leave time for the blocks (else the block time is 0 and the plan is the slower), and
     always the same slow-down at depth (the KV cache's rate)."""
     _, record = profile
-    import decode_error
-
+    from lab.bench import decode_error
     for threads in (2,):
         rates = {r["depth"]: r["tok_s"] for r in record["rows"] if r["threads"] == threads}
         model, facts, pool = decode_error.server_and_pool(

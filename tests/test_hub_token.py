@@ -14,8 +14,7 @@ import yaml
 from conftest import ROOT
 from render.output import PREREQUISITES_FILE, render_stack
 
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
-from hub import hub_repos  # noqa: E402
+from lab.contract.hub import hub_repos
 
 TOKEN = {"secret_name": "hf-token", "secret_key": "token"}
 REF = {"secretKeyRef": {"name": "hf-token", "key": "token"}}

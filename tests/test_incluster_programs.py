@@ -12,12 +12,11 @@ import pytest
 
 from conftest import ROOT, STACKS
 
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
-from pod_programs import image_minor, pod_python  # noqa: E402
+from lab.contract.pod_programs import image_minor, pod_python
 
-from components import programs  # noqa: E402
-from config.defaults import PREFETCH_IMAGE  # noqa: E402
+from components import programs
+from config.defaults import PREFETCH_IMAGE
 
 INCLUSTER = ROOT / "incluster"
 

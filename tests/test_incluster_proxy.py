@@ -1,6 +1,6 @@
 """The admission proxy as an attacker meets it (issue #42): the rendered rtx3090-library pod's proxy,
-run from its rendered programs ConfigMap as the pod runs it (tests/contract/pod_programs.py), in front of
-a stand-in router that reads requests as b10729's router does (tests/contract/fake_router.py) and records
+run from its rendered programs ConfigMap as the pod runs it (lab/contract/pod_programs.py), in front of
+a stand-in router that reads requests as b10729's router does (lab/contract/fake_router.py) and records
 every load, the peak planned VRAM it held, and every request that reached it which the router would have
 refused or which asked it to manage models. The real router meets the same classes in
 tests/test_admission.py; here there is room for thousands of requests, slow clients and bodies of the
@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -23,12 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
-
-from fake_router import FakeRouter  # noqa: E402
-from pod_programs import pod_command, write_programs  # noqa: E402
+from lab.contract.fake_router import FakeRouter
+from lab.contract.pod_programs import pod_command, write_programs
 
 KEY = "proxy-test-key"
 
@@ -740,11 +736,7 @@ def test_what_the_routers_parsers_refuse_unloads_nothing(case, tmp_path):
 def test_a_paired_surrogate_and_an_escaped_backslash_pass():
     """The surrogate check reads escapes as JSON does: a pair passes, and so does the text \\ud800 after an
     escaped backslash (which is no escape)."""
-    sys.path.insert(0, str(ROOT / "incluster"))
-    try:
-        import router_rules
-    finally:
-        sys.path.remove(str(ROOT / "incluster"))
+    from incluster import router_rules  # standard library alone: importable as the program's module too
     assert router_rules.body_model(b'{"model":"m","x":"\\ud83d\\ude00"}', 100) == "m"
     assert router_rules.body_model(b'{"model":"m","x":"\\\\ud800"}', 100) == "m"
     assert router_rules.body_model(b'{"model":"m","x":1.5e300,"y":12345678901234567890}', 100) == "m"

@@ -1,5 +1,5 @@
 """Imports run one way, down, and engines are the only place that knows one engine from another;
-no module of the program (tools/ and bench/ included) is over the size limit, and docs/layout.md
+no module of the project (tools/ and the lab included) is over the size limit, and docs/layout.md
 names every one.
 
 The import graph is read from the source (every import: module level, inside functions, and under
@@ -23,10 +23,14 @@ from conftest import ROOT
 LAYERS = ["incluster", "common", "policy", "config", "planning", "engines", "components", "plane", "render", "changes",
           "tools", "__main__"]
 PROGRAM_MODULES_MAX_LINES = 600
-# Outside the import layers but part of the program all the same: held to the size limit and named
-# in docs/layout.md like the rest (tests/ is not: tests/conftest.py says what it holds).
-OTHER_FOLDERS = ["bench"]
+# The lab wing (lab/: the llama.cpp build, the contract harness, the bench): it may import the program's
+# layers (not tools/ or __main__), and of the program only tools/ imports it (tests/ do too).
+LAB = "lab"
+LAB_MAY_IMPORT = [layer for layer in LAYERS if layer not in ("tools", "__main__")] + [LAB]
 LAYOUT = ROOT / "docs" / "layout.md"
+# sys.path edits: only at entry points run as scripts (the policy pack Pulumi starts from policy/, two tools
+# run by path) and in the in-cluster programs' own layout, which a test imports as the pod does.
+SYS_PATH_EDITS_MAX = 6
 
 
 def _module_name(path: Path) -> str:
@@ -51,13 +55,13 @@ def _python_files(folders: list[str]) -> dict[str, Path]:
 @functools.cache
 def _modules() -> dict[str, Path]:
     """The layered modules (read-only: shared by every test of the run)."""
-    return {"__main__": ROOT / "__main__.py", "plane": ROOT / "plane.py", **_python_files(LAYERS)}
+    return {"__main__": ROOT / "__main__.py", "plane": ROOT / "plane.py", **_python_files(LAYERS + [LAB])}
 
 
 @functools.cache
 def _program_modules() -> dict[str, Path]:
-    """Every module of the program: the layers and the other folders (bench/)."""
-    return {**_modules(), **_python_files(OTHER_FOLDERS)}
+    """Every module of the project held to the size limit and named in docs/layout.md: the layers and the lab."""
+    return _modules()
 
 
 @functools.cache
@@ -144,21 +148,50 @@ def test_the_cycle_finder_finds_one():
 
 
 def test_each_layer_imports_only_the_layers_below_it():
+    """The program's layers run down; the lab imports the program (never tools/), and only tools/ of the
+    program imports the lab."""
     wrong = []
     for module, targets in import_graph().items():
-        rank = LAYERS.index(_layer(module))
+        if _layer(module) == LAB:
+            allowed = LAB_MAY_IMPORT
+        elif _layer(module) == "policy":
+            allowed = ["common", "policy"]
+        else:
+            allowed = LAYERS[: LAYERS.index(_layer(module)) + 1] + ([LAB] if _layer(module) == "tools" else [])
         for target in targets:
-            allowed = ["common", "policy"] if _layer(module) == "policy" else LAYERS[: rank + 1]
             if _layer(target) not in allowed:
                 wrong.append(f"{module} -> {target}")
     assert wrong == []
+
+
+def test_the_lab_is_one_package_that_the_program_does_not_import():
+    """bench/ keeps only recorded results and the scripts' data; the code is lab/ (issue #46), and no module
+    of the program's layers (tools/ aside) imports it."""
+    assert not list((ROOT / "bench").glob("*.py")) and not (ROOT / "tests" / "contract").exists()
+    assert {"lab.llama_build", "lab.contract.server", "lab.bench.run"} <= set(_modules())
+    importers = {module for module, targets in import_graph().items() for target in targets
+                 if _layer(target) == LAB and _layer(module) != LAB}
+    assert all(_layer(module) == "tools" for module in importers), importers
+
+
+def test_sys_path_is_edited_at_a_handful_of_entry_points_only():
+    """Tests, the lab and tools import by package (pytest.ini puts the project folder on the path): no
+    `sys.path` edit beyond the entry points that run by path."""
+    edits = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if any("venv" in part or part in ("__pycache__", ".git") for part in path.relative_to(ROOT).parts):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if re.search(r"sys\.path(\.insert|\.append|\[|\s*=)", line):
+                edits.append(f"{path.relative_to(ROOT)}:{number}")
+    assert len(edits) <= SYS_PATH_EDITS_MAX, edits
 
 
 def test_only_engines_know_one_engine_from_another():
     """No `engine ==` outside engines/, and nothing outside engines/ imports an engine's module."""
     wrong = []
     for module, path in _modules().items():
-        if _layer(module) == "engines":
+        if _layer(module) in ("engines", LAB):  # the lab measures each engine on its own terms
             continue
         for node in ast.walk(_tree(path)):
             if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
@@ -173,7 +206,7 @@ def test_only_engines_know_one_engine_from_another():
 
 @pytest.mark.parametrize("module", sorted(_program_modules()))
 def test_no_program_module_is_over_the_size_limit(module):
-    """tools/ and bench/ included: no exemption."""
+    """tools/ and the lab included: no exemption."""
     lines = len(_program_modules()[module].read_text().splitlines())
     assert lines <= PROGRAM_MODULES_MAX_LINES, f"{module}: {lines} lines; split it by job"
 

@@ -7,16 +7,13 @@ cached (keyed by the archive's hash) and is exercised by `make test` before the 
 from __future__ import annotations
 
 import stat
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tools"))
 
-import build_llama_server as llama  # noqa: E402
+import lab.llama_build as llama
 
 
 def _one_line_error(capsys, argv: list[str]) -> str:

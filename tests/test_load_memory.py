@@ -8,7 +8,7 @@ so the question is whether reaching the limit reclaims those clean pages or OOM-
 Measured with a real memory cgroup (cgroup v2 where its memory controller is available, else v1; each
 case prints which) and the pinned llama-server CPU build (b10729: -ngl 0, --threads 2, -c 512,
 --no-warmup, then one /completion of 8 tokens, so every weight page is read after the load). Model:
-qwen3-1.7b Q8_0 in its real shape (tests/contract/real_shape.py), densified (every block written on
+qwen3-1.7b Q8_0 in its real shape (lab/contract/real_shape.py), densified (every block written on
 disk: real page cache read from disk, not a hole): file 1.71 GiB, llama.cpp's model buffer 1744 MiB,
 its own anonymous memory 111 MiB (KV 56, compute 53 MiB). The file's page cache is dropped before each
 case, so what the server reads is charged to its cgroup (the unlimited run's peak is the whole file).
@@ -60,7 +60,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -72,12 +71,10 @@ from typing import Iterator, Optional
 
 import pytest
 
-from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
-from real_shape import densify, write_real_shape  # noqa: E402
-from server import free_port, stop  # noqa: E402
+from lab.contract.real_shape import densify, write_real_shape
+from lab.contract.server import free_port, stop
 
 MIB = 1 << 20
 GIB = 1 << 30

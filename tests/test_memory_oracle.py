@@ -1,6 +1,6 @@
 """llama.cpp is the oracle for memory: every llama.cpp server of every shipped stack is started (the
 CPU build of the pinned release) with its rendered arguments on a GGUF of its model's real shape —
-real hyperparameters and tensor table, all-zero weights in a sparse file (tests/contract/real_shape.py)
+real hyperparameters and tensor table, all-zero weights in a sparse file (lab/contract/real_shape.py)
 — and what llama.cpp reports allocating at load (its model, KV, recurrent-state and compute buffers)
 is compared with the plan's figures for the same flags: each within 10%. A pod whose node memory
 holds everything (CPU, iGPU, APU) must have a memory limit above what llama.cpp allocates.
@@ -12,23 +12,19 @@ stay stated margins (docs/capacity-planning.md).
 from __future__ import annotations
 
 import re
-import sys
 import time
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
-sys.path.insert(0, str(ROOT / "tools"))
 
-from build_llama_server import BuildError, build  # noqa: E402
-from common.quantity import MIB, parse_quantity  # noqa: E402
-from real_shape import write_real_shape  # noqa: E402
-from repo_shapes import REPO_SHAPES  # noqa: E402
-from server import free_port, log_until, without  # noqa: E402
+from lab.llama_build import BuildError, build
+from common.quantity import MIB, parse_quantity
+from lab.contract.real_shape import write_real_shape
+from lab.contract.repo_shapes import REPO_SHAPES
+from lab.contract.server import free_port, log_until, without
 
 TOLERANCE = 0.10
 # llama.cpp's load log at -lv 4 (formats: src/llama-model.cpp, llama-kv-cache.cpp,

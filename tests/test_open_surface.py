@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-import yaml
 
 from common.errors import ConfigError
 from render.output import RenderError

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_strix
+from conftest import run_strix
 
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
-from hub import COMMIT, hub_files  # noqa: E402
-from pod_programs import pod_command, programs_under, write_programs  # noqa: E402
+from lab.contract.hub import COMMIT, hub_files
+from lab.contract.pod_programs import pod_command, programs_under, write_programs
 
 REPO = "peonist/qwen38-flash-next-w4b"
 FILES = {
@@ -191,7 +190,7 @@ def test_a_tag_and_a_paged_listing_are_followed(init_container, tmp_path):
 
 
 def test_a_branch_starts_from_its_last_complete_commit_when_the_hub_is_down(init_container, tmp_path):
-    from server import free_port
+    from lab.contract.server import free_port
 
     init, engine = init_container
     with hub_files(REPO, FILES) as endpoint:
@@ -237,7 +236,7 @@ def test_what_counts_as_the_hub_being_down(init_container, tmp_path, status, bod
 
 
 def test_a_download_never_finished_does_not_start_when_the_hub_is_down(init_container, tmp_path):
-    from server import free_port
+    from lab.contract.server import free_port
 
     init, _ = init_container
     with hub_files(REPO, FILES) as endpoint:

@@ -1,6 +1,6 @@
 """llama.cpp is the oracle for a vision projector's memory: llama-server (the CPU build of the pinned
 release) starts with `--mmproj` on a projector GGUF of the real shape of ggml-org/gemma-3-12b-it-GGUF's
-mmproj-model-f16.gguf (tests/contract/real_shape_mmproj.py: real hyperparameters and tensor table, zero
+mmproj-model-f16.gguf (lab/contract/real_shape_mmproj.py: real hyperparameters and tensor table, zero
 weights, sparse), and what it reports for the projector at load is compared with the figures the
 planner is to count for it: its weights and its compute buffer, each within 10 %.
 
@@ -22,31 +22,28 @@ so `auto` turns it on there too. Off, the 16 heads' 4096 x 4096 attention scores
 the compute buffer is 9x larger.
 
 The text model is Gemma 3 12B's width (3840, which the projector's output must equal) with one layer:
-clip's buffers do not depend on the text model, and the full real-shape 12B (tests/contract/
+clip's buffers do not depend on the text model, and the full real-shape 12B (lab/contract/
 real_shape_mmproj.py write_text_shape("gemma-3-12b")) gives the same lines, at 7 GB of zero pages more.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
-from real_shape_mmproj import expected_mmproj_bytes, write_mmproj, write_text_shape  # noqa: E402
-from server import free_port, log_until  # noqa: E402
+from lab.contract.real_shape_mmproj import expected_mmproj_bytes, write_mmproj, write_text_shape
+from lab.contract.server import free_port, log_until
 
 # The figures the planner counts for the projector that ggml-org/gemma-3-12b-it-GGUF ships
 # (mmproj-model-f16.gguf) and its also-repos, as config/catalog.yaml carries them (MiB; llama-server
 # b10729 measured them on the CPU: weights 814.60, compute 121.25 with flash attention, 1132.00 without).
 # Weights: the whole F16 file's tensors. Compute: the buffer reserved for one 896 x 896 image with flash
 # attention on (the default, `auto`, on CPU and CUDA).
-from config.catalog import lookup  # noqa: E402
+from config.catalog import lookup
 
 _PROJECTOR = lookup("ggml-org/gemma-3-12b-it-GGUF").mmproj
 MEASURED_GEMMA3_MMPROJ_WEIGHTS_MIB = _PROJECTOR.weights_mib

@@ -1,4 +1,4 @@
-"""Real-shape GGUF files (tests/contract/real_shape.py): each preset's file is written in well under
+"""Real-shape GGUF files (lab/contract/real_shape.py): each preset's file is written in well under
 2 s, is full-size but sparse, and llama.cpp's own programs read it as the model it imitates.
 
 `llama-fit-params -fitp on` prints one line per device and a Host line, "<name> <model> <context>
@@ -12,18 +12,15 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 
 import pytest
 
-from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
-sys.path.insert(0, str(ROOT / "tools"))
 
-from build_llama_server import BuildError, build  # noqa: E402
-from real_shape import PRESETS, expected_weights_bytes, read_layout, tensor_table, write_real_shape  # noqa: E402
+from lab.llama_build import BuildError, build
+from lab.contract.gguf_layout import read_layout
+from lab.contract.real_shape import PRESETS, expected_weights_bytes, tensor_table, write_real_shape
 
 MiB = 1 << 20
 HOST = re.compile(r"^Host (\d+) (\d+) (\d+) ?$", re.M)

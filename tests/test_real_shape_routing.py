@@ -1,4 +1,4 @@
-"""Real-shape GGUF files with token-dependent routing (tests/contract/real_shape.py, routing="token").
+"""Real-shape GGUF files with token-dependent routing (lab/contract/real_shape.py, routing="token").
 
 With all-zero weights every token of a mixture-of-experts model routes to the same experts, which times
 MoE prefill and expert offload wrong (issue #33 item 7). routing="token" writes, in the zero file's exact
@@ -11,18 +11,16 @@ norm[l]).
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as T
 
-from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
-from real_shape import PRESETS, random_rows, read_layout, routing_norm, write_real_shape  # noqa: E402
+from lab.contract.gguf_layout import read_layout
+from lab.contract.real_shape import PRESETS, random_rows, routing_norm, write_real_shape
 
 PRESET = "qwen3-30b-a3b"
 MOE = [name for name, p in PRESETS.items() if p.n_expert]

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import homelab_plain_values, ROOT, STACKS, run_values, stack_values
+from conftest import ROOT, STACKS, run_values, stack_values
 from render.manifests import SECRET_TEXT, dump, manifests
 from render.output import MARKER, RenderError, render_stack
 from render.validate import CRD_SCHEMAS_ENV, ManifestError, validate
@@ -360,8 +360,7 @@ def test_stack_files_read_as_yaml_v3_reads_them():
 
 def test_the_benchmarks_synthetic_stack_renders(tmp_path):
     """make bench renders N-server synthetic stacks; a change of defaults must not break them unseen."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from run import synthetic_stack
+    from lab.bench.run import synthetic_stack
 
     (tmp_path / "Pulumi.synthetic-3.yaml").write_text(yaml.safe_dump(synthetic_stack(3)))
     result = render_stack("synthetic-3", tmp_path / "out", project_dir=tmp_path)

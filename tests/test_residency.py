@@ -9,7 +9,6 @@ import itertools
 import json
 from pathlib import Path
 
-import copy
 
 import pulumi
 import pytest

@@ -2,26 +2,22 @@
 
 The preset and the router's arguments come from router_cases(), the one place that says what to run;
 the models are tiny random-weight GGUFs written at test time, one per model name. What the router does
-(and what these tests hold it to) is written down with source citations in tests/contract/ROUTER_FACTS.md.
+(and what these tests hold it to) is written down with source citations in lab/contract/ROUTER_FACTS.md.
 """
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
-sys.path.insert(0, str(ROOT / "tools"))
 
-from build_llama_server import source_dir  # noqa: E402
-from router import models_max, start_router, wait_gone  # noqa: E402
-from tiny_model import write_tiny_model  # noqa: E402
+from lab.llama_build import source_dir
+from lab.contract.router import models_max, start_router, wait_gone
+from lab.contract.tiny_model import write_tiny_model
 
 TEST_KEY = "router-contract-key-1"
 
@@ -118,7 +114,7 @@ def test_with_the_rendered_flags_the_router_neither_loads_nor_unloads_a_model_of
         answer = router.chat(first)
         assert answer.status == 400 and b"model is not loaded" in answer.body, answer.body[:200]
         assert router.running() == [] and router.children() == []
-        answer = router.post(f"/v1/chat/completions?autoload=true", {"model": first, "messages": [], "max_tokens": 1})
+        answer = router.post("/v1/chat/completions?autoload=true", {"model": first, "messages": [], "max_tokens": 1})
         assert router.statuses()[first] in ("loading", "loaded"), "?autoload=true loads past --no-models-autoload"
         router.wait_status(first, ("loaded",))
         for name in models:

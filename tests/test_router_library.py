@@ -12,22 +12,18 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
-sys.path.insert(0, str(ROOT / "tools"))
 
-from build_llama_server import source_dir  # noqa: E402
-from hub import hub_repos  # noqa: E402
-from pod_programs import pod_command, programs_under, write_programs  # noqa: E402
-from router import start_router  # noqa: E402
-from tiny_model import write_tiny_model  # noqa: E402
+from lab.llama_build import source_dir
+from lab.contract.hub import hub_repos
+from lab.contract.pod_programs import pod_command, programs_under, write_programs
+from lab.contract.router import start_router
+from lab.contract.tiny_model import write_tiny_model
 
 STACK, KEY = "rtx3090-library", "library"
 TEST_KEY = "library-contract-key-1"

@@ -1,17 +1,14 @@
-"""bench/router_soak.py without a GPU or llama.cpp: what it reads from the rendered stacks, the traffic it
+"""lab/bench/router_soak.py without a GPU or llama.cpp: what it reads from the rendered stacks, the traffic it
 sends, and how it turns samples into figures (the soak itself runs on a GPU: make router-soak)."""
 
 from __future__ import annotations
 
-import sys
 
-from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
 
-from router_soak import router_specs, shape_of, traffic  # noqa: E402
-from soak_report import loads, resident_sets, swaps  # noqa: E402
-from soak_watch import Result  # noqa: E402
+from lab.bench.router_soak import router_specs, shape_of, traffic
+from lab.bench.soak_report import loads, resident_sets, swaps
+from lab.bench.soak_watch import Result
 
 PLAN = {"vram_budget_gib": 23.0, "models": {"a": {"vram_gib": 6.0, "swap_seconds": {"warm": 4, "cold": 4}},
                                             "b": {"vram_gib": 10.0, "swap_seconds": {"warm": 6, "cold": 9}},
@@ -31,9 +28,9 @@ def test_every_shipped_router_is_found_with_its_rendered_flags_preset_and_plan()
     assert set(spec["library"]) == set(spec["residency"]["models"])
     assert all(f"[{name}]" in spec["models_ini"] for name in spec["library"])
     assert spec["env"]["LLAMA_ARG_MODELS_DIR"]
-    from real_shape import PRESETS
+    from lab.contract.real_shape import PRESETS
     try:
-        import real_shape_mmproj as mm
+        import lab.contract.real_shape_mmproj as mm
         text = set(getattr(mm, "TEXT", {}))
     except ImportError:
         text = set()
@@ -84,7 +81,7 @@ def test_loads_and_swaps_come_from_the_states_and_the_first_tokens():
 
 
 def test_a_child_force_killed_on_eviction_is_a_forced_stop_not_a_failed_load():
-    from soak_report import verdict
+    from lab.bench.soak_report import verdict
     out = {"gpu": {"within_budget": True}, "most_running_seen": 2, "child_exits": [{"at_s": 75.0, "model": "c", "status": 1}],
            "loads": [{"model": "c", "at_s": 75.1, "failed": "unloaded failed:1"}, {"model": "b", "at_s": 90.0, "failed": "unloaded failed:1"}],
            "log_trouble": [[74.9, "W srv operator(): force-killing model instance name=c after 10 seconds timeout"]],

@@ -7,17 +7,15 @@ they are not measured; prefill and the first token of a full-context prompt are 
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 
-from conftest import ROOT, plain_values
+from conftest import plain_values
 from config.catalog import facts_for
 from engines.llamacpp_speed import (HOST, HOST_COST_FAST, HOST_COST_SLOW, HostCost, host_cost, host_read_gbs,
                                     predict_range_tok_s, solve_host_cost)
 from plane import parse_stack, plan_capacity
 
-sys.path.insert(0, str(ROOT / "bench"))
 
 TABLE = {4: 28.0, 8: 49.0, 16: 82.0}
 COSTS = {4: {"block_us": 300, "kv_gbs_per_thread": 1.2}, 8: {"block_us": 300, "kv_gbs_per_thread": 1.2},
@@ -100,7 +98,7 @@ def test_a_cpu_server_decodes_as_its_threads_read_and_the_summary_shows_the_rang
 
 
 def test_make_host_profiles_solver_gives_back_the_figures_a_prediction_was_made_with():
-    """bench/host_profile.py turns llama-bench's two rates into the node's figures with solve_host_cost: fed the
+    """lab/bench/host_profile.py turns llama-bench's two rates into the node's figures with solve_host_cost: fed the
     plan's own times for known figures, it returns them, at every thread count and depth."""
     stack = parse_stack(cpu_cluster(TABLE, threads=4, costs=COSTS))
     model, pool = stack.models["chat"], stack.node_pools["minipc"]
@@ -116,9 +114,8 @@ def test_make_host_profiles_solver_gives_back_the_figures_a_prediction_was_made_
 
 def test_the_unmeasured_range_spans_every_host_measured():
     """HOST_COST_SLOW and HOST_COST_FAST are the ends of what the recorded hosts' llama-bench rows solve to
-    (bench/decode_error.py --node-figures): a node not measured is planned between them."""
-    import decode_error
-
+    (lab/bench/decode_error.py --node-figures): a node not measured is planned between them."""
+    from lab.bench import decode_error
     figures = [cost for _, costs in decode_error.recorded_node_figures().values() for cost in costs.values()]
     assert len(figures) >= 8
     blocks, rates = [f["block_us"] for f in figures], [f["kv_gbs_per_thread"] for f in figures]
@@ -147,9 +144,8 @@ def test_the_predictions_hold_to_the_recorded_measurements_per_placement():
     """Out-of-sample rows only (the rows a profile or a node's figures were solved from, zero-weight MoE files,
     which route every token alike, and a run that did not reproduce are shown by make bench and not counted):
     every placement class within 15 % on at least 90 % of its rows."""
-    import decode_error
-    import prefill_error
-
+    from lab.bench import decode_error
+    from lab.bench import prefill_error
     table = decode_error.rows(decode_error.MEASURED)
     counts = {where: (within, total) for where, within, total in decode_error.summary(table)}
     for where in ("GPU only", "experts in RAM", "partial offload", "CPU only"):

@@ -29,8 +29,7 @@ def test_a_copy_with_nothing_beside_it_renders(tmp_path):
 
 
 def test_schema_generator_closes_objects_but_not_branches():
-    sys.path.insert(0, str(ROOT / "tools"))
-    from crd_schemas import schemas
+    from tools.crd_schemas import schemas
 
     crd = {"spec": {"group": "example.io", "names": {"kind": "Widget"}, "versions": [
         {"name": "v1", "served": True, "schema": {"openAPIV3Schema": {"type": "object", "properties": {

@@ -1,5 +1,5 @@
 """The VRAM plan against what llama-server held on a real card (bench/results-vram-h200.json, written by
-bench/measure_vram.py on an NVIDIA H200 through bench/measure_device.sh): every llama.cpp server of every
+lab/bench/measure_vram.py on an NVIDIA H200 through bench/measure_device.sh): every llama.cpp server of every
 shipped stack that offloads to a discrete card, and settings the stacks do not use (quants, micro-batches,
 contexts, partial offload, experts in RAM, tied embeddings, embedding servers, vision projectors, 10 model
 families). The record must be of today's rendered flags, and today's plan must hold to it."""
@@ -7,17 +7,14 @@ families). The record must be of today's rendered flags, and today's plan must h
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
 
-from measure_vram import case_spec, shipped  # noqa: E402
-from vram_error import MOST_UNDER_MIB, TOLERANCE, rows  # noqa: E402
+from lab.bench.measure_vram import case_spec, shipped
+from lab.bench.vram_error import MOST_UNDER_MIB, TOLERANCE, rows
 
 RECORD = json.loads((ROOT / "bench" / "results-vram-h200.json").read_text())
 
@@ -53,7 +50,7 @@ def test_the_parts_agree_with_llama_cpps_own_breakdown():
     buffers) within 1 %, and the output layer on the card where llama.cpp put it (a tied table counted in
     VRAM and again in RAM)."""
     from engines import engine_of
-    from measure_vram import model_of
+    from lab.bench.measure_vram import model_of
 
     for row in RECORD["rows"]:
         model, pool = model_of(row["origin"], row["update"])
@@ -74,15 +71,14 @@ def test_the_parts_agree_with_llama_cpps_own_breakdown():
 
 
 def test_the_catalog_facts_the_vram_plan_reads_are_the_real_shapes():
-    """Each measured repo's catalog entry agrees with the real shape it was measured as (tests/contract/real_shape.py,
+    """Each measured repo's catalog entry agrees with the real shape it was measured as (lab/contract/real_shape.py,
     from the model's config.json): width, vocabulary, FFN width, query and KV heads, and whether the output layer is
     tied to the embedding (no output.weight) — the facts the VRAM and decode plans read."""
-    sys.path.insert(0, str(ROOT / "tests" / "contract"))
-    from real_shape import PRESETS
-    from real_shape_mmproj import TEXT
+    from lab.contract.real_shape import PRESETS
+    from lab.contract.real_shape_mmproj import TEXT
 
     from config.catalog import lookup
-    from repo_shapes import REPO_SHAPES
+    from lab.contract.repo_shapes import REPO_SHAPES
 
     for repo, name in REPO_SHAPES.items():
         shape = PRESETS[name] if name in PRESETS else TEXT[name].shape

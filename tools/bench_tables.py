@@ -1,5 +1,5 @@
 """docs/capacity-planning.md's three measured tables (VRAM, decode, prefill) are the output of
-bench/vram_error.py, bench/decode_error.py and bench/prefill_error.py: this writes them in place
+lab/bench/vram_error.py, lab/bench/decode_error.py and lab/bench/prefill_error.py: this writes them in place
 (`make docs`) or, with --check, fails when the page is not today's output (tests/test_structure.py)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "capacity-planning.md"
 # (script and arguments, the table's first line, the prefix of its last line)
 TABLES = [
-    (["bench/vram_error.py", "--markdown"], "| server (stack/key or case) |", "vram: "),
-    (["bench/decode_error.py"], "| placement | device | model | settings |", "decode CPU only: "),
-    (["bench/prefill_error.py"], "| placement | device | model | prompt |", "prefill: "),
+    (["-m", "lab.bench.vram_error", "--markdown"], "| server (stack/key or case) |", "vram: "),
+    (["-m", "lab.bench.decode_error"], "| placement | device | model | settings |", "decode CPU only: "),
+    (["-m", "lab.bench.prefill_error"], "| placement | device | model | prompt |", "prefill: "),
 ]
 
 

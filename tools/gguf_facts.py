@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: only tools/ is on the path
     sys.path.insert(0, str(ROOT))
 
-from tools.gguf_derive import derive, render  # noqa: E402
-from tools.gguf_header import FactsError, Model, Shard, Truncated, data_end, parse_header  # noqa: E402
+from tools.gguf_derive import derive, render  # noqa: E402 - after the path edit above
+from tools.gguf_header import FactsError, Model, Shard, Truncated, data_end, parse_header
 
 MIB = 2**20
 FIRST_FETCH = 8 * MIB

@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from common.constants import LLAMACPP_IMAGE_BUILD
 from config.catalog import lookup
 
 
-# The llama.cpp build the shipped stacks pin (the contract tests run b10729, the nearest PyPI sdist).
-LLAMACPP_BUILD = "b10731"
+# The llama.cpp build the shipped stacks pin (common/constants.py).
+LLAMACPP_BUILD = f"b{LLAMACPP_IMAGE_BUILD}"
 IMAGES = {
     "cpu": f"ghcr.io/ggml-org/llama.cpp:server-{LLAMACPP_BUILD}",
     "cuda": f"ghcr.io/ggml-org/llama.cpp:server-cuda-{LLAMACPP_BUILD}",

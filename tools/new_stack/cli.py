@@ -35,9 +35,10 @@ from common.quantity import GIB, parse_quantity
 from config.images import backend_of_image
 from config.values import _DNS_LABEL, _DNS_NAME, _HOSTNAME
 from config.catalog import lookup
+from tools.new_stack.candidates import IMAGES
 from tools.new_stack.choice import EMBED_SHARE, Choice, NoFit, choose, decode_floor
 from tools.new_stack.hardware import DISCRETE, INGRESS, KINDS, STORAGE, Cluster, Hardware
-from tools.new_stack.stack_file import build_config, gib, stack_text, stack_values
+from tools.new_stack.stack_file import build_config, gi_quantity, stack_text, stack_values
 
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_BAD_INPUT = 2
@@ -85,9 +86,9 @@ def parser() -> Parser:
     return p
 
 
-ARM64_IMAGES = ("the project pins ghcr.io/ggml-org/llama.cpp:server-b10731, and this tool cannot confirm that tag has "
+ARM64_IMAGES = (f"the project pins {IMAGES['cpu']}, and this tool cannot confirm that tag has "
                 "a linux/arm64 image (upstream stopped building arm64 images, ggml-org/llama.cpp#11888, still missing "
-                "in #19177, re-enabled by #20929); if `docker manifest inspect ghcr.io/ggml-org/llama.cpp:server-b10731` "
+                f"in #19177, re-enabled by #20929); if `docker manifest inspect {IMAGES['cpu']}` "
                 "lists linux/arm64, pass that, else your own arm64 llama-server build, as --image (decode predictions "
                 "use the CPU profile measured on x86)")
 
@@ -249,7 +250,7 @@ def describe(choice: Choice, hw: Hardware) -> dict[str, str]:
     node = plan.nodes[0]
     memory = f"{chat.estimate.total_gib:.1f} GiB of system RAM (limit {chat.memory_limit})"
     if chat.vram is not None:
-        card = float(parse_quantity(gib(hw.vram_gib))) / GIB
+        card = float(parse_quantity(gi_quantity(hw.vram_gib))) / GIB
         memory = (f"{chat.vram.total_gib:.1f} of {card:g} GiB VRAM, {chat.vram.breakdown().split(':')[0]}; " + memory)
     reason = (f"the largest catalog chat model that fits with {choice.chat.ctx_size} tokens of context and is predicted "
               f"at >= {decode_floor(hw):g} tok/s" if not choice.slow else

@@ -12,7 +12,7 @@ import yaml
 from common.constants import PROJECT
 from config.checks import private_suffix
 from config.catalog import lookup
-from engines.llamacpp_speed import BACKEND_NAMES, backend_advice
+from engines import BACKEND_NAMES, backend_advice
 from tools.new_stack.candidates import IMAGES, Candidate, ChatSetup
 from tools.new_stack.hardware import INGRESS, KINDS, STORAGE, Cluster, Hardware
 
@@ -67,7 +67,7 @@ def stack_text(header: list[str], config: dict[str, V]) -> str:
 # --- building a candidate stack -------------------------------------------------------------------
 
 
-def gib(value: float) -> str:
+def gi_quantity(value: float) -> str:
     """A memory quantity: whole GiB where it is whole."""
     return f"{int(value)}Gi" if float(value).is_integer() else f"{value:g}Gi"
 
@@ -123,12 +123,12 @@ def node_pool(hw: Hardware) -> dict[str, V]:
                             f"built for ({'the pinned llama.cpp images are published for linux/amd64' if arch == 'amd64' else '--image'}).")
     pool["nodes"] = V(hw.nodes, "Identical nodes; the planner places the servers on them by memory." if hw.nodes > 1
                       else "One node.")
-    pool["memory"] = V(gib(hw.ram_gib), "--ram: physical memory of one node" + (
+    pool["memory"] = V(gi_quantity(hw.ram_gib), "--ram: physical memory of one node" + (
         "; the GPU uses this same memory." if not hw.discrete and hw.gpu != "none" else "."))
-    pool["allocatable"] = V(gib(hw.allocatable_gib()),
+    pool["allocatable"] = V(gi_quantity(hw.allocatable_gib()),
                             "An estimate of what the kubelet offers pods (firmware, kernel and k3s' eviction "
                             "threshold take the rest): put `kubectl describe node` Allocatable memory here.")
-    pool["reserved"] = V(gib(hw.reserved_gib()),
+    pool["reserved"] = V(gi_quantity(hw.reserved_gib()),
                          "Held by pods this program does not manage: k3s' CoreDNS, Traefik, metrics-server, "
                          "local-path provisioner and the OS beside them.")
     pool["memory_bandwidth_gbs"] = V(_number(hw.ram_bandwidth), hw.ram_bandwidth_why)
@@ -136,7 +136,7 @@ def node_pool(hw: Hardware) -> dict[str, V]:
                                       "a node and paste its two lines here (this and memory_bandwidth_by_threads); "
                                       "null: the plan shows a range for what the CPU decodes.")
     if hw.discrete:
-        pool["vram"] = V(gib(hw.vram_gib), "--vram: memory of the card; offloaded layers and their KV cache are "
+        pool["vram"] = V(gi_quantity(hw.vram_gib), "--vram: memory of the card; offloaded layers and their KV cache are "
                          "planned here, the rest in system RAM.")
         pool["vram_bandwidth_gbs"] = V(_number(hw.vram_bandwidth), hw.vram_bandwidth_why)
         if backend == "cuda":

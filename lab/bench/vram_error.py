@@ -1,9 +1,9 @@
 """The VRAM plan (engines/llamacpp_memory.py) against what llama-server held on a real card: one row per
-server of bench/results-vram-*.json (bench/measure_vram.py) with the plan's figure for the same settings,
+server of bench/results-vram-*.json (lab/bench/measure_vram.py) with the plan's figure for the same settings,
 nvidia-smi's figure for the process after a full micro-batch, and the error. docs/capacity-planning.md's
 table ("VRAM: planned and measured") is this output.
 
-    python bench/vram_error.py [--markdown]
+    python -m lab.bench.vram_error [--markdown]
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+ROOT = Path(__file__).resolve().parents[2]
 
-from measure_vram import model_of  # noqa: E402
+from lab.bench.measure_vram import model_of
 
 TOLERANCE = 0.05  # the plan within 5 % of the card's figure
 MOST_UNDER_MIB = 256  # and never more than this below it

@@ -1,4 +1,4 @@
-"""The real shape (tests/contract/real_shape.py, real_shape_mmproj.py names) of each published GGUF repo the
+"""The real shape (lab/contract/real_shape.py, real_shape_mmproj.py names) of each published GGUF repo the
 project measures or runs as a real shape: the memory oracle, the router soak and the VRAM bench read this one
 map (no third-party import, so a bench runs it without the venv)."""
 

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from common.constants import LLAMACPP_IMAGE_BUILD
+
+ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 
 # pulumi_kubernetes loads a resource class's module, and the kind group's shared _inputs/outputs
@@ -80,7 +82,7 @@ def synthetic_stack(servers: int) -> dict:
             "role": "chat",
             "name": f"chat-{i}",
             "hf_repo": "Qwen/Qwen3-0.6B-GGUF:Q8_0",  # 0.6 GiB: what the synthetic servers need to be small
-            "image": "ghcr.io/ggml-org/llama.cpp:server-b10731",
+            "image": f"ghcr.io/ggml-org/llama.cpp:server-b{LLAMACPP_IMAGE_BUILD}",
             "node_pool": "cpu",
             "gpu_layers": 0,
             "threads": 1,  # within the 1-CPU limit

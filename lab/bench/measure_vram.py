@@ -2,15 +2,15 @@
 llama.cpp server of every shipped stack that offloads to a discrete card (a router's models as the
 single-model servers its children run), and more shapes and settings than the stacks use (CASES), each
 started with the command line the plan renders on a GGUF of its model's real shape (sparse, zero weights:
-tests/contract/real_shape.py; llama.cpp allocates the same for zeros). Recorded per server: the card's
+lab/contract/real_shape.py; llama.cpp allocates the same for zeros). Recorded per server: the card's
 memory the process holds by nvidia-smi, after the load and after one request of a full micro-batch
 (the compute pools grow on first use), and llama.cpp's own breakdown at -lv 4 (model, KV, recurrent,
 compute buffers per buffer type).
 
-    .venv/bin/python bench/measure_vram.py --spec-out .vram/spec.json          # here: what the plan renders
-    python3 bench/measure_vram.py --spec .vram/spec.json --binary B --out DIR  # on the GPU machine
+    .venv/bin/python -m lab.bench.measure_vram --spec-out .vram/spec.json          # here: what the plan renders
+    python3 -m lab.bench.measure_vram --spec .vram/spec.json --binary B --out DIR  # on the GPU machine
 
-bench/vram_error.py compares the plan with the recorded results; tests/test_vram_measured.py holds the
+lab/bench/vram_error.py compares the plan with the recorded results; tests/test_vram_measured.py holds the
 plan to them. A server split over N cards is measured on one (gpus: 1): one machine has one card here.
 """
 
@@ -28,10 +28,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
+ROOT = Path(__file__).resolve().parents[2]
 
-from repo_shapes import REPO_PROJECTORS, REPO_SHAPES  # noqa: E402
+from lab.contract.repo_shapes import REPO_PROJECTORS, REPO_SHAPES
 
 # Beyond the shipped servers: (case, the shipped server it varies, the settings changed). Chosen to vary
 # what the VRAM plan depends on: tied and untied embeddings, width and depth, quant, context and
@@ -67,7 +66,6 @@ BUFFER = re.compile(r"(?P<buft>[A-Za-z0-9_]+) (?P<kind>model|KV|RS|compute|outpu
 def model_of(origin: str, update: dict | None = None):
     """The ModelServer a case runs: a shipped server (stack/key, or stack/key/model for a router's model),
     with `update` applied."""
-    sys.path.insert(0, str(ROOT))
     from render.offline import run_stack
 
     stack, key, *child = origin.split("/")
@@ -82,7 +80,6 @@ def model_of(origin: str, update: dict | None = None):
 
 def shipped() -> list[str]:
     """Every shipped llama.cpp server that offloads to a discrete card, as stack/key[/model]."""
-    sys.path.insert(0, str(ROOT))
     from render.offline import run_stack
 
     origins = []
@@ -110,8 +107,8 @@ def case_spec(case: str, origin: str, update: dict | None) -> dict:
     args = engine_of(model).args(model)
     repo, _, quant = model.hf_repo.partition(":")
     if repo not in REPO_SHAPES:
-        raise SystemExit(f"measure_vram: no real shape for {repo} ({case}); add it to tests/contract/repo_shapes.py")
-    from server import without
+        raise SystemExit(f"measure_vram: no real shape for {repo} ({case}); add it to lab/contract/repo_shapes.py")
+    from lab.contract.server import without
 
     kept = without(args, DROPPED)
     return {"case": case, "origin": origin, "update": update or {}, "shape": REPO_SHAPES[repo], "quant": quant,
@@ -166,7 +163,7 @@ def healthy(port: int) -> bool:
 
 
 def write_shape(spec: dict, folder: Path) -> tuple[Path, Path | None]:
-    from real_shape import PRESETS, write_real_shape
+    from lab.contract.real_shape import PRESETS, write_real_shape
 
     path = folder / f"{spec['shape']}-{spec['quant']}.gguf"
     mmproj = None
@@ -174,11 +171,11 @@ def write_shape(spec: dict, folder: Path) -> tuple[Path, Path | None]:
         if spec["shape"] in PRESETS:
             write_real_shape(spec["shape"], path, spec["quant"] or None)
         else:
-            import real_shape_mmproj as mm
+            import lab.contract.real_shape_mmproj as mm
 
             mm.write_text_shape(spec["shape"], path)
     if spec["mmproj"]:
-        import real_shape_mmproj as mm
+        import lab.contract.real_shape_mmproj as mm
 
         mmproj = folder / f"mmproj-{spec['mmproj']}.gguf"
         if not mmproj.exists():

@@ -35,7 +35,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter, LlamaFileType, RopeScalingType
 
-from real_shape import Shape, _add_hparams, _add_tokenizer, _nbytes, _tensor_types, _Writer, vocab_dir
+from lab.contract.gguf_layout import _add_tokenizer, _Writer, vocab_dir
+from lab.contract.real_shape import Shape, _add_hparams, _nbytes, _tensor_types
 
 
 @dataclass(frozen=True)

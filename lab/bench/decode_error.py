@@ -1,7 +1,7 @@
 """The decode prediction (engines/llamacpp_speed.py) against every recorded measurement: prints one
 row per measurement with the predicted rate and the error, and docs/capacity-planning.md's table is this output.
 
-    python bench/decode_error.py   (reads bench/results-decode-*.json beside the cited rows)
+    python -m lab.bench.decode_error   (reads bench/results-decode-*.json beside the cited rows)
 
 A row marked `cal` is a measurement a profile was solved from (its error says how well the profile's
 few numbers fit it, not how well it predicts); the others are predictions.
@@ -16,14 +16,13 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
+ROOT = Path(__file__).resolve().parents[2]
 
-from config.types import ModelFacts, ModelServer, NodePool  # noqa: E402
-from engines.llamacpp_speed import HostCost, predict_tok_s, solve_host_cost  # noqa: E402
-from config.catalog import lookup  # noqa: E402
-from real_shape import PRESETS, expected_weights_bytes, tensor_table  # noqa: E402
+from common.constants import LLAMACPP_IMAGE_BUILD
+from config.types import ModelFacts, ModelServer, NodePool
+from engines.llamacpp_speed import HostCost, predict_tok_s, solve_host_cost
+from config.catalog import lookup
+from lab.contract.real_shape import PRESETS, expected_weights_bytes, tensor_table
 
 GIB = 2**30
 LLAMA3_8B = dict(params_b=8.03, layers=32, kv_heads=8, head_dim=128, embedding_length=4096, vocab_size=128256,
@@ -73,7 +72,7 @@ def server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights
     the depth unless given (a prompt's run: the prompt and the depth), the micro-batch llama.cpp's unless given."""
     model_facts = lookup(facts) if isinstance(facts, str) else ModelFacts.model_validate(facts)
     model = ModelServer.model_validate({
-        "role": "chat", "name": "m", "image": "ghcr.io/ggml-org/llama.cpp:server-b10731", "node_pool": "p",
+        "role": "chat", "name": "m", "image": f"ghcr.io/ggml-org/llama.cpp:server-b{LLAMACPP_IMAGE_BUILD}", "node_pool": "p",
         "hf_repo": f"x/y-GGUF:{quant}", "weights": f"{weights_gib:.3f}Gi",
         "gpu_layers": (999 if ngl is None or ngl >= 99 else ngl) if discrete else 0, "cpu_moe_layers": cpu_moe or None,
         "ctx_size": ctx_size or max(depth, 512) * 2, "gpus": gpus, "facts": model_facts.model_dump(), "threads": threads,
@@ -114,7 +113,7 @@ def placement(discrete: bool, ngl, cpu_moe) -> str:
 
 
 def preset_facts(preset: str) -> dict:
-    """A real shape's facts, counted from its tensor table (tests/contract/real_shape.py)."""
+    """A real shape's facts, counted from its tensor table (lab/contract/real_shape.py)."""
     shape, table = PRESETS[preset], tensor_table(preset)
     params = sum(math.prod(ne) for _, ne, _, _ in table) / 1e9
     experts = sum(math.prod(ne) for name, ne, _, _ in table if "_exps" in name) / 1e9
@@ -138,7 +137,7 @@ def preset_facts(preset: str) -> dict:
 SPEED_CALIBRATION = ({("llama-3.1-8b", "Q4_K_M", t, 0, None, d) for t in (4, 8, 16) for d in (0, 4096)}
                      | {("qwen3-30b-a3b", "Q4_K_M", t, None, m, 0) for t in (4, 16) for m in (24, 48)}
                      | {("qwen3.6-35b-a3b", "Q4_K_M", 16, None, None, 0)})
-# Rows of bench/measure_decode.py results the profiles were solved from (shape, quant, depth).
+# Rows of lab/bench/measure_decode.py results the profiles were solved from (shape, quant, depth).
 H200_CALIBRATION = ({("llama-3.1-8b", q, d) for q in ("Q4_K_M", "Q8_0", "F16") for d in (0, 16384)}
                     | {("qwen3-30b-a3b", "Q4_K_M", 0), ("qwen3.6-35b-a3b", "Q4_K_M", 0)})
 
@@ -184,7 +183,7 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
             host, cost, cost_rows = node_figures(runs, run)
             for r in run["rows"]:
                 if r.get("n_prompt"):
-                    continue  # prefill: bench/prefill_error.py
+                    continue  # prefill: lab/bench/prefill_error.py
                 out.append(measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows))
     return out
 
@@ -214,7 +213,7 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
               + (" token routing" if r.get("routing") == "token" else ""))
     device = f"{r['device']}, {run['host']}" if run.get("host") and run["host"] not in r["device"] else r["device"]
     return (device, f"{r['shape']} {r['quant']}", r["depth"], r["tok_s"], predicted, cal,
-            f"bench/measure_decode.py, b10729 ({Path(path).name})", where, detail)
+            f"lab/bench/measure_decode.py, b10729 ({Path(path).name})", where, detail)
 
 
 MEASURED = {

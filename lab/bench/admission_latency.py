@@ -11,15 +11,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "contract"), str(ROOT / "tools")]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> int:
     import tempfile
 
-    from build_llama_server import build
-    from server import request
+    from lab.llama_build import build
+    from lab.contract.server import request
     from test_admission import TEST_KEY, plane
 
     binary = build()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
-from server import Answer, free_port, request
+from lab.contract.server import Answer, free_port, request
 
 GREEDY = {"temperature": 0, "top_k": 1, "seed": 0}
 # What the router counts against --models-max (server-models.h is_running(): loading, loaded, sleeping).

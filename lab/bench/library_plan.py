@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import copy
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def library_of(count: int, same: bool = False) -> dict:

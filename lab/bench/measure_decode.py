@@ -2,21 +2,21 @@
 decode prediction (planning: engines/llamacpp_speed.py).
 
 Each shape is a GGUF with the model's real hyperparameters and tensor table whose weights are an
-all-zero sparse region (tests/contract/real_shape.py): no download, no disk, and a matrix product
+all-zero sparse region (lab/contract/real_shape.py): no download, no disk, and a matrix product
 costs the same on zeros as on trained weights. llama-bench generates tokens at context depths 0,
 half and full; the JSON written has one row per (shape, quant, depth) with llama-bench's own rate.
 
-    python bench/measure_decode.py --out results.json [--llama-bench PATH] [--ngl 99] [--threads N]
+    python -m lab.bench.measure_decode --out results.json [--llama-bench PATH] [--ngl 99] [--threads N]
         [--shapes qwen3-8b:Q4_K_M,llama-3.1-8b:F16 ...] [--ctx 16384] [--tokens 64]
 
-    python bench/measure_decode.py --jobs jobs.json --out results.json [--llama-bench PATH]
+    python -m lab.bench.measure_decode --jobs jobs.json --out results.json [--llama-bench PATH]
 
 --jobs runs a grid per shape: each job is {"shape", "quant", "routing", "args": [llama-bench arguments,
 lists allowed: "-t", "4,8,16", "-ncmoe", "0,24", "-p", "512,4096", ...]}, one row per llama-bench test
 with its prompt, generated tokens, depth, threads, layers and experts in RAM; "routing": "token" writes
 the MoE shape with token-dependent routing (real_shape.py), which MoE prefill and expert offload need.
 
-Run here (CPU build) or on a GPU machine (LLAMA_CPP_BACKEND=cuda tools/build_llama_server.py builds
+Run here (CPU build) or on a GPU machine (LLAMA_CPP_BACKEND=cuda lab/llama_build.py builds
 llama-bench with CUDA from the same sdist, offline with LLAMA_CPP_ARCHIVE).
 """
 
@@ -32,11 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
-sys.path.insert(0, str(ROOT / "tools"))
+ROOT = Path(__file__).resolve().parents[2]
 
-from real_shape import PRESETS, expected_weights_bytes, write_real_shape  # noqa: E402
+from lab.contract.real_shape import PRESETS, expected_weights_bytes, write_real_shape
 
 DEFAULT_SHAPES = "qwen3-8b:Q4_K_M,llama-3.1-8b:Q4_K_M,llama-3.1-8b:Q8_0,llama-3.1-8b:F16,qwen3-30b-a3b:Q4_K_M"
 
@@ -106,7 +104,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     binary = args.llama_bench
     if binary is None:
-        from build_llama_server import build
+        from lab.llama_build import build
 
         binary = str(build(program="llama-bench"))
     if args.jobs:

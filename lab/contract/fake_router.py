@@ -1,5 +1,5 @@
 """A stand-in for llama.cpp's router (b10729, started with --no-models-autoload --models-max 0), written from
-tests/contract/ROUTER_FACTS.md and the router's source, not from the proxy's code: for the property and
+lab/contract/ROUTER_FACTS.md and the router's source, not from the proxy's code: for the property and
 load tests of the admission proxy, where the real router is too slow to meet thousands of requests.
 
 It reads a request as the router does: the key from Authorization (less an exact "Bearer ") else X-Api-Key,

@@ -1,11 +1,11 @@
 """Measure a node's CPU for the decode prediction (`make host-profile`): what it reads with N threads and what
 llama.cpp's decode costs it beyond reading the weights, printed as the two stack-file lines of its pool.
 
-    python bench/host_profile.py [--threads 4,16] [--depth 4096] [--llama-bench PATH] [--out record.json]
+    python -m lab.bench.host_profile [--threads 4,16] [--depth 4096] [--llama-bench PATH] [--out record.json]
 
 1. bench/host_bandwidth.c reads 4 GiB with each thread count: memory_bandwidth_by_threads.
 2. llama-bench (-ngl 0: on a GPU build too, the CPU decodes) generates 16 tokens of a real-shape Qwen3-1.7B
-   Q4_K_M (tests/contract/real_shape.py: the model's hyperparameters and tensor table, zero weights; no
+   Q4_K_M (lab/contract/real_shape.py: the model's hyperparameters and tensor table, zero weights; no
    download) at an empty context and at --depth, with each thread count.
 3. engines/llamacpp_speed.solve_host_cost turns the two rates into the node's figures at that count: the time
    the weights do not explain, per block; the rest at depth, the KV cache's rate per thread:
@@ -27,13 +27,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tests" / "contract"))
+ROOT = Path(__file__).resolve().parents[2]
 
-from decode_error import solved_cost  # noqa: E402
-from real_shape import write_real_shape  # noqa: E402
+from lab.bench.decode_error import solved_cost
+from lab.contract.real_shape import write_real_shape
 
 SHAPE, QUANT = "qwen3-1.7b", "Q4_K_M"  # small: its blocks and KV cache weigh against its weights
 
@@ -76,7 +73,7 @@ def main(argv: list[str]) -> int:
         return 2
     binary = args.llama_bench
     if binary is None:
-        from build_llama_server import build
+        from lab.llama_build import build
 
         binary = str(build(program="llama-bench"))
     with tempfile.TemporaryDirectory(prefix="host-profile-") as tmp:

@@ -1,4 +1,4 @@
-"""bench/router_soak.py's figures from what it watched: peak VRAM over the idle card against the plan's
+"""lab/bench/router_soak.py's figures from what it watched: peak VRAM over the idle card against the plan's
 budget, each resident set's peak against the sum of its planned VRAM, each model's own VRAM, every load,
 swap, eviction, child exit and failed request, and each model's swap time (warm, cold) against the
 plan's swap_seconds (warm and cold). Standard library only."""

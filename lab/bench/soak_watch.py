@@ -1,4 +1,4 @@
-"""What bench/router_soak.py watches while the router runs: the GPU's memory (nvidia-smi, whole card and
+"""What lab/bench/router_soak.py watches while the router runs: the GPU's memory (nvidia-smi, whole card and
 per process), the router's /models states, and its log, each sample stamped with this process's
 monotonic clock so that the three can be lined up afterwards. Plus the client: one chat request,
 streamed or not, timed to its first token, optionally cancelled by closing the socket mid-stream.
