@@ -21,7 +21,7 @@ from components.gateway_routes import fallback_alerts
 from components.monitoring import Monitoring, MonitoringArgs
 from components.namespace import AINamespace, AINamespaceArgs
 from config import StackConfig
-from engines import engine_of
+from engines import ServerBuild, server_builds
 from config.history import HistoryVerdict, compare, snapshot
 from plane import HISTORY_OUTPUT, load_stack, plan_capacity, previous_history
 from planning.capacity import CapacityPlan
@@ -33,20 +33,23 @@ class Built:
 
     stack: StackConfig
     capacity: CapacityPlan
+    builds: dict[str, ServerBuild]
     servers: dict[str, ModelServerBase] = field(default_factory=dict)
     gateway: Optional[InferenceGateway] = None
 
 
-def server_component(model) -> type[ModelServerBase]:
+def server_component(built: ServerBuild) -> type[ModelServerBase]:
     """The component a server is registered as: its engine names the type."""
-    return SERVER_COMPONENTS[engine_of(model).component_type(model)]
+    return SERVER_COMPONENTS[built.component_type]
 
 
-def check(stack: StackConfig) -> CapacityPlan:
-    """Everything that can be refused is refused here, before any resource is registered."""
+def check(stack: StackConfig) -> tuple[CapacityPlan, dict[str, ServerBuild]]:
+    """Everything that can be refused is refused here, before any resource is registered. The plan, and
+    each server as its engine builds it (asked once per server; every component renders from these)."""
     capacity = plan_capacity(stack)
+    builds = server_builds(stack, capacity)
     if stack.observability is not None:
-        fallback_alerts(stack)
+        fallback_alerts(stack, builds)
     for key, server in capacity.servers.items():
         if gib(server.memory_request) < server.estimate.total_gib:
             # Allowed (the seed's chat server asks for less than it uses), but worth knowing.
@@ -57,7 +60,7 @@ def check(stack: StackConfig) -> CapacityPlan:
             )
     for warning in capacity.warnings + capacity.slow_notes:
         pulumi.log.warn(warning)
-    return capacity
+    return capacity, builds
 
 
 def check_edits(stack: StackConfig) -> HistoryVerdict:
@@ -71,12 +74,13 @@ def check_edits(stack: StackConfig) -> HistoryVerdict:
     return verdict
 
 
-def build(stack: StackConfig, capacity: CapacityPlan, secret=None, edits: Optional[HistoryVerdict] = None) -> Built:
+def build(stack: StackConfig, capacity: CapacityPlan, builds: dict[str, ServerBuild], secret=None,
+          edits: Optional[HistoryVerdict] = None) -> Built:
     """Register the stack's resources. ``secret(key)`` reads a secret config value (default: the
     Pulumi config of the running stack); ``edits`` names servers whose models key was renamed."""
     config = pulumi.Config()
     secret = secret or config.require_secret
-    built = Built(stack=stack, capacity=capacity)
+    built = Built(stack=stack, capacity=capacity, builds=builds)
     ns_name = stack.namespace.name
     gateway_peer = envoy_peer(stack.gateway) if stack.gateway is not None else None
     # Components are named by what never changes with an edit (a role, a config key); the names
@@ -94,7 +98,7 @@ def build(stack: StackConfig, capacity: CapacityPlan, secret=None, edits: Option
         api_key = model.api_key
         # A renamed key keeps the server's resources: they are found under the old key.
         aliases = [pulumi.Alias(name=renamed[key])] if key in renamed else None
-        built.servers[key] = server_component(model)(
+        built.servers[key] = server_component(builds[key])(
             key,
             ModelServerArgs(
                 model=model,
@@ -103,6 +107,7 @@ def build(stack: StackConfig, capacity: CapacityPlan, secret=None, edits: Option
                 cache=stack.model_cache,
                 cluster=stack.cluster,
                 plan=capacity.servers[key],
+                build=builds[key],
                 api_key_value=secret(api_key.from_config) if api_key and api_key.from_config else None,
             ),
             opts=pulumi.ResourceOptions(depends_on=[namespace, cache], aliases=aliases),
@@ -117,7 +122,8 @@ def build(stack: StackConfig, capacity: CapacityPlan, secret=None, edits: Option
         built.gateway = InferenceGateway(
             "gateway",
             InferenceGatewayArgs(
-                gateway=gw, stack=stack, namespace=ns_name, client_keys=keys, provider_keys=upstream_keys(gw, stack, secret)
+                gateway=gw, stack=stack, namespace=ns_name, builds=builds, client_keys=keys,
+                provider_keys=upstream_keys(gw, stack, builds, secret)
             ),
             # Not on the model servers: the gateway's objects name their Services by DNS name, and
             # waiting for strix-halo's engine (an hour's cold start) would delay the whole gateway.
@@ -129,7 +135,7 @@ def build(stack: StackConfig, capacity: CapacityPlan, secret=None, edits: Option
     if stack.observability is not None:
         Monitoring(
             "monitoring",
-            MonitoringArgs(observability=stack.observability, stack=stack, plan=capacity, namespace=ns_name),
+            MonitoringArgs(observability=stack.observability, stack=stack, plan=capacity, namespace=ns_name, builds=builds),
             opts=pulumi.ResourceOptions(depends_on=[namespace]),
         )
     pulumi.export("namespace", namespace.name)
@@ -144,12 +150,12 @@ def build(stack: StackConfig, capacity: CapacityPlan, secret=None, edits: Option
 def main() -> Built:
     try:
         stack = load_stack()
-        capacity = check(stack)
+        capacity, builds = check(stack)
         edits = check_edits(stack)
     except Problems as error:
         # The file the paths are in: the stack's own settings file.
         raise pulumi.RunError(f"Pulumi.{pulumi.get_stack()}.yaml: {error}") from None
-    return build(stack, capacity, edits=edits)
+    return build(stack, capacity, builds, edits=edits)
 
 
 if __name__ == "__main__":

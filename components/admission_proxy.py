@@ -4,10 +4,11 @@ pod's loopback."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from common.constants import API_KEY_VOLUME
 from config.types import ModelServer
-from engines import engine_of
-from engines.base import Admission
+from engines.base import Admission, Credentials
 from planning.residency import ADMISSION_MEMORY_REQUEST
 
 from .prefetch import LIBRARY_STATUS
@@ -21,11 +22,11 @@ ADMISSION_RESOURCES = {"requests": {"cpu": "50m", "memory": ADMISSION_MEMORY_REQ
                        "limits": {"cpu": "1", "memory": "512Mi"}}
 
 
-def admission_container(model: ModelServer, admission: Admission, probes: dict, file_mounts: list[dict]) -> dict:
+def admission_container(model: ModelServer, admission: Admission, credentials: Optional[Credentials], probes: dict,
+                        file_mounts: list[dict]) -> dict:
     """The proxy, with the probes the server's port is checked by (``probes``: startup and readiness,
     answered through it by the server; liveness asks only whether the proxy accepts connections).
     ``file_mounts``: the server's config files (admission.json) and its programs."""
-    credentials = engine_of(model).credentials(model)
     env = [
         {"name": "ADMISSION_PLAN_FILE", "value": admission.plan_file},
         {"name": "LISTEN_PORT", "value": str(model.port)},

@@ -19,7 +19,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DataSourceRef
 
 from config.types import StackConfig
-from engines import engine_of
+from engines import ServerBuild
 from planning.capacity import CapacityPlan
 
 from .gateway_routes import fallback_alerts
@@ -47,19 +47,19 @@ def _plan(value: float) -> str:
     return f"vector({value:g})"
 
 
-def build_dashboard(stack: StackConfig, plan: CapacityPlan, namespace: str, stack_name: str) -> dict:
+def build_dashboard(stack: StackConfig, plan: CapacityPlan, builds: dict[str, ServerBuild], namespace: str,
+                    stack_name: str) -> dict:
     """The dashboard's JSON model (a dict), built with the SDK's builders."""
     board = (dashboard.Dashboard(f"inference-plane: {stack_name}").uid(f"inference-plane-{stack_name}"[:40])
              .tags(["inference-plane"]).refresh("1m").time("now-6h", "now").timezone("browser")
              .with_variable(dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")))
     for key, model in stack.models.items():
         server = plan.servers[key]
-        engine = engine_of(model)
         where = f'namespace="{namespace}", service="{model.name}"'
         pods = f'namespace="{namespace}", pod=~"{server.workload}-.*"'
         board = board.with_row(dashboard.Row(f"{model.name} ({server.workload}, {server.replicas} replica"
                                              f"{'s' if server.replicas != 1 else ''})"))
-        llamacpp = engine.exports_llamacpp_metrics(model)
+        llamacpp = builds[key].exports_llamacpp_metrics
         if llamacpp and server.residency is not None:
             # A router's children are scraped one target per model, labelled with its name.
             decode = [(f"avg by (model) (llamacpp:predicted_tokens_seconds{{{where}}})", "measured {{model}}")]
@@ -93,7 +93,7 @@ def build_dashboard(stack: StackConfig, plan: CapacityPlan, namespace: str, stac
              (_plan(server.budget.startup_seconds), "plan: budget")]))
         if server.residency is not None:
             board = _residency_panels(board, where, server)
-    fallbacks = fallback_alerts(stack) if stack.gateway is not None else []
+    fallbacks = fallback_alerts(stack, builds) if stack.gateway is not None else []
     if fallbacks:
         board = board.with_row(dashboard.Row("Gateway"))
         # Per route: its requests sent upstream under another name than its local first tier's (the name the
@@ -143,6 +143,7 @@ def _bytes(quantity: str) -> float:
     return float(parse_quantity(quantity))
 
 
-def dashboard_config_map(stack: StackConfig, plan: CapacityPlan, namespace: str, stack_name: str) -> Optional[dict]:
+def dashboard_config_map(stack: StackConfig, plan: CapacityPlan, builds: dict[str, ServerBuild], namespace: str,
+                         stack_name: str) -> Optional[dict]:
     """The ConfigMap's data: the dashboard's JSON under FILE_NAME."""
-    return {FILE_NAME: json.dumps(build_dashboard(stack, plan, namespace, stack_name), indent=2, sort_keys=True) + "\n"}
+    return {FILE_NAME: json.dumps(build_dashboard(stack, plan, builds, namespace, stack_name), indent=2, sort_keys=True) + "\n"}

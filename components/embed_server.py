@@ -11,6 +11,7 @@ embeddings path alone, and only a server that takes an API key may be exposed.
 from __future__ import annotations
 
 from config.types import ModelServer
+from engines import ServerBuild
 
 from .model_server import ModelServerArgs, ModelServerBase
 
@@ -23,8 +24,8 @@ class EmbedServer(ModelServerBase):
     type_name = "EmbedServer"
     role = "embedding"
 
-    def _check(self, model: ModelServer) -> None:
-        super()._check(model)
+    def _check(self, model: ModelServer, built: ServerBuild) -> None:
+        super()._check(model, built)
         if model.exposure is not None and model.api_key is None:  # refused by config first
             raise ValueError(f"{model.name}: an exposed embedding server needs an API key")
         if model.webui:

@@ -23,7 +23,7 @@ import pulumi_kubernetes as k8s
 from common.constants import ENVOY_OWNING_GATEWAY_LABEL, ENVOY_POD_LABELS, PART_OF, service_fqdn
 from config.gateway import GatewayConfig
 from config.types import PodPeer, StackConfig
-from engines import engine_of
+from engines import ServerBuild
 from common.constants import LOAD_BALANCER_WAIVER, MTLS_ANNOTATION, TAILSCALE_CLASS, TAILSCALE_HOSTNAME, tailnet_device
 
 from .gateway_routes import (
@@ -71,7 +71,8 @@ def client_keys(gw: GatewayConfig, secret: SecretReader) -> dict[str, pulumi.Out
     return keys
 
 
-def upstream_keys(gw: GatewayConfig, stack: StackConfig, secret: SecretReader) -> dict[str, pulumi.Output[str]]:
+def upstream_keys(gw: GatewayConfig, stack: StackConfig, builds: dict[str, ServerBuild],
+                  secret: SecretReader) -> dict[str, pulumi.Output[str]]:
     """The key the gateway sends to each tier: a provider's, or a local server's own."""
     keys = {}
     for tier, settings in gw.tiers.items():
@@ -79,7 +80,7 @@ def upstream_keys(gw: GatewayConfig, stack: StackConfig, secret: SecretReader) -
             keys[tier] = secret(settings.remote.api_key_config)
         elif settings.local is not None:
             local = stack.models[settings.local]
-            credentials = engine_of(local).credentials(local)
+            credentials = builds[settings.local].credentials
             if local.api_key is not None and local.api_key.from_config and credentials is not None:
                 # The key clients send (llama.cpp: the key file's first line; during a rotation the
                 # new key is the second).
@@ -92,6 +93,8 @@ class InferenceGatewayArgs:
     gateway: GatewayConfig
     stack: StackConfig
     namespace: str
+    # Each server as its engine builds it (engines.server_builds): the names a local tier answers to.
+    builds: dict[str, ServerBuild]
     # client id -> API key, and tier -> the key the gateway sends upstream (a remote provider's,
     # or a local llama.cpp server's --api-key): Pulumi secrets.
     client_keys: dict[str, pulumi.Input[str]] = field(default_factory=dict)
@@ -351,12 +354,12 @@ class InferenceGateway(pulumi.ComponentResource):
                 )
 
     def _ai_routes(self, name: str) -> list[k8s.apiextensions.CustomResource]:
-        gw, stack = self._args.gateway, self._args.stack
+        gw = self._args.gateway
         routes = []
         # (resource prefix, rules, retried status codes); chat keeps the first landing's names.
-        groups = [("routes", route_rules(gw, stack, "chat"), gw.retry.status_codes)]
+        groups = [("routes", route_rules(gw, self._args.builds, "chat"), gw.retry.status_codes)]
         if embedding_routes(gw):
-            groups.append(("embedding-routes", route_rules(gw, stack, "embedding"), gw.retry.embedding_status_codes))
+            groups.append(("embedding-routes", route_rules(gw, self._args.builds, "embedding"), gw.retry.embedding_status_codes))
         for prefix, group_rules, status_codes in groups:
             for index, rules in enumerate(split_rules(group_rules), start=1):
                 routes.append(self._ai_route(name, f"{prefix}-{index}", rules, status_codes))

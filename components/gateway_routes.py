@@ -9,7 +9,7 @@ from typing import Optional
 from common.errors import ConfigError
 from config.gateway import GatewayConfig, Route
 from config.types import StackConfig
-from engines import engine_of
+from engines import ServerBuild
 
 MODEL_HEADER = "x-ai-eg-model"
 # AIGatewayRoute accepts at most 15 rules (one slot is the controller's route-not-found rule).
@@ -25,7 +25,7 @@ def object_ref(group: str, kind: str, name: str) -> dict:
     return {"group": group, "kind": kind, "name": name}
 
 
-def backend_refs(route_backends, gateway: GatewayConfig, stack: StackConfig, public_model: Optional[str]) -> list[dict]:
+def backend_refs(route_backends, gateway: GatewayConfig, builds: dict[str, ServerBuild], public_model: Optional[str]) -> list[dict]:
     """Priority-ordered backendRefs; each tier gets the model name it knows the model by."""
     refs = []
     for priority, backend in enumerate(route_backends):
@@ -33,8 +33,7 @@ def backend_refs(route_backends, gateway: GatewayConfig, stack: StackConfig, pub
         override = None if isinstance(backend, str) else backend.model
         tier = gateway.tiers[tier_name]
         if override is None and tier.local is not None and public_model is not None:
-            local = stack.models[tier.local]
-            override = engine_of(local).served_model(local, public_model)
+            override = builds[tier.local].served_model(public_model)
         ref: dict = {"name": tier_name, "priority": priority}
         if override is not None and override != public_model:
             ref["modelNameOverride"] = override
@@ -42,7 +41,7 @@ def backend_refs(route_backends, gateway: GatewayConfig, stack: StackConfig, pub
     return refs
 
 
-def route_rules(gateway: GatewayConfig, stack: StackConfig, kind: str = "chat") -> list[dict]:
+def route_rules(gateway: GatewayConfig, builds: dict[str, ServerBuild], kind: str = "chat") -> list[dict]:
     """The AIGatewayRoute rules of one kind, in order: one per public model, then (chat) the catch-all.
     Chat and embedding rules live on separate routes: their retry policies differ."""
     timing = {
@@ -60,7 +59,7 @@ def route_rules(gateway: GatewayConfig, stack: StackConfig, kind: str = "chat") 
             {
                 "name": rule_name(route.model),
                 "matches": [{"headers": [{"type": "Exact", "name": MODEL_HEADER, "value": route.model}]}],
-                "backendRefs": backend_refs(route.backends, gateway, stack, route.model),
+                "backendRefs": backend_refs(route.backends, gateway, builds, route.model),
                 **timing,
             }
         )
@@ -71,7 +70,7 @@ def route_rules(gateway: GatewayConfig, stack: StackConfig, kind: str = "chat") 
                 # A regular-expression match (not an empty one): Exact rules still win on
                 # precedence, and it does not tie with the controller's route-not-found rules.
                 "matches": [{"headers": [{"type": "RegularExpression", "name": MODEL_HEADER, "value": ".*"}]}],
-                "backendRefs": backend_refs(gateway.catch_all, gateway, stack, None),
+                "backendRefs": backend_refs(gateway.catch_all, gateway, builds, None),
                 **timing,
             }
         )
@@ -142,7 +141,7 @@ def traffic_policy_spec(gw: GatewayConfig, stack: StackConfig, route_name: str, 
     return spec
 
 
-def fallback_alerts(stack: StackConfig) -> list[tuple]:
+def fallback_alerts(stack: StackConfig, builds: dict[str, ServerBuild]) -> list[tuple]:
     """(route, name sent to its local first tier, fallbacks described) for every route whose first
     tier is local and has a fallback; raises ConfigError where the alert could not tell them apart.
 
@@ -155,7 +154,7 @@ def fallback_alerts(stack: StackConfig) -> list[tuple]:
         first = gateway.tiers[route.backends[0].tier]
         if first.local is None or len(route.backends) < 2:
             continue
-        sent = [ref.get("modelNameOverride") or route.model for ref in backend_refs(route.backends, gateway, stack, route.model)]
+        sent = [ref.get("modelNameOverride") or route.model for ref in backend_refs(route.backends, gateway, builds, route.model)]
         local_name, fallback_names = sent[0], sent[1:]
         if local_name in fallback_names:
             other = route.backends[1 + fallback_names.index(local_name)].tier

@@ -19,7 +19,7 @@ import pulumi_kubernetes as k8s
 from common.constants import COLD_START_ANNOTATION, COMPONENT_LABEL, HEALTH_ANNOTATION, service_fqdn
 from config.ingress import TRAEFIK_MIDDLEWARES, ingress_annotations, program_annotations, source_middleware
 from config.types import ClusterConfig, ModelCacheConfig, ModelServer, NodePool
-from engines import engine_of
+from engines import ServerBuild
 from planning.capacity import ServerPlan
 from planning.startup import StartupBudget
 
@@ -41,6 +41,8 @@ class ModelServerArgs:
     cluster: ClusterConfig
     # Memory request/limit and start-up budget, from the capacity plan.
     plan: ServerPlan
+    # The server as its engine builds it (engines.server_builds): args, files, probes, credentials ...
+    build: ServerBuild
     # The API key file's content, when this program creates the Secret (a Pulumi secret).
     api_key_value: Optional[pulumi.Input[str]] = None
 
@@ -77,19 +79,18 @@ class ModelServerBase(pulumi.ComponentResource):
     external_url: Optional[pulumi.Output[str]]
 
     def __init__(self, name: str, args: ModelServerArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        model = args.model
-        self._check(model)  # before anything is registered
+        model, built = args.model, args.build
+        self._check(model, built)  # before anything is registered
         if model.api_key is not None and model.api_key.from_config is not None and args.api_key_value is None:
             raise ValueError(f"{name}: api_key.from_config is set but no key value was passed")
         opts = pulumi.ResourceOptions.merge(opts, renamed_from(model.name, name, self.former_type_names))
         super().__init__(token(self.type_name), name, None, opts)
         ns = args.namespace
-        engine = engine_of(model)
         self.budget = budget = args.plan.budget
         component = COMPONENT_LABEL[model.role]
         meta = metadata(model.name, ns, model.name, component)
         # Downloaded by an init container (a prefetch, a router's models) or by the engine as it starts.
-        prefilled = model.prefetch is not None or engine.library(model, args.cache.mount_path) is not None
+        prefilled = model.prefetch is not None or built.library is not None
         cold_start = budget.load_seconds if prefilled else budget.download_seconds + budget.load_seconds
         workload_meta = metadata(
             model.workload_name,
@@ -98,13 +99,13 @@ class ModelServerBase(pulumi.ComponentResource):
             component,
             annotations={
                 COLD_START_ANNOTATION: str(cold_start),
-                HEALTH_ANNOTATION: engine.health_path(model),
+                HEALTH_ANNOTATION: built.health_path,
                 **checkov_waivers(args.cluster.cni),
             },
         )
 
         self.api_key_secret = None
-        credentials = engine.credentials(model)
+        credentials = built.credentials
         if model.api_key is not None and model.api_key.from_config is not None and credentials is not None:
             key_file = model.api_key.secret_key
             token_key = credentials.metrics_token_key
@@ -125,7 +126,7 @@ class ModelServerBase(pulumi.ComponentResource):
             )
 
         self.config_files = None
-        files = engine.config_files(model, args.plan)
+        files = built.files
         template_meta: dict = {"labels": labels(model.name, component)}
         if files:
             # A router's preset and library: applied in place by its keeper (fetch, then the router's
@@ -135,7 +136,7 @@ class ModelServerBase(pulumi.ComponentResource):
                 f"{name}-files", metadata=metadata(config_map_name(model), ns, model.name, component), data=data,
                 opts=pulumi.ResourceOptions(parent=self))
         self.programs = None
-        programs = program_files(pod_programs(model, args.cache, args.plan))
+        programs = program_files(pod_programs(model, built))
         if programs:
             # The in-cluster programs the pod runs, as files; the template names their code's hash, so a
             # change to what runs restarts the pods and a changed comment does not.
@@ -159,7 +160,7 @@ class ModelServerBase(pulumi.ComponentResource):
             metadata=workload_meta,
             service_metadata=meta,
             template={"metadata": template_meta,
-                      "spec": pod_spec(model, args.node_pool, args.cache, args.plan, files, programs)},
+                      "spec": pod_spec(model, args.node_pool, args.cache, args.plan, built, programs)},
             budget=budget,
             depends_on=[r for r in (self.api_key_secret, self.config_files, self.programs) if r is not None],
             parent=self,
@@ -202,10 +203,10 @@ class ModelServerBase(pulumi.ComponentResource):
             outputs["external_url"] = self.external_url
         self.register_outputs(outputs)
 
-    def _check(self, model: ModelServer) -> None:
+    def _check(self, model: ModelServer, built: ServerBuild) -> None:
         if self.role is not None and model.role != self.role:
             raise ValueError(f"{self.type_name} serves role {self.role!r}, not {model.role!r}")
-        wanted = engine_of(model).component_type(model)
+        wanted = built.component_type
         if wanted != self.type_name:
             raise ValueError(f"{model.name}: engine {model.engine} runs as {wanted}, not {self.type_name}")
 
@@ -247,7 +248,7 @@ class ModelServerBase(pulumi.ComponentResource):
             ))
         backend = {"service": {"name": model.name, "port": {"number": model.port}}}
         # Every path, or the engine's exact client paths (an embedding server's, a router's).
-        exact = engine_of(model).client_paths(model)
+        exact = args.build.client_paths
         paths = ([{"path": "/", "pathType": "Prefix", "backend": backend}] if exact is None else
                  [{"path": path, "pathType": "Exact", "backend": backend} for path in exact])
         # No public-DNS label, so only the LAN's DNS publishes the record; the source ranges above.

@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 
 from common.constants import ENVOY_OWNING_GATEWAY_LABEL, PART_OF, PROJECT
 from config.types import Observability, StackConfig
-from engines import engine_of
+from engines import ServerBuild
 from planning.capacity import CapacityPlan
 from planning.startup import rollout_waits
 
@@ -29,6 +29,8 @@ class MonitoringArgs:
     stack: StackConfig
     plan: CapacityPlan
     namespace: str
+    # Each server as its engine builds it (engines.server_builds): metrics path, scrapes, credentials.
+    builds: dict[str, ServerBuild]
 
 
 # vmagent's endpoints role (as Prometheus's) labels each address with its readiness.
@@ -53,11 +55,11 @@ def alert_rules(args: MonitoringArgs) -> list[dict]:
     for key, model in stack.models.items():
         where = f'namespace="{ns}", service="{model.name}"'
         server = args.plan.servers[key]
-        engine = engine_of(model)
+        built = args.builds[key]
         # A router's per-model scrapes fail while their model is unloaded (optional): only the targets that
         # must answer count (a router's admission proxy, labelled so).
-        required = [s for s in engine.metrics_scrapes(model) if not s.optional]
-        if engine.metrics_path(model) is not None and required:
+        required = [s for s in built.metrics_scrapes if not s.optional]
+        if built.metrics_path is not None and required:
             up = where + "".join(f', {k}="{v}"' for k, v in required[0].labels.items()) if len(required) == 1 else where
             rules.append(
                 {
@@ -95,9 +97,9 @@ def alert_rules(args: MonitoringArgs) -> list[dict]:
                 "annotations": {"summary": f"{model.name} has been unready for longer than its start-up budget"},
             }
         )
-        if engine.admission(model, server) is not None:
+        if built.admission is not None:
             rules += residency_rules(model.name, where, server)
-        if engine.reports_queue(model):
+        if built.reports_queue:
             rules.append(
                 {
                     "alert": alert_name(model.name, "Queuing"),
@@ -107,7 +109,7 @@ def alert_rules(args: MonitoringArgs) -> list[dict]:
                     "annotations": {"summary": f"requests wait for a free slot on {model.name}"},
                 }
             )
-    for route, local_name, fallbacks in fallback_alerts(stack):
+    for route, local_name, fallbacks in fallback_alerts(stack, args.builds):
         rules.append(
             {
                 "alert": alert_name(f"fallback-{route.backends[0].tier}", "") + "Active",
@@ -171,9 +173,9 @@ class Monitoring(pulumi.ComponentResource):
         obs, stack, ns = args.observability, args.stack, args.namespace
         child = pulumi.ResourceOptions(parent=self)
         labels = dict(PART_OF)
-        for model in stack.models.values():
-            engine = engine_of(model)
-            path = engine.metrics_path(model)
+        for key, model in stack.models.items():
+            built = args.builds[key]
+            path = built.metrics_path
             if path is None:
                 continue
             # Ready endpoints only: llama.cpp answers 503 on every path, /metrics too, until its model is
@@ -182,14 +184,14 @@ class Monitoring(pulumi.ComponentResource):
             # alert covers a start that overruns its budget, Restarting a crash).
             endpoint: dict = {"port": "http", "path": path, "interval": obs.scrape_interval,
                               "relabelConfigs": [NOT_READY_DROP]}
-            credentials = engine.credentials(model)
+            credentials = built.credentials
             if model.api_key is not None and credentials is not None:
                 # /metrics is behind the API key. A Secret this program writes carries the first key
                 # alone for the scrape (the key file may hold two during a rotation).
                 key = credentials.metrics_token_key if model.api_key.from_config else model.api_key.secret_key
                 endpoint["bearerTokenSecret"] = {"name": model.api_key.secret_name, "key": key}
             endpoints = []
-            for scrape in engine.metrics_scrapes(model):
+            for scrape in built.metrics_scrapes:
                 target = dict(endpoint)
                 if scrape.params:
                     target["params"] = {k: list(v) for k, v in scrape.params.items()}
@@ -225,7 +227,7 @@ class Monitoring(pulumi.ComponentResource):
             metadata={"name": f"{PROJECT}-dashboard", "namespace": ns, "labels": {**labels, **SIDECAR_LABEL},
                       "annotations": {"inference-plane/dashboard": f"{DASHBOARD_FILE}: the plan beside what the cluster "
                                       "does; Grafana's dashboard sidecar loads it (it must search this namespace)"}},
-            data=dashboard_config_map(stack, args.plan, ns, pulumi.get_stack()),
+            data=dashboard_config_map(stack, args.plan, args.builds, ns, pulumi.get_stack()),
             opts=child,
         )
         k8s.apiextensions.CustomResource(

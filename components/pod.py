@@ -9,7 +9,7 @@ import hashlib
 from common.constants import API_KEY_VOLUME, OFFLINE_SECRET_PLACEHOLDER
 from common.quantity import parse_quantity
 from config.types import ModelCacheConfig, ModelServer, NodePool
-from engines import engine_of
+from engines import ServerBuild
 from planning.capacity import ServerPlan
 
 from .admission_proxy import admission_container
@@ -65,7 +65,7 @@ def _loopback_probe(path: str, port: int, period: int, **extra: int) -> dict:
                                  f"http://127.0.0.1:{port}{path}"]}, "periodSeconds": period, **extra}
 
 
-def _cache_mount(model: ModelServer, cache: ModelCacheConfig) -> tuple[dict, list[dict]]:
+def _cache_mount(model: ModelServer, cache: ModelCacheConfig, built: ServerBuild) -> tuple[dict, list[dict]]:
     """Where the weights live for this server: its volume mount and environment."""
     if model.workload.cache_volume is not None:
         # Prefetched into a claim per replica at the default Hugging Face cache path; the engine
@@ -77,12 +77,11 @@ def _cache_mount(model: ModelServer, cache: ModelCacheConfig) -> tuple[dict, lis
         return {"name": "weights", "mountPath": HF_CACHE}, env
     # The engine's own downloader caches on the shared volume: the download is a one-time cost. A
     # router downloads nothing itself (its init container and keeper do).
-    engine = engine_of(model)
-    token = hub_token_env(cache) if engine.downloads_weights else []
-    return {"name": "models", "mountPath": cache.mount_path}, engine.cache_env(model, cache.mount_path) + token
+    token = hub_token_env(cache) if built.downloads_weights else []
+    return {"name": "models", "mountPath": cache.mount_path}, built.cache_env + token
 
 
-# The engine's config files of a server, by mount folder: {file name: content} (Engine.config_files).
+# The engine's config files of a server, by mount folder: {file name: content} (ServerBuild.files).
 ConfigFiles = dict[str, dict[str, str]]
 
 
@@ -97,16 +96,15 @@ def programs_config_map_name(model: ModelServer) -> str:
 PROGRAMS_MOUNT = {"name": "programs", "mountPath": PROGRAMS_DIR, "readOnly": True}
 
 
-def pod_programs(model: ModelServer, cache: ModelCacheConfig, plan: ServerPlan) -> tuple[str, ...]:
+def pod_programs(model: ModelServer, built: ServerBuild) -> tuple[str, ...]:
     """The in-cluster programs the pod runs (components/programs.py PROGRAMS)."""
-    engine = engine_of(model)
     names = []
-    if engine.admission(model, plan) is not None:
+    if built.admission is not None:
         names.append("admission")
     if model.prefetch is not None:
         if not model.prefetch.command:
             names.append("prefetch")
-    elif engine.library(model, cache.mount_path) is not None:
+    elif built.library is not None:
         names.append("library")
     return tuple(names)
 
@@ -116,28 +114,27 @@ def files_mounts(files: ConfigFiles) -> list[dict]:
 
 
 def container_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan,
-                   files: ConfigFiles) -> dict:
+                   built: ServerBuild) -> dict:
     requests: dict[str, str] = {"cpu": model.resources.cpu_request, "memory": plan.memory_request}
     limits: dict[str, str] = {"cpu": model.resources.cpu_limit, "memory": plan.memory_limit}
     if model.uses_gpu(pool):
         requests[pool.gpu_resource] = limits[pool.gpu_resource] = str(model.gpus)
-    mount, env = _cache_mount(model, cache)
+    mount, env = _cache_mount(model, cache, built)
     env = env + SCRATCH_ENV
     mounts = [mount, SCRATCH_VOLUME]
-    engine = engine_of(model)
-    credentials = engine.credentials(model)
+    credentials = built.credentials
     if model.api_key is not None and credentials is not None:
         mounts.append({"name": API_KEY_VOLUME, "mountPath": credentials.mount_dir, "readOnly": True})
-    env += engine.env(model)
-    mounts += files_mounts(files)
-    health = engine.health_path(model)
-    admission = engine.admission(model, plan)
+    env += built.env
+    mounts += files_mounts(built.files)
+    health = built.health_path
+    admission = built.admission
     probe = _probe if admission is None else (
         lambda path, period, **extra: _loopback_probe(path, admission.server_port, period, **extra))
     return {
         "name": model.name,
         "image": model.image,
-        "args": engine.args(model, plan),
+        "args": list(built.args),
         "env": env,
         **({"ports": [{"name": "http", "containerPort": model.port, "protocol": "TCP"}]} if admission is None else {}),
         "securityContext": dict(CONTAINER_SECURITY),
@@ -160,11 +157,12 @@ def server_probes(probe, health: str, plan: ServerPlan) -> dict:
     }
 
 
-def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan, files: ConfigFiles,
+def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: ServerPlan, built: ServerBuild,
              programs: dict[str, str]) -> dict:
-    """The pod; ``files`` (mounted from the server's ConfigMap) are the engine's config_files of the
-    planned server, and ``programs`` the files of the in-cluster programs it runs (by path, mounted from
-    its programs ConfigMap), each computed once by the component that also writes the ConfigMaps."""
+    """The pod; ``built`` is the server as its engine builds it (its files mounted from the server's
+    ConfigMap), and ``programs`` the files of the in-cluster programs it runs (by path, mounted from its
+    programs ConfigMap), each computed once by the component that also writes the ConfigMaps."""
+    files = built.files
     security: dict = {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS,
@@ -190,22 +188,22 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         # LLAMA_ARG_* variables as flags: keep the environment to what is set here.
         "enableServiceLinks": False,
         "securityContext": security,
-        "containers": [container_spec(model, pool, cache, plan, files)],
+        "containers": [container_spec(model, pool, cache, plan, built)],
     }
-    engine = engine_of(model)
-    admission = engine.admission(model, plan)
+    admission = built.admission
     if admission is not None:
         # The pod's port answers through the proxy: the server's readiness, as the Service sees it.
-        spec["containers"].append(admission_container(model, admission, server_probes(_probe, engine.health_path(model), plan),
+        spec["containers"].append(admission_container(model, admission, built.credentials,
+                                                      server_probes(_probe, built.health_path, plan),
                                                       files_mounts(files) + [PROGRAMS_MOUNT]))
-    library = engine.library(model, cache.mount_path)
+    library = built.library
     if model.prefetch is not None:
         spec["initContainers"] = [prefetch_container(model, cache, [PROGRAMS_MOUNT],
                                                      int(float(parse_quantity(plan.weights))))]
     elif library is not None:
         mounts = files_mounts(files) + [PROGRAMS_MOUNT]
         spec["initContainers"] = [library_container(model, library, cache, mounts)]
-        spec["containers"].append(library_keeper(model, library, cache, mounts,
+        spec["containers"].append(library_keeper(model, library, built.credentials, cache, mounts,
                                                  admission.server_port if admission is not None else model.port))
     for index, folder in enumerate(files.values()):
         # Whole files, never subPath: the kubelet then updates them in place when the ConfigMap changes.

@@ -9,8 +9,7 @@ from typing import Optional
 
 from common.constants import API_KEY_VOLUME
 from config.types import ModelCacheConfig, ModelServer
-from engines import engine_of
-from engines.base import Library
+from engines.base import Credentials, Library
 from planning.residency import KEEPER_MEMORY_REQUEST
 
 from .programs import command
@@ -98,11 +97,10 @@ def library_container(model: ModelServer, library: Library, cache: ModelCacheCon
     }
 
 
-def library_keeper(model: ModelServer, library: Library, cache: ModelCacheConfig, file_mounts: list[dict],
-                   server_port: int) -> dict:
+def library_keeper(model: ModelServer, library: Library, credentials: Optional[Credentials], cache: ModelCacheConfig,
+                   file_mounts: list[dict], server_port: int) -> dict:
     """A router's sidecar (incluster/library.py, keeper mode): applies a changed library or preset without a
     restart: fetches new models, removes dropped ones, then has the router re-read its preset."""
-    credentials = engine_of(model).credentials(model)
     env = _library_env(library, cache) + [
         {"name": "KEEP_SECONDS", "value": str(KEEP_SECONDS)},
         # Over the pod's loopback: the server itself (behind any admission proxy), with its own key.

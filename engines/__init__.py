@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING
 
-from .base import Credentials, Engine, Problem
+from .base import Credentials, Engine, Problem, ServerBuild
 from .llamacpp import LlamaCpp
 from .llamacpp_router import LlamaCppRouter
 from .llamacpp_speed import BACKEND_NAMES, backend_advice  # the stack writer's word on Radeon and Arc images
@@ -20,6 +20,7 @@ from .openai_compatible import OpenAICompatible
 
 if TYPE_CHECKING:
     from config.types import ModelServer, StackConfig
+    from planning.capacity import CapacityPlan
 
 ENGINES: dict[str, Engine] = {engine.name: engine for engine in (LlamaCpp(), LlamaCppRouter(), OpenAICompatible())}
 
@@ -99,5 +100,12 @@ def engine_problems(stack: "StackConfig") -> list[Problem]:
     return problems
 
 
-__all__ = ["BACKEND_NAMES", "ENGINES", "Credentials", "Engine", "LlamaCpp", "LlamaCppRouter", "OpenAICompatible", "engine_of", "engine_problems",
-           "backend_advice", "weights_flags"]
+def server_builds(stack: "StackConfig", plan: "CapacityPlan") -> dict[str, ServerBuild]:
+    """Each planned server as its engine builds it (``Engine.build``): the one place the build side asks
+    which engine a server runs; the components render from these."""
+    return {key: engine_of(model).build(model, plan.servers[key], stack.model_cache.mount_path)
+            for key, model in stack.models.items()}
+
+
+__all__ = ["BACKEND_NAMES", "ENGINES", "Credentials", "Engine", "LlamaCpp", "LlamaCppRouter", "OpenAICompatible", "ServerBuild", "engine_of", "engine_problems",
+           "backend_advice", "server_builds", "weights_flags"]

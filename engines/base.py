@@ -4,6 +4,7 @@ own module; generic code asks the engine object and never which engine it is."""
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Optional, Union
@@ -62,6 +63,30 @@ class Scrape:
     labels: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     optional: bool = False
+
+
+@dataclass(frozen=True)
+class ServerBuild:
+    """One server as its engine builds it: every answer the components render it from, asked once per
+    server (``Engine.build``, through ``engines.server_builds``), so that no component asks which engine a
+    server runs. The build-side twin of ``Engine.estimate``."""
+
+    component_type: str
+    args: list[str]
+    env: list[dict]
+    cache_env: list[dict]  # the engine's own downloader pointed at the cache volume
+    downloads_weights: bool
+    files: dict[str, dict[str, str]]  # Engine.config_files of the planned server
+    credentials: Optional[Credentials]
+    health_path: str
+    admission: Optional[Admission]
+    library: Optional[Library]
+    client_paths: Optional[tuple[str, ...]]
+    metrics_path: Optional[str]
+    metrics_scrapes: list[Scrape]
+    reports_queue: bool
+    exports_llamacpp_metrics: bool
+    served_model: Callable[[Optional[str]], Optional[str]]  # the name the gateway sends for a public name
 
 
 class Engine(ABC):
@@ -149,6 +174,18 @@ class Engine(ABC):
         """Whether /metrics carries llama.cpp's own series (llamacpp:*): the dashboard's decode and queue panels
         are drawn only then (another engine's metrics have other names)."""
         return False
+
+    def build(self, model: "ModelServer", plan: "ServerPlan", mount_path: str) -> ServerBuild:
+        """Every answer above for one planned server, with its cache volume at ``mount_path``."""
+        return ServerBuild(
+            component_type=self.component_type(model), args=self.args(model, plan), env=self.env(model),
+            cache_env=self.cache_env(model, mount_path), downloads_weights=self.downloads_weights,
+            files=self.config_files(model, plan), credentials=self.credentials(model),
+            health_path=self.health_path(model), admission=self.admission(model, plan),
+            library=self.library(model, mount_path), client_paths=self.client_paths(model),
+            metrics_path=self.metrics_path(model), metrics_scrapes=self.metrics_scrapes(model),
+            reports_queue=self.reports_queue(model), exports_llamacpp_metrics=self.exports_llamacpp_metrics(model),
+            served_model=functools.partial(self.served_model, model))
 
     # --- planning ---------------------------------------------------------------------------------
 

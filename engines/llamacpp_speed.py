@@ -109,7 +109,7 @@ def backend_advice(profile: str) -> Optional[str]:
         return None
     card, figures = BACKEND_FIGURES[profile]
     ranked = sorted(figures, key=lambda f: -f[1])
-    (best, top, _), (other, low, _) = ranked[0], ranked[-1]
+    (best, top, _), (_, low, _) = ranked[0], ranked[-1]
     said = ", ".join(f"{BACKEND_NAMES[name]} {tok_s:.1f} t/s ({source})" for name, tok_s, source in ranked)
     return (f"published llama-bench decode on {card} (Llama-2-7B Q4_0, tg128): {said}; "
             f"{BACKEND_NAMES[best]} about {(top / low - 1) * 100:.0f}% faster on that "

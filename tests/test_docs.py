@@ -208,3 +208,31 @@ def test_the_readmes_secret_snippet_renders_with_a_secret_to_create(tmp_path):
     text = text.replace("cors_origins: localhost", "cors_origins: https://llm.example.com", 1) + snippet
     _render(tmp_path, text)
     assert "llama-chat-api-key" in (tmp_path / "out" / "SECRETS.md").read_text()
+
+
+# Top-level folders of this project: a path under one of them, written in a page, names a file or folder here.
+PROJECT_FOLDERS = ("components", "config", "engines", "planning", "render", "changes", "incluster", "lab", "tools",
+                   "tests", "bench", "common", "policy", "docs", "schemas")
+# Written in pages but not project paths: llama.cpp's own source (its common/ and tools/ are not ours), folders
+# that runs create (ignored by git), and the "render/video" groups of a GPU node.
+NOT_PROJECT_PATHS = re.compile(r"\.(cpp|h)$|^tools/server/|^policy/venv|^bench/results/|^render/video$")
+
+
+def stale_paths(pages: dict[str, str]) -> list[str]:
+    found = []
+    pattern = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]*[\w/])" % "|".join(PROJECT_FOLDERS))
+    for page, text in pages.items():
+        for match in pattern.finditer(text):
+            path = match.group(1).rstrip(".")
+            if not NOT_PROJECT_PATHS.search(path) and not (ROOT / path).exists():
+                found.append(f"{page}: {path}")
+    return found
+
+
+def test_every_project_path_a_page_names_exists():
+    """Issue #46 item 4: prose that names moved code misleads (tests/contract/ became lab/contract/). Every
+    path under a project folder in the README, docs/ and the lab's notes is a file or folder of the project."""
+    pages = {str(p.relative_to(ROOT)): p.read_text() for p in
+             [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "lab").rglob("*.md"))]}
+    assert stale_paths(pages) == []
+    assert stale_paths({"x.md": "see tests/contract/server.py and common/arg.cpp"}) == ["x.md: tests/contract/server.py"]

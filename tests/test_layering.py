@@ -272,3 +272,33 @@ def test_the_layout_check_finds_a_module_it_does_not_name():
              "config/load_more.py"]
     assert unnamed_modules(layout, files) == ["__main__.py", "config/history.py", "components/__init__.py",
                                               "components/prefetch/hub.py", "config/load_more.py"]
+
+
+@pytest.mark.parametrize("stack", ["rtx3090-library", "strix-halo"])
+def test_building_a_server_asks_which_engine_it_runs_once(tmp_path, stack):
+    """Issue #46 item 3: the build side's twin of Engine.estimate. No component (nor the wiring) imports
+    engine_of; each server of a render is built by its engine exactly once (engines.server_builds), and the
+    components render from that ServerBuild."""
+    for module, path in _modules().items():
+        if _layer(module) in ("components", "__main__"):
+            names = {alias.name for node in ast.walk(_tree(path)) if isinstance(node, ast.ImportFrom)
+                     for alias in node.names}
+            assert "engine_of" not in names, f"{module} imports engine_of"
+
+    from engines.base import Engine
+    from render.output import render_stack
+
+    built: list[str] = []
+    original = Engine.build
+
+    def counting(self, model, plan, mount_path):
+        built.append(model.name)
+        return original(self, model, plan, mount_path)
+
+    Engine.build = counting
+    try:
+        result = render_stack(stack, tmp_path / "out")
+    finally:
+        Engine.build = original
+    names = [model.name for model in result.run.config.models.values()]
+    assert sorted(built) == sorted(names)

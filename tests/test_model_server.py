@@ -12,6 +12,7 @@ from components.embed_server import EmbedServer
 from components.llama_server import LlamaServer
 from components.model_server import ModelServerArgs
 from conftest import run_values
+from engines import server_builds
 from render.offline import run_program
 
 
@@ -24,7 +25,8 @@ def build(values: dict, key: str, api_key_value: str | None = None):
         node_pool=stack.node_pools[model.node_pool],
         cache=stack.model_cache,
         cluster=stack.cluster,
-        plan=plan(stack).servers[key],
+        plan=(capacity := plan(stack)).servers[key],
+        build=server_builds(stack, capacity)[key],
         api_key_value=api_key_value or ("test-key" if model.api_key and model.api_key.from_config else None),
     )
     component = EmbedServer if model.role == "embedding" else LlamaServer
@@ -289,7 +291,8 @@ def test_embed_server_refuses_keyless_exposure_even_past_the_config_check(homela
         node_pool=stack.node_pools["iris-xe"],
         cache=stack.model_cache,
         cluster=stack.cluster,
-        plan=plan(stack).servers["embed"],
+        plan=(capacity := plan(stack)).servers["embed"],
+        build=server_builds(stack, capacity)["embed"],
     )
     assert exposed_embedding.api_key is None  # homelab's embedding server takes no key
     with pytest.raises(ValueError, match="an exposed embedding server needs an API key"):
