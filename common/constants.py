@@ -72,7 +72,7 @@ def service_fqdn(name: str, namespace: str) -> str:
 
 
 # A git commit as the Hugging Face Hub names it: the only revision that never moves (branches and
-# tags can). components/prefetch/hub_download.py keeps its own copy: it runs alone, with `python3 -c`.
+# tags can). incluster/hub.py keeps its own copy: it runs alone in the pod, apart from the program.
 COMMIT_ID = re.compile(r"[0-9a-f]{40}")
 
 

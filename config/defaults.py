@@ -7,7 +7,7 @@ from __future__ import annotations
 MODEL_HUB_HOSTS = ["huggingface.co", "*.huggingface.co", "hf.co", "*.hf.co", "*.xethub.hf.co"]
 
 # The prefetch init container's image: Python's standard library is all the downloader
-# (components/prefetch/hub_download.py) needs, so nothing is installed at start.
+# (incluster/hub_download.py) needs, so nothing is installed at start.
 PREFETCH_IMAGE = "docker.io/library/python:3.12.11-slim-bookworm"
 
 # Who may reach an exposed chat endpoint: the private address ranges (RFC 1918), carrier-grade

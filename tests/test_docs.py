@@ -213,9 +213,19 @@ def test_the_readmes_secret_snippet_renders_with_a_secret_to_create(tmp_path):
 # Top-level folders of this project: a path under one of them, written in a page, names a file or folder here.
 PROJECT_FOLDERS = ("components", "config", "engines", "planning", "render", "changes", "incluster", "lab", "tools",
                    "tests", "bench", "common", "policy", "docs", "schemas")
-# Written in pages but not project paths: llama.cpp's own source (its common/ and tools/ are not ours), folders
-# that runs create (ignored by git), and the "render/video" groups of a GPU node.
-NOT_PROJECT_PATHS = re.compile(r"\.(cpp|h)$|^tools/server/|^policy/venv|^bench/results/|^render/video$")
+# Written in pages but not project paths: llama.cpp's own source (its common/, docs/ and tools/, llama-quantize's
+# tools/quantize among them, are not ours), folders that runs create (ignored by git), the "render/video" groups
+# of a GPU node, Kubernetes API groups.
+NOT_PROJECT_PATHS = re.compile(r"\.(cpp|h|in)$|^tools/server/|^tools/quantize|^docs/build\.md$|^policy/venv|"
+                               r"^bench/results/|^render/video$|^policy/v1")
+
+
+def _names_project_file(path: str) -> bool:
+    """A file or folder, a module's attribute (components/security.SCRATCH_VOLUME), or the stem of files
+    a glob names (bench/results-vram-*.json)."""
+    module, _, attribute = path.rpartition(".")
+    return ((ROOT / path).exists() or (attribute.isidentifier() and (ROOT / f"{module}.py").exists())
+            or any(ROOT.glob(path.rstrip("-") + "*")))
 
 
 def stale_paths(pages: dict[str, str]) -> list[str]:
@@ -224,7 +234,7 @@ def stale_paths(pages: dict[str, str]) -> list[str]:
     for page, text in pages.items():
         for match in pattern.finditer(text):
             path = match.group(1).rstrip(".")
-            if not NOT_PROJECT_PATHS.search(path) and not (ROOT / path).exists():
+            if not NOT_PROJECT_PATHS.search(path) and not _names_project_file(path):
                 found.append(f"{page}: {path}")
     return found
 
@@ -236,3 +246,14 @@ def test_every_project_path_a_page_names_exists():
              [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "lab").rglob("*.md"))]}
     assert stale_paths(pages) == []
     assert stale_paths({"x.md": "see tests/contract/server.py and common/arg.cpp"}) == ["x.md: tests/contract/server.py"]
+
+
+def test_every_project_path_the_code_names_exists():
+    """The same for the program's, the lab's and the tools' own comments and docstrings (the tests hold
+    deliberate examples of wrong paths, and are left out): a comment naming moved code is caught."""
+    files = [p for top in PROJECT_FOLDERS if top != "tests" for p in sorted((ROOT / top).rglob("*.py"))
+             if not any("venv" in part or part == "__pycache__" for part in p.parts)]
+    files += [ROOT / "__main__.py", ROOT / "plane.py", ROOT / "Makefile"]
+    assert stale_paths({str(p.relative_to(ROOT)): p.read_text() for p in files}) == []
+    assert stale_paths({"x.py": "# components/security.SCRATCH_VOLUME, components/prefetch/hub_download.py"}) == [
+        "x.py: components/prefetch/hub_download.py"]
