@@ -50,7 +50,7 @@ class OnDemand(Strict):
         "model first.",
         default=None,
     )
-    downloader_image: PinnedImage = doc(
+    programs_image: PinnedImage = doc(
         "The image of the init container that fetches the models, of the keeper sidecar and of the admission proxy "
         "(needs python3; nothing "
         "is installed): a registry mirror's copy on an air-gapped cluster.", default=PREFETCH_IMAGE)

@@ -99,11 +99,20 @@ _TYPE_FIXES = {
 }
 
 
+# Keys a release renamed: what to write instead, and why the name changed.
+RENAMED = {
+    "downloader_image": "renamed programs_image: the image also runs the admission proxy and the keeper, not only "
+                        "the downloader; rename the key (same value)",
+}
+
+
 def _describe(error: Mapping[str, Any]) -> tuple[str, str]:
     path = config_path(error["loc"]) or "(stack)"
     kind = error["type"]
     if kind == "extra_forbidden":
         key, parent = str(error["loc"][-1]), error["loc"][:-1]
+        if key in RENAMED:
+            return path, RENAMED[key]
         near = difflib.get_close_matches(key, _keys_at(parent), n=1, cutoff=0.6)
         if near:
             return path, f"unknown key; did you mean {near[0]}?"

@@ -226,7 +226,7 @@ class LlamaCppRouter(Engine):
         if plan.residency is None:
             raise ValueError(f"{model.name}: a router's residency is planned from memory before the pod is built")
         return Admission(server_port=router_port(model), plan_file=f"{PRESET_DIR}/{ADMISSION_FILE}",
-                         image=model.on_demand.downloader_image)
+                         image=model.on_demand.programs_image)
 
     def env(self, model: "ModelServer") -> list[dict]:
         return []
@@ -244,7 +244,7 @@ class LlamaCppRouter(Engine):
         # GET /models?reload=1 re-reads the preset and keeps unchanged children (server-models.cpp:1963-1967).
         return Library(list_file=LIBRARY_PATH, preset_file=PRESET_PATH, served_preset=SERVED_PRESET_PATH,
                        folder=library_dir(model, mount_path), reload_path="/models?reload=1",
-                       image=model.on_demand.downloader_image)
+                       image=model.on_demand.programs_image)
 
     def cache_env(self, model: "ModelServer", mount_path: str) -> list[dict]:
         return cache_env(model, mount_path)

@@ -186,3 +186,20 @@ def test_the_gpu_layers_a_refusal_suggests_is_the_most_the_next_render_takes_wit
     chat["gpu_layers"] = int(suggested) + 1
     more = render(tmp_path, config, stack="b")
     assert more.run.outputs["capacity_plan"]["servers"]["chat"]["vram"]["total_gib"] > 12.0 - 1.0
+
+
+def test_a_renamed_key_says_what_it_is_called_now():
+    """Issue #46 item 4: on_demand.downloader_image named one of the three containers its image runs; it is
+    programs_image now, and a stack still writing the old key is told the new one in one line, nothing else."""
+    values = plain_values("rtx3090-library")
+    key = next(k for k, m in values["models"].items() if m.get("on_demand"))
+    values["models"][key]["on_demand"]["downloader_image"] = "docker.io/library/python:3.12.11-slim-bookworm"
+    with pytest.raises(ConfigError) as refused:
+        parse_stack(values)
+    assert str(refused.value) == (f"invalid stack config: models.{key}.on_demand.downloader_image: renamed "
+                                  "programs_image: the image also "
+                                  "runs the admission proxy and the keeper, not only the downloader; rename the key "
+                                  "(same value)")
+    values["models"][key]["on_demand"]["programs_image"] = values["models"][key]["on_demand"].pop("downloader_image")
+    stack = parse_stack(values)
+    assert stack.models[key].on_demand.programs_image == "docker.io/library/python:3.12.11-slim-bookworm"
