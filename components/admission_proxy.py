@@ -11,7 +11,7 @@ from config.types import ModelServer
 from engines.base import Admission, Credentials
 from planning.residency import ADMISSION_MEMORY_REQUEST
 
-from .prefetch import LIBRARY_STATUS
+from .prefetch import ADMISSION_CONTROL, LIBRARY_STATUS
 from .programs import command
 from .security import CONTAINER_SECURITY, SCRATCH_VOLUME
 
@@ -32,6 +32,7 @@ def admission_container(model: ModelServer, admission: Admission, credentials: O
         {"name": "LISTEN_PORT", "value": str(model.port)},
         {"name": "ROUTER_URL", "value": f"http://127.0.0.1:{admission.server_port}"},
         {"name": "LIBRARY_STATUS", "value": LIBRARY_STATUS},
+        {"name": "ADMISSION_CONTROL", "value": ADMISSION_CONTROL},
     ]
     mounts = list(file_mounts) + [SCRATCH_VOLUME]
     if model.api_key is not None and credentials is not None:

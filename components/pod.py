@@ -204,7 +204,8 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         mounts = files_mounts(files) + [PROGRAMS_MOUNT]
         spec["initContainers"] = [library_container(model, library, cache, mounts)]
         spec["containers"].append(library_keeper(model, library, built.credentials, cache, mounts,
-                                                 admission.server_port if admission is not None else model.port))
+                                                 admission.server_port if admission is not None else model.port,
+                                                 drains=admission is not None))
     for index, folder in enumerate(files.values()):
         # Whole files, never subPath: the kubelet then updates them in place when the ConfigMap changes.
         volumes.append({"name": f"files-{index}", "configMap": {

@@ -27,6 +27,9 @@ HEARTBEAT = f"{SCRATCH}/keeper-heartbeat"
 # Which listed models are served and why the others are not, on the pod's scratch volume: written by the
 # init container and the keeper, read by the admission proxy for its /metrics.
 LIBRARY_STATUS = f"{SCRATCH}/library-status.json"
+# The admission proxy's control socket, on the scratch volume the proxy and the keeper share: the keeper drains
+# a model there before the router reloads it (incluster/admission_proxy.py Control); no port, so only the pod.
+ADMISSION_CONTROL = f"{SCRATCH}/admission-control.sock"
 
 
 def hub_token_env(cache: ModelCacheConfig) -> list[dict]:
@@ -98,13 +101,15 @@ def library_container(model: ModelServer, library: Library, cache: ModelCacheCon
 
 
 def library_keeper(model: ModelServer, library: Library, credentials: Optional[Credentials], cache: ModelCacheConfig,
-                   file_mounts: list[dict], server_port: int) -> dict:
+                   file_mounts: list[dict], server_port: int, drains: bool = False) -> dict:
     """A router's sidecar (incluster/library.py, keeper mode): applies a changed library or preset without a
     restart: fetches new models, removes dropped ones, then has the router re-read its preset."""
     env = _library_env(library, cache) + [
         {"name": "KEEP_SECONDS", "value": str(KEEP_SECONDS)},
         # Over the pod's loopback: the server itself (behind any admission proxy), with its own key.
         {"name": "RELOAD_URL", "value": f"http://127.0.0.1:{server_port}{library.reload_path}"},
+        # Behind an admission proxy: each model a reload touches is drained there first.
+        *([{"name": "ADMISSION_CONTROL", "value": ADMISSION_CONTROL}] if drains else []),
     ]
     mounts = [{"name": "models", "mountPath": cache.mount_path}, *file_mounts, SCRATCH_VOLUME]
     if model.api_key is not None and credentials is not None:

@@ -45,7 +45,7 @@ PROGRAMS = {
     # A single-model server's init container.
     "prefetch": Program("hub_download.py", ("hub_download.py", "hub.py")),
     # A router's init container and keeper.
-    "library": Program("library.py", ("library.py", "hub.py", "router_rules.py")),
+    "library": Program("library.py", ("library.py", "hub.py", "preset.py", "router_rules.py")),
 }
 
 

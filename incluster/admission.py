@@ -36,6 +36,9 @@ ROUTER_CALL_SECONDS = 10.0
 MAX_ROUTER_ANSWER_BYTES = 16 * 1024 * 1024
 # How often the pinned models are checked (and loaded again when the router lost one).
 PIN_CHECK_SECONDS = float(os.environ.get("PIN_CHECK_SECONDS", "30"))
+# After a drain's wait, how long the model stays refused if the keeper never says resume (it crashed): a
+# router reload takes seconds, and no model may stay unserved because a sidecar died.
+DRAIN_HOLD_SECONDS = float(os.environ.get("DRAIN_HOLD_SECONDS", "120"))
 
 
 def log(message: str) -> None:
@@ -119,6 +122,7 @@ class Residency:
         self.loads: dict = {}  # model -> future of the load the proxy asked for (None once loaded, else an error)
         self.tasks: set = set()  # background tasks, referenced until done
         self.pin_failures: dict = {}  # pinned model -> (failures in a row, when to try again)
+        self.draining: dict = {}  # model the keeper reloads -> until when (monotonic) its new requests are refused
         # Figures for /metrics.
         self.evictions: dict = {}
         self.failed_loads: dict = {}
@@ -185,6 +189,9 @@ class Residency:
         fits (idle models unloaded first: least recently used, a retired one before any) and the router has
         loaded it. Waits at most ADMIT_WAIT_SECONDS for busy models to free room, then 503 (the gateway
         retries on its next tier). Cancelled (the client left): nothing stays counted and no lock is held."""
+        if self.is_draining(name):
+            raise Refusal(503, f"model {name} is being reloaded with new settings or weights; try again",
+                          "unavailable_error")
         if self.in_flight.get(name, 0) > 0 and name not in self.unloading:  # a request holds it resident
             self._enter(name)
         else:
@@ -277,6 +284,38 @@ class Residency:
         task = asyncio.get_running_loop().create_task(coroutine)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def is_draining(self, name: str) -> bool:
+        until = self.draining.get(name)
+        if until is not None and time.monotonic() >= until:
+            del self.draining[name]
+            return False
+        return until is not None
+
+    async def drain(self, names: list, seconds: float) -> dict:
+        """The keeper is about to reload ``names`` (together: none lapses while another is waited for): new
+        requests for them are refused (503, Retry-After) until resume(), or DRAIN_HOLD_SECONDS past this wait;
+        waits at most ``seconds`` for the requests in flight on them to end. How many are still in flight, per
+        model."""
+        start = time.monotonic()
+        end = start + seconds
+        for name in names:
+            self.draining[name] = end + DRAIN_HOLD_SECONDS
+        before = {name: self.in_flight.get(name, 0) for name in names}
+        while any(self.in_flight.get(name, 0) > 0 for name in names) and time.monotonic() < end:
+            await asyncio.sleep(POLL_SECONDS)
+        left = {name: self.in_flight.get(name, 0) for name in names}
+        for name in names:
+            if left[name] == 0:
+                self.draining[name] = time.monotonic() + DRAIN_HOLD_SECONDS
+            log(f"{name}: drained for a reload: {before[name]} request(s) in flight, {left[name]} after "
+                f"{time.monotonic() - start:.1f} s")
+        return left
+
+    def resume(self, names: list) -> None:
+        for name in names:
+            if self.draining.pop(name, None) is not None:
+                log(f"{name}: reloaded, admitted again")
 
     def _enter(self, name: str) -> None:
         self.in_flight[name] = self.in_flight.get(name, 0) + 1
@@ -399,9 +438,11 @@ class Residency:
                [({"model": n}, c) for n, c in self.evictions.items()])
         family("failed_loads_total", "counter", "Loads the router reported failed.",
                [({"model": n}, c) for n, c in self.failed_loads.items()])
-        family("model_unserved", "gauge", "1 for a listed model the downloader does not offer, by why: "
-               "larger_than_planned (never offered), refused (the Hub said no), fetching, unreachable.",
-               [({"model": n, "reason": why}, 1) for n, why in sorted(unserved().items()) if n in self.models])
+        reasons = {**unserved(), **{n: "reloading" for n in list(self.draining) if self.is_draining(n)}}
+        family("model_unserved", "gauge", "1 for a listed model not offered now, by why: larger_than_planned "
+               "(never offered), refused (the Hub said no), fetching, unreachable, reloading (new settings or "
+               "weights: its requests in flight finish first).",
+               [({"model": n, "reason": why}, 1) for n, why in sorted(reasons.items()) if n in self.models])
         lines.append("# HELP inference_plane_router_swap_seconds From a load's admission (room made) until the "
                      "router said the model was loaded.")
         lines.append("# TYPE inference_plane_router_swap_seconds summary")

@@ -19,7 +19,8 @@ anything happens. HTTP is h11's (http_io.py), with a deadline and a limit on eve
 Configuration (environment): ADMISSION_PLAN_FILE (JSON: budgets, each model's planned memory, the client
 paths; written by the capacity plan into the server's ConfigMap and re-read whenever the kubelet updates
 it, so a model added or removed restarts nothing), LISTEN_PORT, ROUTER_URL (the router on the loopback),
-ROUTER_AUTH_FILE (its key file, optional: read once at start, as the router reads it).
+ROUTER_AUTH_FILE (its key file, optional: read once at start, as the router reads it), ADMISSION_CONTROL (the
+keeper's control socket, optional: a model it reloads is drained first, class Control).
 
 It answers two things itself: GET /metrics without `model` (residency, evictions, failed loads, swap and
 admission times, in Prometheus' text format; the router's per-model /metrics?model=X pass through), and
@@ -298,6 +299,78 @@ class Proxy:
             upstream.close()
 
 
+# The keeper's calls (library.py): bodies are one small JSON object, and no drain waits longer than this.
+CONTROL_BODY_BYTES = 4096
+CONTROL_DRAIN_SECONDS_MAX = 3600.0
+CONTROL_MODELS_MAX = 256
+
+
+class Control:
+    """The keeper's calls, on a Unix socket in the pod's scratch volume (ADMISSION_CONTROL): no port, so
+    nothing outside the pod reaches them. POST /drain {"models": [...], "seconds"}: refuse new requests for
+    those models and answer once those in flight on them have ended (or ``seconds`` passed), with how many
+    are left per model; POST /resume {"models": [...]}: admit them again. One request a connection, answered,
+    then closed."""
+
+    def __init__(self, residency: Residency):
+        self.residency = residency
+
+    async def serve(self, reader, writer) -> None:
+        client = http_io.ClientConnection(reader, writer)
+        try:
+            request = await client.next_request(True)
+            if request is None:
+                return
+            lengths = [value for name, value in request.headers if name == b"content-length"]
+            declared = int(lengths[0]) if lengths else None
+            if declared is not None and declared > CONTROL_BODY_BYTES:
+                raise http_io.TooLarge(413, "a control body is one small JSON object")
+            body = await client.body(CONTROL_BODY_BYTES, declared, lambda size: None)
+            method, target = request.method.decode("ascii"), request.target.decode("ascii", "replace")
+            if method != "POST" or target not in ("/drain", "/resume"):
+                await _send_json(client, 404, {"error": "POST /drain or /resume"})
+                return
+            try:
+                asked = json.loads(body)
+                names, seconds = asked["models"], float(asked.get("seconds", 0))
+                if not isinstance(names, list) or not names or len(names) > CONTROL_MODELS_MAX:
+                    raise ValueError("models: a list of the plan's models")
+                for name in names:
+                    # A model the plan just dropped may still have requests in flight: drained like the others.
+                    if not isinstance(name, str) or (name not in self.residency.models
+                                                     and name not in self.residency.retired):
+                        raise ValueError(f"not a model of the plan: {name!r}")
+                if not 0 <= seconds <= CONTROL_DRAIN_SECONDS_MAX:
+                    raise ValueError(f"seconds out of range: {seconds}")
+            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                await _send_json(client, 400, {"error": str(error)[:200]})
+                return
+            names = sorted(set(names))
+            if target == "/drain":
+                left = await self.residency.drain(names, seconds)
+                await _send_json(client, 200, {"in_flight": left})
+            else:
+                self.residency.resume(names)
+                await _send_json(client, 200, {"resumed": names})
+        except http_io.TooLarge as error:
+            await _send_json(client, error.status, {"error": str(error)})
+        except (http_io.Closed, http_io.TimedOut, h11.ProtocolError):
+            pass  # dropped: nothing the keeper sends
+        except Exception as error:  # one call's failure never stops the proxy
+            log(f"control: error: {error!r}")
+        finally:
+            client.close()
+
+
+async def _send_json(client, status: int, document: dict) -> None:
+    body = json.dumps(document).encode()
+    await client.send(h11.Response(status_code=status, reason=REASONS.get(status, "OK"),
+                                   headers=[("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                                            *CLOSE]))
+    await client.send(h11.Data(data=body))
+    await client.send(h11.EndOfMessage())
+
+
 async def main() -> None:
     router_url = os.environ["ROUTER_URL"]
     key_file = os.environ.get("ROUTER_AUTH_FILE")
@@ -312,10 +385,20 @@ async def main() -> None:
     log(f"listening on {os.environ['LISTEN_PORT']}, router at {router_url}, {len(residency.models)} models, "
         f"VRAM budget {residency.budget.vram_gib} GiB, RAM budget {residency.budget.ram_gib} GiB, "
         f"{proxy.limit} connections (+{RESERVE_CONNECTIONS} for /health), {len(keys)} keys")
+    control_path = os.environ.get("ADMISSION_CONTROL")
+    if control_path:
+        if os.path.exists(control_path):
+            os.unlink(control_path)  # a socket left by the proxy's last run (the scratch volume outlives it)
+        control = await asyncio.start_unix_server(Control(residency).serve, path=control_path, limit=http_io.READ_SIZE)
+        os.chmod(control_path, 0o600)  # the pod's containers share one UID: the keeper's, no other
+    else:
+        control = None
     keeper = asyncio.get_running_loop().create_task(residency.keep_pinned())
     async with server:
         await server.serve_forever()
     keeper.cancel()
+    if control is not None:
+        control.close()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,10 @@ changed since the init container ran) and then whenever HF_LIBRARY or PRESET cha
 ConfigMap, which the kubelet updates in place; read every KEEP_SECONDS), it fetches what is new, removes
 what is gone, then asks the router to re-read its preset (``GET RELOAD_URL``, ``/models?reload=1``, with
 the first key of ROUTER_AUTH_FILE): llama.cpp keeps the children whose settings did not change
-(server-models.cpp:695-861), so adding a model restarts no other. A failure is printed and tried again
+(server-models.cpp:695-861), so adding a model restarts no other. A model the reload would unload (its
+settings changed, preset.py) or whose weights changed is drained first through the admission proxy's
+control socket (ADMISSION_CONTROL): new requests for it get a 503 the gateway retries, the ones in flight
+finish, then it reloads and is offered again. A failure is printed and tried again
 next round; the keeper never exits (a crashed container would take the pod out of its Service). It
 touches HEARTBEAT every KEEP_SECONDS from a thread of its own, which the probes read.
 
@@ -27,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -34,12 +38,12 @@ import urllib.error
 import urllib.request
 
 import hub
+import preset
 import router_rules
 
 # --- library mode -------------------------------------------------------------------------------
 SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.I)
 QUANT_TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.I)
-PRESET_NEWLINE = re.compile(r"\r\n|\n|\r")
 NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
 
 
@@ -105,6 +109,10 @@ def _complete(folder):
 # How far a model's files may exceed the bytes the plan counted for them (its weights, rounded up to a tenth
 # of a GiB): real files weigh a little more than parameters x the quant's average bits.
 SIZE_TOLERANCE = 0.05
+# How long the keeper waits for requests in flight on a model it is about to reload (new settings or new
+# weights) before reloading anyway: a long completion on a CPU runs for minutes, and meanwhile new requests
+# for that model alone are answered 503 (the gateway's next tier); past this, one still running is cut.
+DRAIN_SECONDS = 600
 
 
 class TooLarge(Exception):
@@ -262,16 +270,12 @@ def _write_served_preset(served):
     """The preset less the sections of models not served: the router must not list a model whose
     files are missing (a request for it would evict a loaded model, then fail to load)."""
     kept, section = [], None
-    # Lines as llama.cpp's preset parser reads them (common/preset.cpp: newline ::= "\r\n" / "\n" / "\r"),
-    # not at every separator str.splitlines() knows (U+2028, U+0085, ...).
-    lines = PRESET_NEWLINE.split(_read(os.environ["PRESET"]).decode())
-    if lines and lines[-1] == "":
-        lines.pop()  # the file's last newline ends a line; it starts none
-    for line in lines:
-        header = re.match(r"^\s*\[([^\]]*)\]\s*$", line)
-        if header:
-            section = header.group(1).strip()
-        if section is None or section == "*" or section in served:
+    # Lines and headers as llama.cpp's preset parser reads them (preset.py).
+    for line in preset.lines(_read(os.environ["PRESET"]).decode()):
+        header = preset.section_of(line)
+        if header is not None:
+            section = header
+        if section is None or section == preset.GLOBAL or section in served:
             kept.append(line)
     target = os.environ["SERVED_PRESET"]
     os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -315,7 +319,7 @@ def _auth():
 def _unload(name):
     """A model whose files changed under the same names: the router compares only a section's settings
     (server-models.cpp), so its child would serve the old weights until evicted; unloaded, its next
-    request loads the new ones (a request on it in flight is cut)."""
+    request loads the new ones (drained first: no request in flight on it is cut)."""
     base = os.environ["RELOAD_URL"].split("/models", 1)[0]
     request = urllib.request.Request(base + "/models/unload", data=json.dumps({"model": name}).encode(),
                                      headers={**_auth(), "Content-Type": "application/json"})
@@ -324,6 +328,70 @@ def _unload(name):
             print(f"keeper: {name}: new weights under the same file names: unloaded, its next request loads them", flush=True)
     except urllib.error.HTTPError as error:  # 400: not running, so its next load reads the new files anyway
         print(f"keeper: {name}: new weights under the same file names (not running: {error.code})", flush=True)
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP/1.1 (http.client's) over the admission proxy's control socket in the pod's scratch volume."""
+
+    def __init__(self, path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+def _control(path, names):
+    """POST {"models": names} to the admission proxy's control socket (ADMISSION_CONTROL); its JSON answer,
+    or None where the pod has no proxy."""
+    where = os.environ.get("ADMISSION_CONTROL")
+    if not where or not os.path.exists(where):
+        return None
+    connection = _UnixHTTPConnection(where, timeout=DRAIN_SECONDS + 30)
+    try:
+        connection.request("POST", path, body=json.dumps({"models": names, "seconds": DRAIN_SECONDS}),
+                           headers={"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        body = answer.read(1 << 16)
+        if answer.status != 200:
+            raise OSError(f"the admission proxy answered {answer.status} to {path} {names}: {body[:200]!r}")
+        return json.loads(body)
+    finally:
+        connection.close()
+
+
+def _drain(names):
+    """Has the admission proxy stop admitting requests for these models, all at once (503 with Retry-After,
+    which the gateway retries on its next tier), and wait until the ones in flight on them have ended, at
+    most DRAIN_SECONDS: a reload or an unload then cuts nothing. The names drained, for _resume."""
+    if not names:
+        return []
+    try:
+        answer = _control("/drain", names)
+    except (OSError, ValueError, http.client.HTTPException) as error:  # said once; the edit is applied anyway
+        print(f"keeper: {', '.join(names)}: not drained ({error}); reloading anyway", flush=True)
+        return []
+    if answer is None:
+        return []
+    for name in names:
+        left = answer["in_flight"].get(name, 0)
+        if left == 0:
+            print(f"keeper: {name}: drained (no request in flight)", flush=True)
+        else:
+            print(f"keeper: {name}: {left} request(s) still in flight after {DRAIN_SECONDS} s; reloading anyway",
+                  flush=True)
+    return names
+
+
+def _resume(names):
+    if not names:
+        return
+    try:
+        _control("/resume", names)
+    except (OSError, ValueError, http.client.HTTPException) as error:  # the proxy ends it past its deadline
+        print(f"keeper: {', '.join(names)}: resume not acknowledged ({error})", flush=True)
 
 
 def _reload():
@@ -354,10 +422,20 @@ def keep():
                 time.sleep(seconds)
                 continue
             print("keeper: applying the library and its preset" + (" (changed)" if applied else " (at start)"), flush=True)
+            served = os.environ["SERVED_PRESET"]
+            before = _read(served).decode() if os.path.exists(served) else ""
             missing, changed = library()
-            _reload()
-            for name in changed:
-                _unload(name)
+            # The models the reload unloads (their settings changed, or no longer served) and those with new
+            # weights: drained first, so no request in flight on them is cut; the others keep running untouched.
+            after = _read(served).decode()
+            touched = sorted(set(preset.reloaded(before, after)) | set(preset.removed(before, after)) | set(changed))
+            drained = _drain(touched)
+            try:
+                _reload()
+                for name in changed:
+                    _unload(name)
+            finally:
+                _resume(drained)
             if not missing:
                 applied = now
                 continue

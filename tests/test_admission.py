@@ -23,7 +23,7 @@ import pytest
 
 
 
-from lab.contract.pod_programs import pod_command, write_programs
+from lab.contract.pod_programs import admission_proxy, write_programs
 from lab.contract.router import start_router
 from lab.contract.server import free_port, request
 from test_router_contract import SUBSTITUTED, TEST_KEY, tiny_models
@@ -90,30 +90,12 @@ def plane(binary, folder, env_extra=None, plan=None, preset_extra="", proxy_env=
         env.update({"ADMISSION_PLAN_FILE": str(plan_file), "LISTEN_PORT": str(port), "LISTEN_HOST": "127.0.0.1",
                     # The downloader's status where the pod's scratch volume would be (the rendered path is /tmp).
                     "LIBRARY_STATUS": str(work / "library-status.json"),
+                    "ADMISSION_CONTROL": str(work / "admission-control.sock"),
                     "ROUTER_URL": router.base, "ROUTER_AUTH_FILE": str(key_file), "PATH": os.environ["PATH"],
                     **(proxy_env or {})})
-        log = work / "proxy.log"
-        command = pod_command(SPEC["proxy"], write_programs(SPEC["programs"], SPEC["pod"], work / "programs"))
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    if request(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
-                        break
-                except OSError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.05)
-            yield Plane(router, f"http://127.0.0.1:{port}", proc, log)
-        except BaseException:
-            # The work folder goes with the router: a failing test shows the proxy's own account first.
-            print("admission proxy log (last 40 lines):", *log.read_text(errors="replace").splitlines()[-40:], sep="\n")
-            raise
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+        programs = write_programs(SPEC["programs"], SPEC["pod"], work / "programs")
+        with admission_proxy(SPEC["proxy"], programs, env, work) as (base, proc, log):
+            yield Plane(router, base, proc, log)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import socket
 import subprocess
 import threading
@@ -136,6 +137,7 @@ def proxy_against(tmp: Path, env_extra: dict | None = None, key_file: str = f"# 
         port = free_port()
         env = {e["name"]: e.get("value") for e in SPEC["proxy"]["env"]}
         env.update({"ADMISSION_PLAN_FILE": str(tmp / "admission.json"), "LISTEN_PORT": str(port), "LISTEN_HOST": "127.0.0.1",
+                    "ADMISSION_CONTROL": str(tmp / "control.sock"),
                     "ROUTER_URL": f"http://127.0.0.1:{fake.port}", "ROUTER_AUTH_FILE": str(tmp / "api-keys"),
                     "PIN_CHECK_SECONDS": "1", "HTTP_HEAD_SECONDS": "2", "HTTP_IDLE_SECONDS": "1",
                     "HTTP_READ_STALL_SECONDS": "2", "HTTP_BODY_START_SECONDS": "2", "HTTP_WRITE_SECONDS": "2",
@@ -764,3 +766,144 @@ def test_a_running_model_no_plan_of_this_proxy_listed_is_unloaded_before_any_loa
         proxy.fake.status["qwen3-30b-a3b"] = "loaded"
         assert chat_status(proxy, "gemma-3-12b") == 200
         assert proxy.fake.status["qwen3-30b-a3b"] == "unloaded" and proxy.fake.peak <= BUDGET + 1e-9
+
+
+# --- a model the keeper reloads is drained first (issue #48 item 2) -------------------------------------------
+
+def control(sock: Path, target: str, document: dict | None = None, method: str = "POST", raw: bytes | None = None,
+            timeout: float = 30) -> tuple[int, dict]:
+    """One call on the proxy's control socket, as the keeper makes it (library.py: POST, a JSON body)."""
+    body = json.dumps(document).encode() if document is not None else b""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(sock))
+        s.sendall(raw if raw is not None else http(method, target, body, {"Content-Type": "application/json"}, key=None))
+        answer = read_answer(s)
+    return status_of(answer), json.loads(answer.split(b"\r\n\r\n", 1)[1] or b"{}")
+
+
+def in_thread(call):
+    """Runs call() in a thread; returns a function giving (its result, when it returned)."""
+    box: dict = {}
+
+    def run():
+        box["result"] = call()
+        box["at"] = time.monotonic()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def result(seconds: float = 30):
+        thread.join(seconds)
+        assert "result" in box, "still waiting"
+        return box["result"], box["at"]
+    return result
+
+
+def test_a_model_being_reloaded_finishes_its_requests_and_takes_no_new_ones_until_resumed(tmp_path):
+    """The keeper drains a model before the router reloads it (new settings or weights): the request in flight
+    on it runs to its end, a new one for it is a 503 with Retry-After (the gateway's next tier) and counted
+    as unserved (reloading), other models are served throughout, and after resume it is admitted again."""
+    sock = tmp_path / "control.sock"
+    model, other = UNPINNED[0], PINNED[0]
+    with proxy_against(tmp_path, {"ADMISSION_CONTROL": str(sock)}) as proxy:
+        assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+        held = in_thread(lambda: proxy.exchange(http("POST", "/v1/chat/completions", chat(model, hold=2.0)), timeout=30))
+        wait_for(lambda: proxy.in_flight().get(model) == 1, "the held request was never admitted")
+        drained = in_thread(lambda: control(sock, "/drain", {"models": [model], "seconds": 30}))
+        wait_for(lambda: proxy.metrics().get(f'inference_plane_router_model_unserved{{model="{model}",reason="reloading"}}') == 1,
+                 "the draining model is not counted unserved")
+        refused = proxy.exchange(http("POST", "/v1/chat/completions", chat(model)))
+        assert status_of(refused) == 503 and b"Retry-After: 5" in refused and b"being reloaded" in refused
+        assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(other)))) == 200
+        (answer, answered_at), ((status, document), drained_at) = held(), drained()
+        assert status_of(answer) == 200 and answer.endswith(json.dumps({"model": model}).encode())
+        assert (status, document) == (200, {"in_flight": {model: 0}})
+        assert drained_at >= answered_at - 0.2  # the drain answered once the request in flight had ended
+        assert control(sock, "/resume", {"models": [model]}) == (200, {"resumed": [model]})
+        assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(model)))) == 200
+        assert not any("reloading" in k for k in proxy.metrics())
+
+
+def test_a_drain_waits_no_longer_than_asked_and_lapses_without_the_keeper(tmp_path):
+    """A request longer than the drain's wait: the keeper hears how many are still in flight and reloads anyway.
+    A keeper that never says resume (it crashed) holds the model back no longer than DRAIN_HOLD_SECONDS."""
+    sock = tmp_path / "control.sock"
+    model = UNPINNED[0]
+    with proxy_against(tmp_path, {"ADMISSION_CONTROL": str(sock), "DRAIN_HOLD_SECONDS": "1"}) as proxy:
+        held = in_thread(lambda: proxy.exchange(http("POST", "/v1/chat/completions", chat(model, hold=4.0)), timeout=30))
+        wait_for(lambda: proxy.in_flight().get(model) == 1, "the held request was never admitted")
+        started = time.monotonic()
+        assert control(sock, "/drain", {"models": [model], "seconds": 0.5}) == (200, {"in_flight": {model: 1}})
+        assert time.monotonic() - started < 2
+        assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(model)))) == 503
+        assert status_of(held()[0]) == 200
+        wait_for(lambda: status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(model)))) == 200,
+                 "a drain the keeper never ended still refuses the model", seconds=5)
+
+
+def test_models_drained_together_stay_drained_until_the_last_has_ended(tmp_path):
+    """A preset edit that touches two models drains both in one call: the one with nothing in flight stays
+    refused while the other's request runs on (here longer than DRAIN_HOLD_SECONDS), so neither is admitted
+    again before the reload that follows the drain."""
+    sock = tmp_path / "control.sock"
+    idle, busy = UNPINNED[0], PINNED[0]
+    with proxy_against(tmp_path, {"ADMISSION_CONTROL": str(sock), "DRAIN_HOLD_SECONDS": "1"}) as proxy:
+        held = in_thread(lambda: proxy.exchange(http("POST", "/v1/chat/completions", chat(busy, hold=3.0)), timeout=30))
+        wait_for(lambda: proxy.in_flight().get(busy) == 1, "the held request was never admitted")
+        started = time.monotonic()
+        drained = in_thread(lambda: control(sock, "/drain", {"models": [idle, busy], "seconds": 30}))
+        time.sleep(2.0)  # past the idle model's hold, were it drained alone
+        assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(idle)))) == 503
+        assert drained()[0] == (200, {"in_flight": {idle: 0, busy: 0}})
+        assert time.monotonic() - started >= 2.0 and status_of(held()[0]) == 200
+        assert control(sock, "/resume", {"models": [idle, busy]}) == (200, {"resumed": sorted([idle, busy])})
+        assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(idle)))) == 200
+
+
+def test_a_model_the_plan_drops_is_drained_while_its_last_request_runs(tmp_path):
+    """A model removed from the library: the proxy reads the new plan (the model unknown to new requests) while
+    a request on it still runs; the keeper's drain of it waits for that request, so the reload that forgets
+    the model cuts nothing."""
+    sock = tmp_path / "control.sock"
+    dropped = UNPINNED[0]
+    with proxy_against(tmp_path, {"ADMISSION_CONTROL": str(sock)}) as proxy:
+        held = in_thread(lambda: proxy.exchange(http("POST", "/v1/chat/completions", chat(dropped, hold=2.0)), timeout=30))
+        wait_for(lambda: proxy.in_flight().get(dropped) == 1, "the held request was never admitted")
+        smaller = {**PLAN, "models": {n: m for n, m in PLAN["models"].items() if n != dropped}}
+        (tmp_path / "admission.json").write_text(json.dumps(smaller))
+        wait_for(lambda: status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(dropped)))) == 400,
+                 "the new plan was never read")
+        status, document = control(sock, "/drain", {"models": [dropped], "seconds": 30})
+        assert (status, document) == (200, {"in_flight": {dropped: 0}})
+        assert status_of(held()[0]) == 200
+        assert control(sock, "/drain", {"models": ["never-planned"], "seconds": 1})[0] == 400
+
+
+@pytest.mark.parametrize("call, expected", [
+    (dict(target="/drain", document={"models": ["no-such-model"], "seconds": 1}), (400, "not a model of the plan")),
+    (dict(target="/drain", document={"models": ["M"], "seconds": 99999}), (400, "seconds out of range")),
+    (dict(target="/drain", document={"seconds": 1}), (400, "models")),
+    (dict(target="/drain", document={"models": "M", "seconds": 1}), (400, "a list of the plan's models")),
+    (dict(target="/drain", document={"models": [], "seconds": 1}), (400, "a list of the plan's models")),
+    (dict(target="/models/load", document={"models": ["M"]}), (404, "POST /drain or /resume")),
+    (dict(target="/drain", method="GET"), (404, "POST /drain or /resume")),
+])
+def test_the_control_socket_takes_the_keepers_two_calls_and_nothing_else(tmp_path, call, expected):
+    sock = tmp_path / "control.sock"
+    if call.get("document", {}).get("models") in (["M"], "M"):
+        call["document"]["models"] = [UNPINNED[0]] if call["document"]["models"] == ["M"] else UNPINNED[0]
+    with proxy_against(tmp_path, {"ADMISSION_CONTROL": str(sock)}) as proxy:
+        status, document = control(sock, **call)
+        assert status == expected[0] and expected[1] in document["error"]
+        # Too large a body: refused before it is read, and the proxy serves on.
+        big = http("POST", "/drain", b"x" * 10_000, {"Content-Type": "application/json"}, key=None)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(str(sock))
+            s.sendall(big)
+            assert status_of(read_answer(s)) == 413
+        # The pod's port does not take them: the keeper's calls are not a client's.
+        answer = proxy.exchange(http("POST", "/drain", json.dumps({"models": [UNPINNED[0]], "seconds": 1}).encode()))
+        assert status_of(answer) == 404
+        assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(UNPINNED[0])))) == 200

@@ -323,3 +323,52 @@ def test_the_routers_ingress_passes_every_inference_path_it_serves_and_none_of_i
     routed = {path for _, path in paths}
     assert not routed & {"/models", "/models/load", "/models/unload", "/models/sse", "/slots", "/props", "/metrics",
                          "/lora-adapters", "/"}
+
+
+def test_the_models_a_reload_unloads_are_those_the_keeper_drains(case):
+    """incluster/preset.py says which running models a new preset reloads (the keeper drains exactly those
+    through the admission proxy first, and the change preview names them): held against the real router's
+    reload. A changed setting unloads its model; a comment, blanks or CRLF line ends unload nothing; a global
+    [*] setting unloads every model it reaches, not one whose own section overrides it."""
+    from incluster import preset
+
+    binary, text, args, models, key = case
+    names = list(models)[:3]
+    with start_router(binary, text, args, models, key) as router:
+        first = router.preset.read_text()
+        own_top_k = at_section_end(first, names[2], "top-k = 40")
+        edits = [  # (the preset the router runs, the new one, the models said to reload, those said removed)
+            (first, at_section_end(first, names[0], "ctx-size = 1024"), [names[0]], []),
+            (first, at_section_end(first, names[1], "; a note\n   \n# another").replace("\n", "\r\n"), [], []),
+            (first, without_section(first, names[1]), [], [names[1]]),
+            (own_top_k, "[*]\ntop-k = 7\n" + own_top_k, None, []),
+        ]
+        for old, new, expected, expected_gone in edits:
+            router.write_preset(old)
+            router.statuses(reload=True)
+            for name in names:
+                router.load(name)
+            said, gone = preset.reloaded(old, new), preset.removed(old, new)
+            if expected is not None:
+                assert said == sorted(expected)
+            assert gone == expected_gone
+            router.write_preset(new)
+            statuses = router.statuses(reload=True)
+            unloaded = sorted(n for n in names if statuses.get(n, "gone") != "loaded")
+            assert unloaded == sorted(n for n in said + gone if n in names), (new, statuses)
+            assert all(n not in statuses for n in gone), statuses  # forgotten, not only unloaded
+        # The global edit reached the first two and spared the third (its own section sets top-k).
+        assert names[0] in said and names[1] in said and names[2] not in said
+
+
+def without_section(text: str, section: str) -> str:
+    head, rest = text.split(f"[{section}]\n", 1)
+    _, sep, tail = rest.partition("\n[")
+    return head + (f"[{tail}" if sep else "")
+
+
+def at_section_end(text: str, section: str, lines: str) -> str:
+    """The preset with ``lines`` added as the last of a section's (a key there overrides one set before it)."""
+    head, rest = text.split(f"[{section}]\n", 1)
+    body, sep, tail = rest.partition("\n[")
+    return f"{head}[{section}]\n{body.rstrip()}\n{lines}\n" + (f"\n[{tail}" if sep else "")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -262,7 +263,8 @@ def test_the_router_offers_exactly_the_listed_models_by_their_names(binary, rend
         assert router.statuses() == before and before[names[1]] == "loaded"
 
 
-def start_keeper(rendered: dict, root: Path, endpoint: str, router, log_path: Path) -> subprocess.Popen:
+def start_keeper(rendered: dict, root: Path, endpoint: str, router, log_path: Path,
+                 env_extra: dict | None = None) -> subprocess.Popen:
     """The rendered keeper on this run's router: its env with paths under root, the served preset at
     the file this router reads, one-second rounds."""
     env = {"PATH": os.environ["PATH"], "HF_ENDPOINT": endpoint, **env_under(rendered["keeper"]["env"], root),
@@ -270,6 +272,7 @@ def start_keeper(rendered: dict, root: Path, endpoint: str, router, log_path: Pa
     key_file = root / "api-key"
     key_file.write_text(TEST_KEY + "\n")
     env["ROUTER_AUTH_FILE"] = str(key_file)
+    env.update(env_extra or {})
     command = pod_command(rendered["keeper"], programs_under(root))
     (root / "tmp").mkdir(exist_ok=True)  # the scratch volume
     with open(log_path, "w") as log_file:
@@ -479,3 +482,100 @@ def test_a_restart_with_a_model_added_waits_for_no_download(rendered, tmp_path):
     assert f"[{names[0]}]" in served and f"[{names[1]}]" not in served
     status = json.loads(Path(env_under(rendered["init"]["env"], root)["LIBRARY_STATUS"]).read_text())
     assert status["served"] == [names[0]] and "the keeper fetches it" in status["missing"][names[1]]
+
+
+def completion_stream(base: str, model: str, tokens: int) -> socket.socket:
+    """A long streamed generation through the proxy (llama.cpp's own /completion: the tiny model's random text
+    trips the OpenAI endpoints' output checks); the caller reads it."""
+    # n_probs: each event carries the top 200 candidates (~18 KB), so 2000 tokens (~36 MB) outweigh every
+    # buffer on the way (proxy, router, its child: more than 11 MB here). The grammar keeps the random model's text to letters and spaces, which
+    # the server's output parser accepts (stray bytes end the stream with a 500).
+    body = json.dumps({"model": model, "prompt": "count", "n_predict": tokens, "stream": True, "ignore_eos": True,
+                       "temperature": 0, "seed": 0, "n_probs": 200, "grammar": "root ::= [a-z ]+"}).encode()
+    host, port = base.removeprefix("http://").split(":")
+    s = socket.socket()
+    # A small window: while the test does not read, the answer backs up to the router and the request stays in
+    # flight however fast the tiny model generates.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(120)
+    s.connect((host, int(port)))
+    s.sendall(f"POST /completion HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TEST_KEY}\r\n"
+              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    return s
+
+
+def test_a_settings_change_drains_its_model_so_no_request_in_flight_is_cut(binary, rendered, tmp_path):
+    """Issue #48 item 2, on the real router: a model's settings change (its section of the preset) while a long
+    generation on it streams through the admission proxy. The keeper drains that model at the proxy first (new
+    requests for it: 503 with Retry-After; the one in flight runs to its last chunk), has the router re-read
+    its preset (which unloads only that model), and resumes it: its next request loads the new settings. The
+    other model's child keeps running throughout."""
+    from lab.contract.pod_programs import admission_proxy
+    from lab.contract.server import free_port, request
+
+    names = rendered["names"]
+    target, other = names[1], names[0]
+    root = tmp_path / "pod"
+    with filled_pod(binary, rendered, root, tiny_repos(rendered, tmp_path, names)) as (endpoint, router):
+        proxy_spec = next(c for c in rendered["pod"]["containers"] if c["name"] == "admission")
+        key_file = root / "api-key"
+        key_file.write_text(TEST_KEY + "\n")
+        control = root / "tmp" / "admission-control.sock"
+        (root / "tmp").mkdir(exist_ok=True)
+        env = {"PATH": os.environ["PATH"], **env_under(proxy_spec["env"], root), "LISTEN_PORT": str(free_port()),
+               "LISTEN_HOST": "127.0.0.1", "ROUTER_URL": router.base, "ROUTER_AUTH_FILE": str(key_file),
+               "ADMISSION_CONTROL": str(control)}
+        with admission_proxy(proxy_spec, programs_under(root), env, tmp_path) as (base, _, proxy_log):
+            log_path = tmp_path / "keeper.log"
+            keeper = start_keeper(rendered, root, endpoint, router, log_path, {"ADMISSION_CONTROL": str(control)})
+            try:
+                wait_until(lambda: "re-read its preset" in log_path.read_text(), "the keeper's first round", log_path)
+                auth = {"Authorization": f"Bearer {TEST_KEY}"}
+                chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+                assert request(base + "/v1/chat/completions", {"model": other, **chat}, auth, timeout=120).status == 200
+                other_child = router.children()
+                stream = completion_stream(base, target, 2000)
+                data = b""
+                while b"data: " not in data:
+                    data += stream.recv(65536)
+                # The edit: the target's context size (its section's last line overrides the one above it).
+                preset = one_thread(rendered["preset"])
+                head, rest = preset.split(f"[{target}]\n", 1)
+                body, sep, tail = rest.partition("\n[")
+                write_files(rendered, root, None, f"{head}[{target}]\n{body.rstrip()}\nctx-size = 1024\n" +
+                            (f"\n[{tail}" if sep else ""))
+                # Drained at the proxy while its generation still streams: a new request for it is a 503.
+                def refused() -> bool:
+                    answer = request(base + "/v1/chat/completions", {"model": target, **chat}, auth, timeout=30)
+                    return answer.status == 503 and answer.headers.get("Retry-After") == "5"
+                wait_until(refused, "the target was never drained", log_path)
+                assert len(data) > 0 and not data.endswith(b"\r\n0\r\n\r\n")
+                stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)  # now read the rest at full speed
+                while not data.endswith(b"\r\n0\r\n\r\n"):
+                    chunk = stream.recv(65536)
+                    assert chunk, f"the stream was cut: {data[-300:]!r}"
+                    data += chunk
+                stream.close()
+                # Every token arrived and the last event is the generation's own end, not an error.
+                assert data.startswith(b"HTTP/1.1 200") and data.count(b"data: ") == 2001, data[-300:]
+                assert b'"stop":true' in data.rsplit(b"data: ", 1)[1] and b'"error"' not in data.rsplit(b"data: ", 1)[1]
+                # The proxy drained while that request was in flight (the case this test is for).
+                assert f"{target}: drained for a reload: 1 request(s) in flight, 0 after" in proxy_log.read_text()
+                wait_until(lambda: f"keeper: {target}: drained" in log_path.read_text()
+                           and log_path.read_text().count("re-read its preset") >= 2, "the keeper's reload", log_path)
+                # Resumed: the next request loads the model anew, with the new settings; the other model's child
+                # never stopped.
+                wait_until(lambda: request(base + "/v1/chat/completions", {"model": target, **chat}, auth,
+                                           timeout=120).status == 200, "the target was never admitted again", log_path)
+                assert "ctx-size = 1024" in router.preset.read_text()
+                assert set(other_child) <= set(router.children())
+            finally:
+                keeper.kill()
+                keeper.wait()
+
+
+def wait_until(condition, what: str, log_path: Path, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s\n{log_path.read_text()[-2000:]}"
+        time.sleep(0.2)

@@ -8,12 +8,14 @@ Standard library only: the router soak uses it on a GPU machine that has no venv
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from functools import cache
 from pathlib import Path, PurePosixPath
 
@@ -69,3 +71,34 @@ def pod_command(container: dict, root: Path) -> list[str]:
     mount = str(PurePosixPath(script).parent)
     python = pod_python(image_minor(container.get("image")))
     return [python] + [arg.replace(mount, str(root), 1) if arg == script else arg for arg in command[1:]]
+
+
+@contextlib.contextmanager
+def admission_proxy(container: dict, programs_root: Path, env: dict[str, str], work: Path, seconds: float = 20):
+    """The rendered admission proxy (``container``) run as the pod runs it, with ``env`` (its rendered env with
+    this run's paths and ports; LISTEN_PORT among them); yields its base URL once /health answers. A failing
+    test shows the proxy's own log; at the end, SIGTERM."""
+    from lab.contract.server import request
+
+    port = env["LISTEN_PORT"]
+    log = work / "proxy.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(pod_command(container, programs_root), env=env, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                if request(base + "/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        yield base, proc, log
+    except BaseException:
+        print("admission proxy log (last 40 lines):", *log.read_text(errors="replace").splitlines()[-40:], sep="\n")
+        raise
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
