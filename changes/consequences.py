@@ -23,6 +23,7 @@ class _Context:
     slots: dict[str, int]
     options: ProviderOptions
     out: list[Consequence] = field(default_factory=list)
+    library: dict = field(default_factory=dict)  # router server -> its models' effects (library.py)
 
     def add(self, kind: str, severity: Severity, subject: str, message: str) -> None:
         self.out.append(Consequence(kind, severity, subject, message))

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 from common.constants import COLD_START_ANNOTATION, COMMIT_ID
-from components.prefetch import KEEP_SECONDS
 
 from .claims import _cache_space
 from .consequences import _Context, _hint, _Start
@@ -106,45 +105,6 @@ def _keep_claims(start: _Start, hint: ServerHint) -> str:
         return ""
     where = f"models.{hint.key}.workload.name" if hint.key else "the server's workload.name"
     return f"; to keep the old claims and their weights, set {where}: {old.name}"
-
-
-def _library_edits(ctx: _Context, starts: Sequence[_Start]) -> None:
-    """A router's models added or removed: applied by its keeper with no restart (llama.cpp's reload
-    keeps every child whose settings did not change), unless this update restarts the pod anyway."""
-    restarting = {s.workload.name for s in starts}
-    for name, hint in ctx.hints.items():
-        old = ctx.old_hints.get(name)
-        if hint.library is None or old is None or old.library is None:
-            continue
-        added = {m: gib for m, (gib, _) in hint.library.items() if m not in old.library}
-        removed = sorted(m for m in old.library if m not in hint.library)
-        # Same name, other weights (a requant, another repo): fetched again, its child restarted.
-        swapped = {m: (gib, source) for m, (gib, source) in hint.library.items()
-                   if m in old.library and old.library[m][1] and source != old.library[m][1]}
-        if not added and not removed and not swapped:
-            continue
-        label = f"{name} (models.{hint.key}.on_demand)"
-        parts = []
-        if added:
-            rate = (hint.download_seconds / hint.weights_gib) if hint.download_seconds and hint.weights_gib else None
-            took = f", about {_duration(round(rate * sum(added.values())))} at the stack's download rate" if rate else ""
-            parts.append(f"fetches {', '.join(f'{m} ({gib:g} GiB)' for m, gib in sorted(added.items()))}{took}, "
-                         "then offers it (until then the admission proxy answers 503 with Retry-After for it, which "
-                         "the gateway retries on the route's next tier)")
-        if swapped:
-            parts.append("fetches new weights for " + ", ".join(
-                f"{m} ({old.library[m][1]} -> {source}, {gib:g} GiB)" for m, (gib, source) in sorted(swapped.items()))
-                + " (once fetched, the keeper unloads its child if loaded, cutting a request in flight on it; the "
-                "next request loads the new weights)")
-        if removed:
-            parts.append(f"drops {', '.join(removed)} (unloaded if loaded; its files stay in the cache)")
-        how = ("the pod restarts in this update (above): every loaded model unloads; the models on the volume are "
-               "offered at once and the keeper fetches the new ones in the background"
-               if name in restarting else
-               f"its keeper applies it once the kubelet has refreshed the mounted ConfigMap (its sync period and "
-               f"cache, typically 1-2 min) and within its {KEEP_SECONDS} s round (no restart: the router re-reads "
-               "its preset and the models it runs keep running)")
-        ctx.add("library", "info", label, f"{'; '.join(parts)}; {how}")
 
 
 def _downtime(ctx: _Context, start: _Start, downloads: int, hint: ServerHint) -> None:

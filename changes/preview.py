@@ -57,7 +57,8 @@ from .consequences import (
     _secrets,
     _starts,
 )
-from .downloads import _library_edits, _restarts_and_downloads
+from .downloads import _restarts_and_downloads
+from .library import _library_edits
 from .pairing import _applied, pair
 from .provider import DEFAULT_OPTIONS, ProviderOptions, decide, object_id
 from .report import SEVERITY_ORDER, ChangeReport, Entry
@@ -101,4 +102,5 @@ def preview(before: Any, after: Any, options: ProviderOptions = DEFAULT_OPTIONS)
     restarted = {(s.workload.namespace, s.workload.name) for s in starts if not s.how.startswith(("OnDelete", "scaled up"))}
     _secrets(ctx, restarted)
     consequences = sorted(ctx.out, key=lambda c: (SEVERITY_ORDER[c.severity], c.kind, c.subject))
-    return ChangeReport(stack=getattr(after, "stack", "") or "", entries=entries, consequences=consequences)
+    return ChangeReport(stack=getattr(after, "stack", "") or "", entries=entries, consequences=consequences,
+                        library=ctx.library)

@@ -72,6 +72,8 @@ class ChangeReport:
     stack: str
     entries: list[Entry]
     consequences: list[Consequence]
+    # A router's server name -> what a library edit does to each of its models (changes/library.py).
+    library: dict = field(default_factory=dict)
 
     def changed(self) -> list[Entry]:
         return [e for e in self.entries if e.op != "same"]

@@ -172,20 +172,39 @@ def _secret_names(template: Mapping[str, Any]) -> set[str]:
 
 
 @dataclass(frozen=True)
+class LibraryModel:
+    """One model on demand as the plan exports it (capacity_plan.servers.<key>.residency.models.<name>)."""
+
+    weights_gib: float
+    source: str  # org/repo:TAG[@revision]
+    pinned: bool
+    # The plan's load estimate: from the page cache (a reload of the same weights) and off the volume.
+    warm_seconds: Optional[float]
+    cold_seconds: Optional[float]
+
+
+@dataclass(frozen=True)
 class ServerHint:
     weights_gib: Optional[float]
     download_seconds: Optional[int]
     load_seconds: Optional[int]
     key: Optional[str] = None  # models.<key> in the stack's config
-    # A router's models on demand: public name -> (weights GiB, org/repo:TAG) (capacity_plan.servers.<key>.residency).
-    library: Optional[dict[str, tuple[float, str]]] = None
+    # A router's models on demand, by public name.
+    library: Optional[dict[str, LibraryModel]] = None
+    server: Optional[str] = None  # the server's name (its objects are named after it)
 
 
-def _library(residency: Any) -> Optional[dict[str, tuple[float, str]]]:
+def _library(residency: Any) -> Optional[dict[str, LibraryModel]]:
     models = residency.get("models") if isinstance(residency, dict) else None
     if not isinstance(models, dict):
         return None
-    return {str(name): (float(m.get("weights_gib") or 0), str(m.get("source") or ""))
+    def seconds(m: dict, which: str) -> Optional[float]:
+        swap = m.get("swap_seconds")
+        value = swap.get(which) if isinstance(swap, dict) else None
+        return float(value) if isinstance(value, (int, float)) else None
+
+    return {str(name): LibraryModel(float(m.get("weights_gib") or 0), str(m.get("source") or ""), bool(m.get("pinned")),
+                                    seconds(m, "warm"), seconds(m, "cold"))
             for name, m in models.items() if isinstance(m, dict)}
 
 
@@ -206,6 +225,7 @@ def server_hints(run: Any) -> dict[str, ServerHint]:
             load_seconds=_int(budget.get("load_seconds"), 0) if "load_seconds" in budget else None,
             key=str(key),
             library=_library(server.get("residency")),
+            server=str(server["name"]),
         )
     return hints
 

@@ -133,7 +133,7 @@ class ModelServerBase(pulumi.ComponentResource):
             # reload keeps every unchanged model running), so a change restarts no pod.
             data = {file_name: content for folder in files.values() for file_name, content in folder.items()}
             self.config_files = k8s.core.v1.ConfigMap(
-                f"{name}-files", metadata=metadata(config_map_name(model), ns, model.name, component), data=data,
+                f"{name}-files", metadata=metadata(config_map_name(model.name), ns, model.name, component), data=data,
                 opts=pulumi.ResourceOptions(parent=self))
         self.programs = None
         programs = program_files(pod_programs(model, built))

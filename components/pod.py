@@ -85,8 +85,9 @@ def _cache_mount(model: ModelServer, cache: ModelCacheConfig, built: ServerBuild
 ConfigFiles = dict[str, dict[str, str]]
 
 
-def config_map_name(model: ModelServer) -> str:
-    return f"{model.name}-files"
+def config_map_name(server: str) -> str:
+    """The ConfigMap of a server's files (a router's preset and library), named after the server."""
+    return f"{server}-files"
 
 
 def programs_config_map_name(model: ModelServer) -> str:
@@ -209,7 +210,7 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
     for index, folder in enumerate(files.values()):
         # Whole files, never subPath: the kubelet then updates them in place when the ConfigMap changes.
         volumes.append({"name": f"files-{index}", "configMap": {
-            "name": config_map_name(model), "items": [{"key": name, "path": name} for name in folder]}})
+            "name": config_map_name(model.name), "items": [{"key": name, "path": name} for name in folder]}})
     if programs:
         # Whole files too: the kubelet updates them in place; what runs changes with a restart, which the
         # template's programs annotation brings when their code changes (components/programs.py).

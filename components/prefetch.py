@@ -23,6 +23,10 @@ PREFETCH_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": 
 KEEPER_RESOURCES = {"requests": {"cpu": "10m", "memory": KEEPER_MEMORY_REQUEST}, "limits": PREFETCH_RESOURCES["limits"]}
 # How often the keeper looks at its mounted ConfigMap (the kubelet itself refreshes it every ~60 s).
 KEEP_SECONDS = 30
+# How long the keeper waits for the requests in flight on a model it is about to reload (new settings, new
+# weights, dropped) before reloading anyway: a long completion on a CPU runs for minutes; meanwhile new
+# requests for that model alone get a 503 the gateway retries on its next tier. Past it, one still running is cut.
+DRAIN_SECONDS = 600
 HEARTBEAT = f"{SCRATCH}/keeper-heartbeat"
 # Which listed models are served and why the others are not, on the pod's scratch volume: written by the
 # init container and the keeper, read by the admission proxy for its /metrics.
@@ -109,7 +113,8 @@ def library_keeper(model: ModelServer, library: Library, credentials: Optional[C
         # Over the pod's loopback: the server itself (behind any admission proxy), with its own key.
         {"name": "RELOAD_URL", "value": f"http://127.0.0.1:{server_port}{library.reload_path}"},
         # Behind an admission proxy: each model a reload touches is drained there first.
-        *([{"name": "ADMISSION_CONTROL", "value": ADMISSION_CONTROL}] if drains else []),
+        *([{"name": "ADMISSION_CONTROL", "value": ADMISSION_CONTROL},
+           {"name": "DRAIN_SECONDS", "value": str(DRAIN_SECONDS)}] if drains else []),
     ]
     mounts = [{"name": "models", "mountPath": cache.mount_path}, *file_mounts, SCRATCH_VOLUME]
     if model.api_key is not None and credentials is not None:

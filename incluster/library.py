@@ -109,10 +109,6 @@ def _complete(folder):
 # How far a model's files may exceed the bytes the plan counted for them (its weights, rounded up to a tenth
 # of a GiB): real files weigh a little more than parameters x the quant's average bits.
 SIZE_TOLERANCE = 0.05
-# How long the keeper waits for requests in flight on a model it is about to reload (new settings or new
-# weights) before reloading anyway: a long completion on a CPU runs for minutes, and meanwhile new requests
-# for that model alone are answered 503 (the gateway's next tier); past this, one still running is cut.
-DRAIN_SECONDS = 600
 
 
 class TooLarge(Exception):
@@ -349,9 +345,10 @@ def _control(path, names):
     where = os.environ.get("ADMISSION_CONTROL")
     if not where or not os.path.exists(where):
         return None
-    connection = _UnixHTTPConnection(where, timeout=DRAIN_SECONDS + 30)
+    seconds = int(os.environ["DRAIN_SECONDS"])  # set with ADMISSION_CONTROL (components/prefetch.py)
+    connection = _UnixHTTPConnection(where, timeout=seconds + 30)
     try:
-        connection.request("POST", path, body=json.dumps({"models": names, "seconds": DRAIN_SECONDS}),
+        connection.request("POST", path, body=json.dumps({"models": names, "seconds": seconds}),
                            headers={"Content-Type": "application/json"})
         answer = connection.getresponse()
         body = answer.read(1 << 16)
@@ -380,7 +377,8 @@ def _drain(names):
         if left == 0:
             print(f"keeper: {name}: drained (no request in flight)", flush=True)
         else:
-            print(f"keeper: {name}: {left} request(s) still in flight after {DRAIN_SECONDS} s; reloading anyway",
+            print(f"keeper: {name}: {left} request(s) still in flight after {os.environ['DRAIN_SECONDS']} s; "
+                  "reloading anyway",
                   flush=True)
     return names
 

@@ -357,12 +357,15 @@ def test_adding_and_removing_a_model_on_demand_restarts_nothing_and_says_what_is
     assert report.entry("AIGatewayRoute", "inference-routes-1").op == "update"
     (library,) = report.of_kind("library")
     assert library.subject == "llama-library (models.library.on_demand)"
+    assert [(e.model, e.change, e.unloads) for e in report.library["llama-library"]] == [
+        ("phi-4", "added", False), ("qwen3-14b", "removed", True)]
     # 8.4 GiB at the stack's 40 MiB/s: 215 s.
     assert library.message.startswith(
         "fetches phi-4 (8.4 GiB), about 4 min at the stack's download rate, then offers it (until then the admission "
-        "proxy answers 503 with Retry-After for it, which the gateway retries on the route's next tier); drops qwen3-14b "
-        "(unloaded if loaded; its files stay in the cache); its keeper applies it once the kubelet has refreshed the "
-        "mounted ConfigMap")
+        "proxy answers 503 with Retry-After for it, which the gateway retries on the route's next tier); drops qwen3-14b: "
+        "unloaded if loaded and forgotten (then the admission proxy answers 400, model not found; its files stay in the "
+        "cache); each model unloaded by the edit is drained first: new requests for it get 503 with Retry-After")
+    assert "its keeper applies it once the kubelet has refreshed the mounted ConfigMap" in library.message
     assert "no restart" in library.message
 
 
@@ -390,10 +393,44 @@ def test_a_library_edit_restarts_nothing(what):
 
 
 def test_other_weights_under_the_same_name_are_fetched_again_and_said_so():
-    """A requant keeps the public name but not the weights: the preview says which model is fetched again."""
+    """A requant keeps the public name but not the weights: the preview says which model is fetched again, that
+    the old weights serve meanwhile, and that it is drained and unloaded once they are fetched."""
     report = edit("rtx3090-library", lambda c: library_models(c)["llama-3.1-8b"].update(
         hf_repo="bartowski/Meta-Llama-3.1-8B-Instruct-GGUF:Q5_K_M"))
     no_collision_or_wait(report)
     (library,) = report.of_kind("library")
+    assert [(e.model, e.change, e.unloads) for e in report.library["llama-library"]] == [
+        ("llama-3.1-8b", "new weights", True)]
     assert ("fetches new weights for llama-3.1-8b (bartowski/Meta-Llama-3.1-8B-Instruct-GGUF:Q4_K_M -> "
             "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF:Q5_K_M, ") in library.message
+    assert "while the old ones serve; then unloads it" in library.message and "drained first" in library.message
+
+
+def test_a_context_change_reloads_that_model_alone_after_draining_it():
+    """Issue #48 item 3: a ctx_size change is a settings change of one preset section: the preview names the
+    model, the setting, that it is drained first, and (pinned) that the proxy loads it again at once."""
+    report = edit("rtx3090-library", lambda c: library_models(c)["qwen3-8b"].update(ctx_size=8192))
+    no_collision_or_wait(report)
+    assert not report.of_kind("restart") and not report.of_kind("downtime")
+    assert [(e.model, e.change, e.unloads) for e in report.library["llama-library"]] == [
+        ("qwen3-8b", "new settings", True)]
+    (library,) = report.of_kind("library")
+    assert library.message.startswith("reloads qwen3-8b with new settings (ctx-size 16384 -> 8192): unloaded, then the "
+                                      "admission proxy loads it again at once (pinned) (about ")
+    assert "drained first: new requests for it get 503 with Retry-After" in library.message
+
+
+def test_moving_the_pin_reloads_nothing():
+    """Issue #48 item 2: the pin lives in the admission plan, not in the router's preset, so moving it changes
+    no section: the preview says the proxy loads the new one and the old one stays until its room is needed."""
+    def change(c):
+        library_models(c)["qwen3-8b"].pop("pinned")
+        library_models(c)["llama-3.1-8b"]["pinned"] = True
+
+    report = edit("rtx3090-library", change)
+    no_collision_or_wait(report)
+    assert not report.of_kind("restart") and not report.of_kind("downtime")
+    assert [(e.model, e.change, e.unloads) for e in report.library["llama-library"]] == [
+        ("llama-3.1-8b", "pinned", False), ("qwen3-8b", "unpinned", False)]
+    (library,) = report.of_kind("library")
+    assert "drained" not in library.message and library.message.count("nothing reloads") == 2

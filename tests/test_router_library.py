@@ -49,10 +49,15 @@ REORDERED = {name: DECOYS[name] for name in sorted(DECOYS, key=lambda n: ("sub/"
 @pytest.fixture(scope="module")
 def rendered() -> dict:
     """The library server's rendered pod (init container, router, keeper) and ConfigMap files."""
-    from render.manifests import manifests
     from render.offline import run_stack
 
-    run = run_stack(STACK)
+    return rendered_pod(run_stack(STACK))
+
+
+def rendered_pod(run) -> dict:
+    """A run's library server: its pod (init container, router, keeper) and its ConfigMaps' files."""
+    from render.manifests import manifests
+
     model = run.config.models[KEY]
     files = list(manifests(run).values())
     (workload,) = [m for m in files if m["kind"] == "Deployment" and m["metadata"]["name"] == model.workload_name]
@@ -77,15 +82,17 @@ def env_under(items: list[dict], root: Path) -> dict[str, str]:
             for item in items}
 
 
-def write_files(rendered: dict, root: Path, library: dict[str, str] | None = None, preset: str | None = None) -> None:
-    """The ConfigMap's files where the pod mounts them (under root); the library and preset replaced
-    if given (threads 1 in the preset: a 2-core machine runs several children)."""
+def write_files(rendered: dict, root: Path, library: dict[str, str] | None = None, preset: str | None = None,
+                files: dict[str, str] | None = None) -> None:
+    """The ConfigMap's files where the pod mounts them (under root): ``files`` (another render's) if given, the
+    library and preset replaced if given (threads 1 in the preset: a 2-core machine runs several children)."""
     (mount,) = [m["mountPath"] for m in rendered["init"]["volumeMounts"] if m["name"].startswith("files-")]
     folder = root / mount.lstrip("/")
     folder.mkdir(parents=True, exist_ok=True)
-    for name, text in rendered["files"].items():
+    files = files if files is not None else rendered["files"]
+    for name, text in files.items():
         (folder / name).write_text(text)
-    (folder / "models.ini").write_text(one_thread(preset if preset is not None else rendered["preset"]))
+    (folder / "models.ini").write_text(one_thread(preset if preset is not None else files["models.ini"]))
     write_programs(rendered["programs"], rendered["pod"], programs_under(root))
     if library is not None:
         (folder / "library.json").write_text(json.dumps(library))
@@ -579,3 +586,92 @@ def wait_until(condition, what: str, log_path: Path, seconds: float = 60) -> Non
     while not condition():
         assert time.monotonic() < deadline, f"{what}: not within {seconds} s\n{log_path.read_text()[-2000:]}"
         time.sleep(0.2)
+
+
+# --- the change preview's statement for each library edit, held against the keeper and the real router -----
+
+def _drop_14b(c: dict) -> None:
+    library_models(c).pop("qwen3-14b")
+    routes = c["inference-plane:gateway"]["routes"]
+    routes[:] = [r for r in routes if r["model"] != "qwen3-14b"]
+
+
+def _move_pin(c: dict) -> None:
+    library_models(c)["qwen3-8b"].pop("pinned")
+    library_models(c)["llama-3.1-8b"]["pinned"] = True
+
+
+LIBRARY_EDITS = {  # issue #48's edit kinds on rtx3090-library
+    "a model's context": lambda c: library_models(c)["gemma-3-12b"].update(ctx_size=8192),
+    "the pinned model's context": lambda c: library_models(c)["qwen3-8b"].update(ctx_size=8192),
+    "a requant": lambda c: library_models(c)["llama-3.1-8b"].update(hf_repo="bartowski/Meta-Llama-3.1-8B-Instruct-GGUF:Q5_K_M"),
+    "a model removed": _drop_14b,
+    "a model added": lambda c: library_models(c).update({"qwen3-4b": {"hf_repo": "Qwen/Qwen3-4B-GGUF:Q4_K_M"}}),
+    "the pin moved": _move_pin,
+}
+
+
+def library_models(config: dict) -> dict:
+    return config["inference-plane:models"][KEY]["on_demand"]["models"]
+
+
+@pytest.mark.parametrize("what", list(LIBRARY_EDITS))
+def test_the_preview_says_which_models_a_library_edit_unloads_and_the_router_agrees(binary, tmp_path, what):
+    """Issue #48 item 3: for each edit kind, the change preview's per-model statement (changes/library.py) is
+    held against what happens: the pod runs the stack before the edit with every model loaded; the edited
+    stack's ConfigMap files replace the mounted ones; the rendered keeper applies them to the real router.
+    Exactly the models the preview says unload are no longer running (a dropped one is no longer listed), a
+    model it says is added is listed, and every other model keeps its child."""
+    import copy
+
+    from changes import preview
+    from changes.provider import options_from_config
+    from conftest import run_stack_file, stack_file_config
+
+    config = stack_file_config(STACK)
+    edited = copy.deepcopy(config)
+    LIBRARY_EDITS[what](edited)
+    secrets = {k.split(":", 1)[1]: f"{k}-value" for k, v in config.items() if isinstance(v, dict) and "secure" in v}
+    before_run, after_run = run_stack_file(STACK, config, secrets), run_stack_file(STACK, edited, secrets)
+    report = preview(before_run, after_run, options_from_config(edited))
+    assert not report.of_kind("restart") and not report.of_kind("downtime")
+    effects = report.library[before_run.config.models[KEY].name]
+    before, after = rendered_pod(before_run), rendered_pod(after_run)
+    said_unloaded = sorted(e.model for e in effects if e.unloads)
+    said_added = sorted(e.model for e in effects if e.change == "added")
+
+    repos = every_tiny_repo(tmp_path, [before["library"], after["library"]])
+    root = tmp_path / "pod"
+    with filled_pod(binary, before, root, repos) as (endpoint, router):
+        for name in before["names"]:
+            router.load(name)
+        children = set(router.children())
+        # The edited stack's files where the kubelet puts them; the keeper applies them.
+        write_files(before, root, files=after["files"])
+        log_path = tmp_path / "keeper.log"
+        keeper = start_keeper(before, root, endpoint, router, log_path)
+        try:
+            wait_until(lambda: "re-read its preset" in log_path.read_text(), "the keeper's round", log_path)
+            statuses = router.statuses()
+        finally:
+            keeper.kill()
+            keeper.wait()
+        unloaded = sorted(n for n in before["names"] if statuses.get(n) != "loaded")
+        assert unloaded == said_unloaded, (effects, statuses, log_path.read_text())
+        assert sorted(set(statuses) - set(before["names"])) == said_added
+        assert all(n not in statuses for n in said_unloaded if n not in after["names"])  # dropped: not listed
+        kept = len(before["names"]) - len(unloaded)
+        assert len(children & set(router.children())) == kept  # the others kept their processes
+
+
+def every_tiny_repo(tmp_path: Path, libraries: list[dict[str, str]]) -> dict[str, dict[str, bytes]]:
+    """A stand-in Hub repo per repo any of the libraries names, a tiny GGUF per tag (so a requant is other
+    weights in the same repo)."""
+    vocab = source_dir() / "models" / "ggml-vocab-llama-spm.gguf"
+    repos: dict[str, dict[str, bytes]] = {}
+    sources = sorted({source for library in libraries for source in library.values()})
+    for seed, source in enumerate(sources):
+        repo, tag = source.rsplit(":", 1)
+        path = write_tiny_model(vocab, tmp_path / f"tiny-{seed}.gguf", seed=seed)
+        repos.setdefault(repo, {"README.md": b"x"})[f"{repo.split('/')[1].removesuffix('-GGUF')}-{tag}.gguf"] = path.read_bytes()
+    return repos
