@@ -24,6 +24,8 @@ class _Context:
     options: ProviderOptions
     out: list[Consequence] = field(default_factory=list)
     library: dict = field(default_factory=dict)  # router server -> its models' effects (library.py)
+    cards: dict = field(default_factory=dict)  # (pool, node, gpu) -> CardPlan, after the edit
+    old_cards: dict = field(default_factory=dict)  # and before
 
     def add(self, kind: str, severity: Severity, subject: str, message: str) -> None:
         self.out.append(Consequence(kind, severity, subject, message))

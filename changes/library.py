@@ -121,7 +121,7 @@ def _library_edits(ctx: _Context, starts: Sequence[_Start]) -> None:
             continue
         ctx.library[hint.server or workload] = tuple(effects)
         parts = [e.says for e in effects]
-        if any(e.unloads for e in effects):
+        if any(e.unloads for e in effects) and workload not in restarting:
             parts.append("each model unloaded by the edit is " + DRAINED + "; the others keep running")
         how = ("the pod restarts in this update (above): every loaded model unloads; the models on the volume are "
                "offered at once and the keeper fetches the new ones in the background"
@@ -130,3 +130,58 @@ def _library_edits(ctx: _Context, starts: Sequence[_Start]) -> None:
                f"cache, typically 1-2 min) and within its {KEEP_SECONDS} s round (no restart)")
         ctx.add("library", "info", f"{workload} (models.{hint.key}.on_demand)", f"{'; '.join(parts)}; {how}")
 
+
+
+def _card_overlaps(ctx: _Context, starts: Sequence[_Start]) -> None:
+    """A router's VRAM budget changes while another server on its card starts or goes (a model moved between
+    the router and a server of its own, a server added beside it): the router's admission proxy holds it to
+    the old budget until it reads the new plan (the kubelet refreshes the mounted ConfigMap in ~1-2 min; the
+    proxy then unloads idle models at its next round, busy ones once their requests end), while the other
+    pods start at once, and a deleted one holds its VRAM until its pod has exited. The moment both hold VRAM
+    is planned here: each workload at the larger of its two figures."""
+    started = {s.workload.name for s in starts}
+    restarting = {s.workload.name for s in starts if s.down}
+    for card, after in ctx.cards.items():
+        before = ctx.old_cards.get(card)
+        if before is None:
+            continue
+        for router, hint in ctx.hints.items():
+            old_hint = ctx.old_hints.get(router)
+            if router not in after.workloads or old_hint is None or None in (hint.vram_budget_gib, old_hint.vram_budget_gib):
+                continue
+            old_budget, new_budget = old_hint.vram_budget_gib, hint.vram_budget_gib
+            others = {w: max(before.workloads.get(w, 0.0), after.workloads.get(w, 0.0))
+                      for w in set(before.workloads) | set(after.workloads) if w != router}
+            arriving = sorted(w for w in others if w in started or w not in before.workloads)
+            leaving = sorted(w for w in before.workloads if w != router and w not in after.workloads)
+            if old_budget == new_budget or not (arriving if new_budget < old_budget else leaving):
+                continue
+            moment = max(old_budget, new_budget) + sum(others.values())
+            pool, node, gpu = card
+            where = f"GPU {gpu} of {pool} node {node}"
+            if new_budget < old_budget:
+                until = ("until its old pod has exited (it restarts in this update; the other pods start at once)"
+                         if router in restarting else
+                         "until its admission proxy reads the new plan (the kubelet refreshes the ConfigMap in ~1-2 "
+                         "min; it then unloads idle models at its next round, busy ones once their requests end)")
+                what = (f"{router}'s budget shrinks {old_budget:g} -> {new_budget:g} GiB while {', '.join(arriving)} "
+                        f"start{'s' if len(arriving) == 1 else ''} beside it: {until} the router may still hold "
+                        f"{old_budget:g} GiB")
+                way = ("a load on either side may fail for lack of VRAM (the new server's container restarts with "
+                       "back-off; the router answers 503, retried on the route's next tier) until the router has shrunk; "
+                       "to avoid it, apply in two steps: first the library edit alone, then, once the router holds "
+                       f"no more than {new_budget:g} GiB, the new server")
+            else:
+                what = (f"{router}'s budget grows {old_budget:g} -> {new_budget:g} GiB while {', '.join(leaving)} "
+                        f"{'goes' if len(leaving) == 1 else 'go'}: its admission proxy may read the new plan before "
+                        "the update has deleted the old pods and they have exited")
+                way = ("a load on the router past its old budget may fail for lack of VRAM (503, retried on the "
+                       "route's next tier) until the old pods have exited; to avoid it, apply in two steps: first "
+                       "remove the server, then, once its pods are gone, grow the library")
+            sizes = " + ".join(f"{g:g}" for g in [max(old_budget, new_budget), *others.values()])
+            if moment <= after.vram_gib:
+                ctx.add("card-overlap", "info", where, f"{what}; both fit at once: {sizes} = {moment:.1f} of "
+                        f"{after.vram_gib:g} GiB")
+            else:
+                ctx.add("card-overlap", "warning", where, f"{what}: {sizes} = {moment:.1f} GiB, more than the card's "
+                        f"{after.vram_gib:g}; {way}")

@@ -58,11 +58,11 @@ from .consequences import (
     _starts,
 )
 from .downloads import _restarts_and_downloads
-from .library import _library_edits
+from .library import _card_overlaps, _library_edits
 from .pairing import _applied, pair
 from .provider import DEFAULT_OPTIONS, ProviderOptions, decide, object_id
 from .report import SEVERITY_ORDER, ChangeReport, Entry
-from .workloads import gpu_slots, server_hints
+from .workloads import card_plans, gpu_slots, server_hints
 
 
 def preview(before: Any, after: Any, options: ProviderOptions = DEFAULT_OPTIONS) -> ChangeReport:
@@ -84,7 +84,8 @@ def preview(before: Any, after: Any, options: ProviderOptions = DEFAULT_OPTIONS)
             new=new,
             applied=_applied(old, new, action),
         ))
-    ctx = _Context(entries, server_hints(after), server_hints(before), gpu_slots(after) or gpu_slots(before), options)
+    ctx = _Context(entries, server_hints(after), server_hints(before), gpu_slots(after) or gpu_slots(before), options,
+                   cards=card_plans(after), old_cards=card_plans(before))
     gone = _deleted_namespaces(entries)
     _protect(ctx)
     _ignored(ctx)
@@ -96,6 +97,7 @@ def preview(before: Any, after: Any, options: ProviderOptions = DEFAULT_OPTIONS)
     starts = _starts(ctx)
     _restarts_and_downloads(ctx, starts, fates)
     _library_edits(ctx, starts)
+    _card_overlaps(ctx, starts)
     pending = _gpu_waits(ctx, starts)
     _redirected_traffic(ctx, starts, pending)
     _pvc_size(ctx)

@@ -192,6 +192,8 @@ class ServerHint:
     # A router's models on demand, by public name.
     library: Optional[dict[str, LibraryModel]] = None
     server: Optional[str] = None  # the server's name (its objects are named after it)
+    # A router's VRAM budget (residency.vram_budget_gib): what its admission proxy lets it hold on the card.
+    vram_budget_gib: Optional[float] = None
 
 
 def _library(residency: Any) -> Optional[dict[str, LibraryModel]]:
@@ -226,8 +228,35 @@ def server_hints(run: Any) -> dict[str, ServerHint]:
             key=str(key),
             library=_library(server.get("residency")),
             server=str(server["name"]),
+            vram_budget_gib=_float((server.get("residency") or {}).get("vram_budget_gib")),
         )
     return hints
+
+
+def _float(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class CardPlan:
+    """One GPU as the plan fills it (capacity_plan.nodes[].gpus[])."""
+
+    vram_gib: float
+    workloads: dict[str, float]  # workload name -> planned VRAM GiB on this card
+
+
+def card_plans(run: Any) -> dict[tuple[str, int, int], CardPlan]:
+    """(pool, node, gpu) -> that card's plan, from the exported capacity plan."""
+    plan = (getattr(run, "outputs", None) or {}).get("capacity_plan") or {}
+    cards: dict[tuple[str, int, int], CardPlan] = {}
+    for node in (plan.get("nodes") if isinstance(plan, dict) else None) or []:
+        for gpu in (node.get("gpus") if isinstance(node, dict) else None) or []:
+            size = _float(gpu.get("vram_gib")) if isinstance(gpu, dict) else None
+            if size is None:
+                continue
+            workloads = {str(w): float(g) for w, g in (gpu.get("workloads") or {}).items() if _float(g) is not None}
+            cards[(str(node.get("pool")), _int(node.get("node"), 0), _int(gpu.get("gpu"), 0))] = CardPlan(size, workloads)
+    return cards
 
 
 def gpu_slots(run: Any) -> dict[str, int]:

@@ -241,11 +241,8 @@ class Residency:
                         raise
                     self._spawn(self._watch_load(name, time.monotonic(), future))
                     break
-                candidates = [n for n in resident if self.in_flight.get(n, 0) == 0 and n not in self.pinned
-                              and n not in self.unloading and statuses.get(n) in RUNNING]
-                if candidates:
-                    # A model the plan no longer lists (retired, or unknown to this proxy) goes first.
-                    victim = min(candidates, key=lambda n: (n in self.models, self.last_used.get(n, 0.0), n))
+                victim = self._idle_victim(resident, statuses)
+                if victim is not None:
                     self.unloading.add(victim)
                     log(f"unloading {victim} (least recently used idle) to make room for {name}")
                     try:
@@ -270,6 +267,35 @@ class Residency:
         if waited:
             self.waits[0] += 1
             self.waits[1] += time.monotonic() - started
+
+    def _idle_victim(self, resident: set, statuses: dict):
+        """The model to unload for room: idle, not pinned, running; one the plan no longer lists (retired, or
+        unknown to this proxy) first, then the least recently used."""
+        candidates = [n for n in resident if self.in_flight.get(n, 0) == 0 and n not in self.pinned
+                      and n not in self.unloading and statuses.get(n) in RUNNING]
+        return min(candidates, key=lambda n: (n in self.models, self.last_used.get(n, 0.0), n)) if candidates else None
+
+    async def fit_budget(self) -> None:
+        """A plan whose budget shrank (a model moved to a server of its own on this card, a lower VRAM): idle
+        models are unloaded, least recently used first, until what is resident fits it again, so the other
+        server's memory is freed without waiting for a load here to make room. A busy model is left to finish
+        (the next round takes it once idle); nothing past the budget is admitted meanwhile."""
+        while True:
+            async with self.lock:
+                resident, statuses = await self.resident()
+                if self.fits(resident):
+                    return
+                victim = self._idle_victim(resident, statuses)
+                if victim is None:
+                    return
+                self.unloading.add(victim)
+                log(f"unloading {victim} (least recently used idle): what is resident exceeds the plan's budget")
+                try:
+                    await self.router.unload(victim)
+                except BaseException:
+                    self.unloading.discard(victim)
+                    raise
+            await self._gone(victim)
 
     def _watch(self, name: str):
         """A future for the model's load (settled by _watch_load), registered where requests look for it."""
@@ -327,7 +353,8 @@ class Residency:
         self.freed.set()
 
     async def keep_pinned(self) -> None:
-        """At start, and then every PIN_CHECK_SECONDS: a pinned model the router does not hold (not loaded
+        """At start, and then every PIN_CHECK_SECONDS: what is resident brought within the plan's budget
+        (fit_budget), and a pinned model the router does not hold (not loaded
         yet, its child crashed, or the keeper unloaded it for new weights) is loaded, room made for it like
         for a request; after a failed load, later and later (up to 10 minutes), so a broken one does not
         unload the others every round. Until the router first answers, every second."""
@@ -337,6 +364,7 @@ class Residency:
                 self.refresh()
                 statuses = await self.router.statuses(full=True)
                 answered = True
+                await self.fit_budget()
                 for name in sorted(self.pinned):
                     status = statuses.get(name)
                     if status is None or status.get("value") in RUNNING:

@@ -434,3 +434,55 @@ def test_moving_the_pin_reloads_nothing():
         ("llama-3.1-8b", "pinned", False), ("qwen3-8b", "unpinned", False)]
     (library,) = report.of_kind("library")
     assert "drained" not in library.message and library.message.count("nothing reloads") == 2
+
+
+def _router_and_own_server(move_out: bool):
+    """rtx3090-library with the card shared (time-slicing, gpu_shares 2) and a library small enough that
+    qwen3-14b fits on a server of its own beside the router: the report for moving qwen3-14b out of the
+    library to that server (or back)."""
+    base = stack_file_config("rtx3090-library")
+    base["inference-plane:node_pools"]["rtx3090"]["gpu_shares"] = 2
+    for name in ("gemma-3-12b", "qwen3-30b-a3b"):
+        library_models(base).pop(name)
+    gateway = base["inference-plane:gateway"]
+    gateway["routes"] = [r for r in gateway["routes"] if r["model"] not in ("gemma-3-12b", "qwen3-30b-a3b")]
+    moved = copy.deepcopy(base)
+    library = models(moved)["library"]
+    library["on_demand"]["models"].pop("qwen3-14b")
+    models(moved)["qwen14"] = {
+        "role": "chat", "name": "qwen14", "image": library["image"], "node_pool": "rtx3090",
+        "hf_repo": "Qwen/Qwen3-14B-GGUF:Q4_K_M", "gpu_layers": 99, "ctx_size": 4096, "cache_type_k": "q8_0",
+        "cache_type_v": "q8_0", "resources": {"cpu_request": "2", "cpu_limit": "8"},
+        "api_key": {"secret_name": "qwen14-key", "from_config": "chat_api_key"}}
+    moved["inference-plane:gateway"]["tiers"]["qwen14"] = {"local": "qwen14"}
+    for route in moved["inference-plane:gateway"]["routes"]:
+        if route["model"] == "qwen3-14b":
+            route["backends"][0] = {"tier": "qwen14"}
+    secrets = {k.split(":", 1)[1]: f"{k}-value" for k, v in base.items() if isinstance(v, dict) and "secure" in v}
+    runs = [run_stack_file("rtx3090-library", c, secrets) for c in (base, moved)]
+    before, after = runs if move_out else runs[::-1]
+    report = preview(before, after, options_from_config(moved))
+    budgets = [run.outputs["capacity_plan"]["servers"]["library"]["residency"]["vram_budget_gib"] for run in (before, after)]
+    (card,) = runs[1].outputs["capacity_plan"]["nodes"][0]["gpus"]  # the card with qwen14 on it
+    return report, budgets, card
+
+
+@pytest.mark.parametrize("move_out", [True, False])
+def test_moving_a_model_between_the_router_and_a_server_of_its_own_plans_the_moment_both_hold_vram(move_out):
+    """Issue #48 item 4: the router's admission proxy keeps its old budget until it reads the new plan (or, when
+    the router restarts, until its old pod exits), while the new server starts at once; moving back, the old
+    server holds its VRAM until its pod is deleted at the end of the update. The preview sums that moment
+    (each workload at the larger of its figures) against the card, and says the way round it."""
+    report, (old_budget, new_budget), card = _router_and_own_server(move_out)
+    (overlap,) = report.of_kind("card-overlap")
+    assert overlap.severity == "warning" and overlap.subject == "GPU 0 of rtx3090 node 0"
+    server = card["workloads"]["qwen14"]
+    largest = max(old_budget, new_budget)
+    assert f"{largest:g} + {server:g} = {largest + server:.1f} GiB, more than the card's {card['vram_gib']:g}" in overlap.message
+    if move_out:
+        assert new_budget < old_budget and "while qwen14 starts beside it" in overlap.message
+        assert overlap.message.endswith(f"first the library edit alone, then, once the router holds no more than "
+                                        f"{new_budget:g} GiB, the new server")
+    else:
+        assert new_budget > old_budget and "while qwen14 goes" in overlap.message
+        assert overlap.message.endswith("first remove the server, then, once its pods are gone, grow the library")

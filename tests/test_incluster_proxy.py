@@ -861,6 +861,34 @@ def test_models_drained_together_stay_drained_until_the_last_has_ended(tmp_path)
         assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(idle)))) == 200
 
 
+def test_a_smaller_budget_unloads_idle_models_at_once_and_busy_ones_once_they_finish(tmp_path):
+    """Issue #48 item 4: a model moved from the router to a server of its own on the same card shrinks the
+    router's budget. The proxy brings what is resident within the new plan by itself (the other server needs
+    that memory now, not at the router's next load): idle models first, least recently used; a model serving
+    a request only once it has finished."""
+    vram = {n: PLAN["models"][n]["vram_gib"] for n in NAMES}
+    pinned = sum(vram[n] for n in PINNED)
+    pair = next((a, b) for a in UNPINNED for b in UNPINNED if a < b and pinned + vram[a] + vram[b] <= BUDGET)
+    with proxy_against(tmp_path) as proxy:
+        for name in pair:
+            assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(name)))) == 200
+        busy, idle = pair
+        held = in_thread(lambda: proxy.exchange(http("POST", "/v1/chat/completions", chat(busy, hold=4.0)), timeout=30))
+        wait_for(lambda: proxy.in_flight().get(busy) == 1, "the held request was never admitted")
+        # The new plan: room for the pinned models and the busy one only.
+        smaller = {**PLAN, "vram_budget_gib": round(pinned + vram[busy] + 0.05, 2)}
+        (tmp_path / "admission.json").write_text(json.dumps(smaller))
+        wait_for(lambda: proxy.fake.status[idle] == "unloaded", "the idle model was not unloaded", seconds=5)
+        assert proxy.fake.status[busy] == "loaded" and all(proxy.fake.status[n] == "loaded" for n in PINNED)
+        # Then room for the pinned ones alone: the busy model goes once its request has ended, not before.
+        (tmp_path / "admission.json").write_text(json.dumps({**PLAN, "vram_budget_gib": round(pinned + 0.05, 2)}))
+        time.sleep(2.0)
+        assert proxy.fake.status[busy] == "loaded" and proxy.in_flight().get(busy) == 1
+        assert status_of(held()[0]) == 200
+        wait_for(lambda: proxy.fake.status[busy] == "unloaded", "the busy model was not unloaded once idle", seconds=5)
+        assert all(proxy.fake.status[n] == "loaded" for n in PINNED)
+
+
 def test_a_model_the_plan_drops_is_drained_while_its_last_request_runs(tmp_path):
     """A model removed from the library: the proxy reads the new plan (the model unknown to new requests) while
     a request on it still runs; the keeper's drain of it waits for that request, so the reload that forgets

@@ -302,3 +302,31 @@ def test_building_a_server_asks_which_engine_it_runs_once(tmp_path, stack):
         Engine.build = original
     names = [model.name for model in result.run.config.models.values()]
     assert sorted(built) == sorted(names)
+
+
+# --- docs/layout.md's prose says what the rules above hold -------------------------------------------------
+
+def _layout_prose() -> str:
+    return " ".join(LAYOUT.read_text().split())
+
+
+def test_the_layout_page_states_the_import_order_the_test_holds():
+    """"Imports run one way, down: `__main__` → ... → `incluster`": the order this test enforces (LAYERS)."""
+    match = re.search(r"Imports run one way, down: ((?:`[^`]+` → )+`[^`]+`)", _layout_prose())
+    assert match, "docs/layout.md no longer states the import order"
+    assert re.findall(r"`([^`]+)`", match.group(1)) == LAYERS[::-1]
+
+
+def test_the_layout_page_names_every_incluster_module_the_program_imports():
+    """"the program imports only `incluster.fit` ... and `incluster.preset` ...": exactly the in-cluster modules
+    the program's layers import (the others are shipped as files, never imported)."""
+    match = re.search(r"the program imports only (.+?) and reads the rest as files to ship", _layout_prose())
+    assert match, "docs/layout.md no longer says which in-cluster modules the program imports"
+    said = set(re.findall(r"`(incluster\.[a-z_]+)`", match.group(1)))
+    imported = {target for module, targets in import_graph().items() if _layer(module) not in ("incluster", LAB)
+                for target in targets if _layer(target) == "incluster" and target != "incluster"}  # the package itself
+    assert said == imported
+
+
+def test_the_layout_page_states_the_size_limit_the_test_holds():
+    assert f"a module over {PROGRAM_MODULES_MAX_LINES} lines" in _layout_prose()
