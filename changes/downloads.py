@@ -127,7 +127,22 @@ def _downtime(ctx: _Context, start: _Start, downloads: int, hint: ServerHint) ->
     if start.partial:
         ctx.add("reduced-capacity", "info", w.label, f"each pod is out {estimate} while the others serve")
     else:
-        ctx.add("downtime", "warning", w.label, f"not serving {estimate}: {start.how}")
+        ctx.add("downtime", "warning", w.label, f"not serving {estimate}: {start.how}{_router_loads(hint)}")
+
+
+def _router_loads(hint: ServerHint) -> str:
+    """A router serves once it is up, but every model it held is unloaded: the pinned ones load at once
+    (one after another, by its admission proxy), each other one on its first request."""
+    if not hint.library:
+        return ""
+    pinned = {m: lib.cold_seconds for m, lib in sorted(hint.library.items()) if lib.pinned}
+    loads = [s for s in pinned.values() if s is not None]
+    if pinned:
+        took = f" (about {_duration(round(sum(loads)))} off the volume, by the plan)" if len(loads) == len(pinned) else ""
+        head = f"; then the admission proxy loads the pinned {', '.join(pinned)}{took}, and every other model loads on its first request"
+    else:
+        head = "; then every model loads on its first request"
+    return head + " (its swap time, `make render`)"
 
 
 def _duration(seconds: int) -> str:

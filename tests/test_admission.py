@@ -453,3 +453,22 @@ def test_a_client_that_stops_reading_a_stream_releases_its_model(binary, gguf_fo
         s.close()
         assert p.chat("gemma-3-12b", timeout=120).status == 200
         assert "qwen3-30b-a3b" not in p.router.running()
+
+
+def test_a_plan_with_a_smaller_budget_frees_the_card_on_the_real_router(binary, gguf_folder):
+    """Issue #48 item 4: a model moved to a server of its own on this card shrinks the router's budget; the
+    proxy frees the difference on its own round (the other server needs it now), on the real router: the idle
+    model goes, the pinned one stays, and nothing past the new budget is admitted afterwards."""
+    plan = SPEC["plan"]
+    pinned = [n for n, m in plan["models"].items() if m["pinned"]]
+    others = sorted((n for n in plan["models"] if n not in pinned), key=lambda n: plan["models"][n]["vram_gib"])
+    with plane(binary, gguf_folder, proxy_env={"PIN_CHECK_SECONDS": "1", "ADMIT_WAIT_SECONDS": "2"}) as p:
+        p.router.wait_status(pinned[0], ("loaded",))
+        idle = others[0]
+        assert p.chat(idle).status == 200 and set(p.router.running()) == {*pinned, idle}
+        smaller = {**plan, "vram_budget_gib": round(p.planned_vram(pinned) + 0.05, 2)}
+        (p.router.work / "admission.json").write_text(json.dumps(smaller))
+        p.router.wait_status(idle, ("unloaded",), seconds=20)
+        assert set(p.router.running()) == set(pinned)
+        answer = p.chat(others[1])
+        assert answer.status == 503 and set(p.router.running()) == set(pinned)  # no room under the new plan

@@ -486,3 +486,18 @@ def test_moving_a_model_between_the_router_and_a_server_of_its_own_plans_the_mom
     else:
         assert new_budget > old_budget and "while qwen14 goes" in overlap.message
         assert overlap.message.endswith("first remove the server, then, once its pods are gone, grow the library")
+
+
+def test_a_router_restart_says_its_pinned_models_load_after_it_serves():
+    """Issue #48 item 3: a restarted router answers once it is up, but holds no model: the downtime line says
+    the pinned model loads next (its cold swap, by the plan) and the others on their first request."""
+    report, _, _ = _router_and_own_server(True)
+    (down,) = [c for c in report.of_kind("downtime") if "llama-library" in c.subject]
+    plan = stack_plan_swap("qwen3-8b")
+    assert (f"then the admission proxy loads the pinned qwen3-8b (about {round(plan)} s off the volume, by the plan), "
+            "and every other model loads on its first request") in down.message
+
+
+def stack_plan_swap(model: str) -> float:
+    run = run_stack_file("rtx3090-library", stack_file_config("rtx3090-library"))
+    return run.outputs["capacity_plan"]["servers"]["library"]["residency"]["models"][model]["swap_seconds"]["cold"]

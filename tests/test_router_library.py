@@ -596,6 +596,13 @@ def _drop_14b(c: dict) -> None:
     routes[:] = [r for r in routes if r["model"] != "qwen3-14b"]
 
 
+def _drop_the_pinned(c: dict) -> None:
+    library_models(c).pop("qwen3-8b")
+    library_models(c)["llama-3.1-8b"]["pinned"] = True
+    routes = c["inference-plane:gateway"]["routes"]
+    routes[:] = [r for r in routes if r["model"] != "qwen3-8b"]
+
+
 def _move_pin(c: dict) -> None:
     library_models(c)["qwen3-8b"].pop("pinned")
     library_models(c)["llama-3.1-8b"]["pinned"] = True
@@ -606,6 +613,7 @@ LIBRARY_EDITS = {  # issue #48's edit kinds on rtx3090-library
     "the pinned model's context": lambda c: library_models(c)["qwen3-8b"].update(ctx_size=8192),
     "a requant": lambda c: library_models(c)["llama-3.1-8b"].update(hf_repo="bartowski/Meta-Llama-3.1-8B-Instruct-GGUF:Q5_K_M"),
     "a model removed": _drop_14b,
+    "the pinned model removed": _drop_the_pinned,
     "a model added": lambda c: library_models(c).update({"qwen3-4b": {"hf_repo": "Qwen/Qwen3-4B-GGUF:Q4_K_M"}}),
     "the pin moved": _move_pin,
 }
