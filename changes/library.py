@@ -159,6 +159,20 @@ def _card_overlaps(ctx: _Context, starts: Sequence[_Start]) -> None:
             moment = max(old_budget, new_budget) + sum(others.values())
             pool, node, gpu = card
             where = f"GPU {gpu} of {pool} node {node}"
+            waits = [w for w in arriving if ctx.hints.get(w) is not None and ctx.hints[w].room_gib is not None
+                     and ctx.hints[w].room_gib <= new_budget + 1e-9]
+            if new_budget < old_budget and waits == arriving:
+                ctx.add("card-overlap", "info", where,
+                        f"{router}'s budget shrinks {old_budget:g} -> {new_budget:g} GiB while {', '.join(arriving)} "
+                        f"start{'s' if len(arriving) == 1 else ''} beside it; ordered so that both never hold the "
+                        f"card at once ({max(old_budget, new_budget):g} + {sum(others.values()):g} GiB would be "
+                        f"{moment:.1f} of {after.vram_gib:g}): the new pods wait (init container room) until the "
+                        f"router holds no more than {new_budget:g} GiB, " + (
+                            "which it does once its old pod has exited (it restarts in this update)"
+                            if router in restarting else
+                            "which it reaches once its admission proxy has read the new plan (~1-2 min) and unloaded "
+                            "idle models (busy ones once their requests end)"))
+                continue
             if new_budget < old_budget:
                 until = ("until its old pod has exited (it restarts in this update; the other pods start at once)"
                          if router in restarting else

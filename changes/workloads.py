@@ -194,6 +194,8 @@ class ServerHint:
     server: Optional[str] = None  # the server's name (its objects are named after it)
     # A router's VRAM budget (residency.vram_budget_gib): what its admission proxy lets it hold on the card.
     vram_budget_gib: Optional[float] = None
+    # Shares a router's card and waits at start until the router holds at most this (capacity_plan ... .room).
+    room_gib: Optional[float] = None
 
 
 def _library(residency: Any) -> Optional[dict[str, LibraryModel]]:
@@ -229,6 +231,7 @@ def server_hints(run: Any) -> dict[str, ServerHint]:
             library=_library(server.get("residency")),
             server=str(server["name"]),
             vram_budget_gib=_float((server.get("residency") or {}).get("vram_budget_gib")),
+            room_gib=_float((server.get("room") or {}).get("vram_budget_gib")),
         )
     return hints
 

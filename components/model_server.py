@@ -136,7 +136,7 @@ class ModelServerBase(pulumi.ComponentResource):
                 f"{name}-files", metadata=metadata(config_map_name(model.name), ns, model.name, component), data=data,
                 opts=pulumi.ResourceOptions(parent=self))
         self.programs = None
-        programs = program_files(pod_programs(model, built))
+        programs = program_files(pod_programs(model, built, args.plan))
         if programs:
             # The in-cluster programs the pod runs, as files; the template names their code's hash, so a
             # change to what runs restarts the pods and a changed comment does not.

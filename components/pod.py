@@ -12,7 +12,7 @@ from config.types import ModelCacheConfig, ModelServer, NodePool
 from engines import ServerBuild
 from planning.capacity import ServerPlan
 
-from .admission_proxy import admission_container
+from .admission_proxy import admission_container, room_container
 from .meta import selector
 from .prefetch import hub_token_env, library_container, library_keeper, prefetch_container
 from .programs import PROGRAMS_DIR, volume_items
@@ -97,9 +97,9 @@ def programs_config_map_name(model: ModelServer) -> str:
 PROGRAMS_MOUNT = {"name": "programs", "mountPath": PROGRAMS_DIR, "readOnly": True}
 
 
-def pod_programs(model: ModelServer, built: ServerBuild) -> tuple[str, ...]:
+def pod_programs(model: ModelServer, built: ServerBuild, plan: ServerPlan) -> tuple[str, ...]:
     """The in-cluster programs the pod runs (components/programs.py PROGRAMS)."""
-    names = []
+    names = ["room"] if plan.room is not None else []
     if built.admission is not None:
         names.append("admission")
     if model.prefetch is not None:
@@ -196,7 +196,7 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         # The pod's port answers through the proxy: the server's readiness, as the Service sees it.
         spec["containers"].append(admission_container(model, admission, built.credentials,
                                                       server_probes(_probe, built.health_path, plan),
-                                                      files_mounts(files) + [PROGRAMS_MOUNT]))
+                                                      files_mounts(files) + [PROGRAMS_MOUNT], plan.room_status))
     library = built.library
     if model.prefetch is not None:
         spec["initContainers"] = [prefetch_container(model, cache, [PROGRAMS_MOUNT],
@@ -206,7 +206,10 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         spec["initContainers"] = [library_container(model, library, cache, mounts)]
         spec["containers"].append(library_keeper(model, library, built.credentials, cache, mounts,
                                                  admission.server_port if admission is not None else model.port,
-                                                 drains=admission is not None))
+                                                 drains=admission is not None, publishes_room=plan.room_status))
+    if plan.room is not None:
+        # First: nothing of the server starts before the router sharing its card has made room.
+        spec["initContainers"] = [room_container(plan.room, cache, [PROGRAMS_MOUNT]), *spec.get("initContainers", [])]
     for index, folder in enumerate(files.values()):
         # Whole files, never subPath: the kubelet then updates them in place when the ConfigMap changes.
         volumes.append({"name": f"files-{index}", "configMap": {

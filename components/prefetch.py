@@ -31,6 +31,17 @@ HEARTBEAT = f"{SCRATCH}/keeper-heartbeat"
 # Which listed models are served and why the others are not, on the pod's scratch volume: written by the
 # init container and the keeper, read by the admission proxy for its /metrics.
 LIBRARY_STATUS = f"{SCRATCH}/library-status.json"
+# A GPU router's status for the servers sharing its card (incluster/room.py reads it): the admission proxy
+# writes it on the pod's scratch volume and the keeper copies it to the model cache, in a folder of its own
+# (the proxy, which faces the network, never writes the cache).
+ROOM_STATUS = f"{SCRATCH}/room-status.json"
+ROOM_DIR = ".inference-plane-room"
+
+
+def room_published(cache: ModelCacheConfig, router_name: str) -> str:
+    return f"{cache.mount_path}/{ROOM_DIR}/{router_name}.json"
+
+
 # The admission proxy's control socket, on the scratch volume the proxy and the keeper share: the keeper drains
 # a model there before the router reloads it (incluster/admission_proxy.py Control); no port, so only the pod.
 ADMISSION_CONTROL = f"{SCRATCH}/admission-control.sock"
@@ -105,7 +116,7 @@ def library_container(model: ModelServer, library: Library, cache: ModelCacheCon
 
 
 def library_keeper(model: ModelServer, library: Library, credentials: Optional[Credentials], cache: ModelCacheConfig,
-                   file_mounts: list[dict], server_port: int, drains: bool = False) -> dict:
+                   file_mounts: list[dict], server_port: int, drains: bool = False, publishes_room: bool = False) -> dict:
     """A router's sidecar (incluster/library.py, keeper mode): applies a changed library or preset without a
     restart: fetches new models, removes dropped ones, then has the router re-read its preset."""
     env = _library_env(library, cache) + [
@@ -115,6 +126,9 @@ def library_keeper(model: ModelServer, library: Library, credentials: Optional[C
         # Behind an admission proxy: each model a reload touches is drained there first.
         *([{"name": "ADMISSION_CONTROL", "value": ADMISSION_CONTROL},
            {"name": "DRAIN_SECONDS", "value": str(DRAIN_SECONDS)}] if drains else []),
+        # The proxy's status for the servers sharing the card, copied where they read it.
+        *([{"name": "ROOM_STATUS", "value": ROOM_STATUS},
+           {"name": "ROOM_PUBLISH", "value": room_published(cache, model.name)}] if publishes_room else []),
     ]
     mounts = [{"name": "models", "mountPath": cache.mount_path}, *file_mounts, SCRATCH_VOLUME]
     if model.api_key is not None and credentials is not None:

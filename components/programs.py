@@ -46,6 +46,8 @@ PROGRAMS = {
     "prefetch": Program("hub_download.py", ("hub_download.py", "hub.py")),
     # A router's init container and keeper.
     "library": Program("library.py", ("library.py", "hub.py", "preset.py", "router_rules.py")),
+    # The init container of a server sharing its card with a router: waits for the router to make room.
+    "room": Program("room.py", ("room.py",)),
 }
 
 

@@ -39,6 +39,9 @@ PIN_CHECK_SECONDS = float(os.environ.get("PIN_CHECK_SECONDS", "30"))
 # After a drain's wait, how long the model stays refused if the keeper never says resume (it crashed): a
 # router reload takes seconds, and no model may stay unserved because a sidecar died.
 DRAIN_HOLD_SECONDS = float(os.environ.get("DRAIN_HOLD_SECONDS", "120"))
+# What this router holds, for the servers sharing its card (incluster/room.py): rewritten every round on the
+# pod's scratch volume, from where the keeper copies it to the model cache; unset for a router without a card.
+ROOM_STATUS = os.environ.get("ROOM_STATUS")
 
 
 def log(message: str) -> None:
@@ -297,6 +300,23 @@ class Residency:
                     raise
             await self._gone(victim)
 
+    async def write_room(self) -> None:
+        """ROOM_STATUS: the VRAM budget this proxy holds the router to, the planned VRAM of what is resident, and
+        when; replaced whole (a reader never sees half of it)."""
+        if not ROOM_STATUS or self.budget.vram_gib is None:
+            return
+        resident, _ = await self.resident()
+        held = sum(self.figures(n)["vram_gib"] for n in resident)
+        status = {"vram_budget_gib": self.budget.vram_gib,
+                  # A model no plan of this proxy's listed counts as filling the card: no server starts beside it.
+                  "resident_vram_gib": round(held, 2) if math.isfinite(held) else 1e9, "at": time.time()}
+        try:
+            with open(ROOM_STATUS + ".new", "w") as out:
+                json.dump(status, out)
+            os.replace(ROOM_STATUS + ".new", ROOM_STATUS)
+        except OSError as error:
+            log(f"room status {ROOM_STATUS} not written: {error!r}")
+
     def _watch(self, name: str):
         """A future for the model's load (settled by _watch_load), registered where requests look for it."""
         future = asyncio.get_running_loop().create_future()
@@ -365,6 +385,7 @@ class Residency:
                 statuses = await self.router.statuses(full=True)
                 answered = True
                 await self.fit_budget()
+                await self.write_room()
                 for name in sorted(self.pinned):
                     status = statuses.get(name)
                     if status is None or status.get("value") in RUNNING:

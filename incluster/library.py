@@ -404,7 +404,31 @@ def _heartbeat(path, seconds):
     while main_thread.is_alive():
         with open(path, "w") as beat:
             beat.write(str(time.time()))
+        _publish_room()
         time.sleep(seconds)
+
+
+ROOM_STATUS_BYTES = 4096
+
+
+def _publish_room():
+    """A GPU router's status for the servers sharing its card (room.py reads it): the admission proxy's file on
+    the pod's scratch volume (ROOM_STATUS), copied whole to the model cache (ROOM_PUBLISH), which the keeper
+    writes and the proxy, facing the network, does not. Its own time inside says how fresh it is."""
+    source, target = os.environ.get("ROOM_STATUS"), os.environ.get("ROOM_PUBLISH")
+    if not source or not target:
+        return
+    try:
+        with open(source, "rb") as handle:
+            data = handle.read(ROOM_STATUS_BYTES)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target + ".new", "wb") as out:
+            out.write(data)
+        os.replace(target + ".new", target)
+    except FileNotFoundError:
+        pass  # the proxy has not written it yet
+    except OSError as error:
+        print(f"keeper: room status not published: {error}", flush=True)
 
 
 def keep():

@@ -5,7 +5,7 @@ fit is refused before anything is applied, with the numbers."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from common.errors import CapacityError
@@ -57,6 +57,18 @@ def ceil_gib(value: float) -> int:
 
 
 @dataclass(frozen=True)
+class RoomWait:
+    """A server that shares its pool's cards with a router: its pods start once the router holds no more than
+    the budget that leaves them room (the router's proxy may still hold an older, larger one: a model moved out
+    of its library). Read from the router's status on the model cache they share."""
+
+    router_key: str
+    router_name: str
+    vram_budget_gib: float
+    image: str  # the router's programs image: the wait is a program of the same kind (air-gapped mirrors too)
+
+
+@dataclass(frozen=True)
 class ServerPlan:
     key: str
     name: str
@@ -81,6 +93,9 @@ class ServerPlan:
     first_token_full_s: Optional[float] = None
     # A server of models on demand: which may be resident together (planning/residency.py).
     residency: Optional[Residency] = None
+    # Shares a card with a router: waits for room at start (RoomWait); the router writes its status for it.
+    room: Optional[RoomWait] = None
+    room_status: bool = False
 
     @property
     def need_gib(self) -> float:
@@ -152,6 +167,11 @@ class CapacityPlan:
                 data["residency"] = server.residency.to_dict()
             else:
                 del data["residency"]
+            # Shown only where a server shares a router's cards (the plan of every other stack reads as before).
+            if server.room is None:
+                del data["room"]
+            if not server.room_status:
+                del data["room_status"]
             if server.vram is None:
                 del data["vram"]
             else:
@@ -396,7 +416,28 @@ def plan_stack(stack: "StackConfig", estimate: Estimator) -> CapacityPlan:
     if problems:
         raise CapacityError(problems)
     result.slow_notes = slow_decode_notes(stack, result)
+    _room_waits(stack, result)
     return result
+
+
+def _room_waits(stack: "StackConfig", result: CapacityPlan) -> None:
+    """Each GPU server in a router's pool waits at start for the router to hold no more than its budget: the
+    budget leaves room for every GPU server of the pool, but a router's proxy holds its old budget until it has
+    read a new plan (a model moved out of the library to a server of its own). Only where both mount the
+    stack's model cache, on which the router's keeper publishes the proxy's status."""
+    for router_key, router in list(result.servers.items()):
+        residency = router.residency
+        if residency is None or residency.vram_budget_gib is None or stack.models[router_key].workload.cache_volume:
+            continue
+        waiting = [key for key, server in result.servers.items()
+                   if key != router_key and server.node_pool == router.node_pool and server.vram is not None
+                   and server.residency is None and not stack.models[key].workload.cache_volume]
+        for key in waiting:
+            result.servers[key] = replace(result.servers[key], room=RoomWait(
+                router_key, router.name, residency.vram_budget_gib, stack.models[router_key].on_demand.programs_image))
+        # Always, not only beside a server today: a server moved out of the library waits on the status the
+        # router wrote before the move, and the budget it held then.
+        result.servers[router_key] = replace(router, room_status=True)
 
 
 def slow_decode_notes(stack: "StackConfig", plan: CapacityPlan) -> list[str]:

@@ -119,6 +119,35 @@ def run_stack_file(stack: str, mapping: dict[str, Any], secrets: dict[str, str] 
     return run_program(config, secret_keys, stack=stack)
 
 
+def router_move_configs() -> tuple[dict, dict, dict[str, str]]:
+    """rtx3090-library with its card shared (time-slicing, gpu_shares 2) and a library small enough that
+    qwen3-14b fits on a server of its own beside the router; then the same with qwen3-14b moved out of the
+    library to that server (models.qwen14, routed by the gateway). Both stack mappings and the secrets they
+    read."""
+    import copy
+
+    base = stack_file_config("rtx3090-library")
+    base["inference-plane:node_pools"]["rtx3090"]["gpu_shares"] = 2
+    library = base["inference-plane:models"]["library"]
+    for name in ("gemma-3-12b", "qwen3-30b-a3b"):
+        library["on_demand"]["models"].pop(name)
+    gateway = base["inference-plane:gateway"]
+    gateway["routes"] = [r for r in gateway["routes"] if r["model"] not in ("gemma-3-12b", "qwen3-30b-a3b")]
+    moved = copy.deepcopy(base)
+    moved["inference-plane:models"]["library"]["on_demand"]["models"].pop("qwen3-14b")
+    moved["inference-plane:models"]["qwen14"] = {
+        "role": "chat", "name": "qwen14", "image": library["image"], "node_pool": "rtx3090",
+        "hf_repo": "Qwen/Qwen3-14B-GGUF:Q4_K_M", "gpu_layers": 99, "ctx_size": 4096, "cache_type_k": "q8_0",
+        "cache_type_v": "q8_0", "resources": {"cpu_request": "2", "cpu_limit": "8"},
+        "api_key": {"secret_name": "qwen14-key", "from_config": "chat_api_key"}}
+    moved["inference-plane:gateway"]["tiers"]["qwen14"] = {"local": "qwen14"}
+    for route in moved["inference-plane:gateway"]["routes"]:
+        if route["model"] == "qwen3-14b":
+            route["backends"][0] = {"tier": "qwen14"}
+    secrets = {k.split(":", 1)[1]: f"{k}-value" for k, v in base.items() if isinstance(v, dict) and "secure" in v}
+    return base, moved, secrets
+
+
 # The tests that need llama.cpp's own programs, built by lab/llama_build.py (`make llama`),
 # are marked `llama` here, from what they use, so the mark cannot drift from the need: every test
 # that uses the `binary` or `llama_source` fixture (directly or through another fixture: llama.cpp's

@@ -13,7 +13,7 @@ import pytest
 from changes import preview
 from changes.provider import options_from_config
 from common.errors import ConfigError
-from conftest import run_stack_file, stack_file_config
+from conftest import router_move_configs, run_stack_file, stack_file_config
 
 
 def edit(stack: str, change: Callable[[dict], None], secrets_after: dict[str, str] | None = None):
@@ -437,28 +437,9 @@ def test_moving_the_pin_reloads_nothing():
 
 
 def _router_and_own_server(move_out: bool):
-    """rtx3090-library with the card shared (time-slicing, gpu_shares 2) and a library small enough that
-    qwen3-14b fits on a server of its own beside the router: the report for moving qwen3-14b out of the
-    library to that server (or back)."""
-    base = stack_file_config("rtx3090-library")
-    base["inference-plane:node_pools"]["rtx3090"]["gpu_shares"] = 2
-    for name in ("gemma-3-12b", "qwen3-30b-a3b"):
-        library_models(base).pop(name)
-    gateway = base["inference-plane:gateway"]
-    gateway["routes"] = [r for r in gateway["routes"] if r["model"] not in ("gemma-3-12b", "qwen3-30b-a3b")]
-    moved = copy.deepcopy(base)
-    library = models(moved)["library"]
-    library["on_demand"]["models"].pop("qwen3-14b")
-    models(moved)["qwen14"] = {
-        "role": "chat", "name": "qwen14", "image": library["image"], "node_pool": "rtx3090",
-        "hf_repo": "Qwen/Qwen3-14B-GGUF:Q4_K_M", "gpu_layers": 99, "ctx_size": 4096, "cache_type_k": "q8_0",
-        "cache_type_v": "q8_0", "resources": {"cpu_request": "2", "cpu_limit": "8"},
-        "api_key": {"secret_name": "qwen14-key", "from_config": "chat_api_key"}}
-    moved["inference-plane:gateway"]["tiers"]["qwen14"] = {"local": "qwen14"}
-    for route in moved["inference-plane:gateway"]["routes"]:
-        if route["model"] == "qwen3-14b":
-            route["backends"][0] = {"tier": "qwen14"}
-    secrets = {k.split(":", 1)[1]: f"{k}-value" for k, v in base.items() if isinstance(v, dict) and "secure" in v}
+    """The report for moving qwen3-14b out of rtx3090-library's library to a server of its own on the shared
+    card (conftest.router_move_configs), or back."""
+    base, moved, secrets = router_move_configs()
     runs = [run_stack_file("rtx3090-library", c, secrets) for c in (base, moved)]
     before, after = runs if move_out else runs[::-1]
     report = preview(before, after, options_from_config(moved))
@@ -469,22 +450,26 @@ def _router_and_own_server(move_out: bool):
 
 @pytest.mark.parametrize("move_out", [True, False])
 def test_moving_a_model_between_the_router_and_a_server_of_its_own_plans_the_moment_both_hold_vram(move_out):
-    """Issue #48 item 4: the router's admission proxy keeps its old budget until it reads the new plan (or, when
-    the router restarts, until its old pod exits), while the new server starts at once; moving back, the old
-    server holds its VRAM until its pod is deleted at the end of the update. The preview sums that moment
-    (each workload at the larger of its figures) against the card, and says the way round it."""
+    """Issue #48 item 4: the router keeps its old budget until its proxy reads the new plan (or, when it restarts,
+    until its old pod exits), while the new server's pods start at once; moving back, the old server holds its
+    VRAM until the update deletes its pods. The preview sums that moment (each workload at the larger of its
+    figures) against the card. Moving out, the new server waits for room (its init container; run against the
+    real router in tests/test_router_library.py), so the two never overlap and the preview says so; moving back
+    it warns and gives the order that avoids it."""
     report, (old_budget, new_budget), card = _router_and_own_server(move_out)
     (overlap,) = report.of_kind("card-overlap")
-    assert overlap.severity == "warning" and overlap.subject == "GPU 0 of rtx3090 node 0"
+    assert overlap.subject == "GPU 0 of rtx3090 node 0"
     server = card["workloads"]["qwen14"]
     largest = max(old_budget, new_budget)
-    assert f"{largest:g} + {server:g} = {largest + server:.1f} GiB, more than the card's {card['vram_gib']:g}" in overlap.message
     if move_out:
-        assert new_budget < old_budget and "while qwen14 starts beside it" in overlap.message
-        assert overlap.message.endswith(f"first the library edit alone, then, once the router holds no more than "
-                                        f"{new_budget:g} GiB, the new server")
+        assert new_budget < old_budget and overlap.severity == "info"
+        assert (f"ordered so that both never hold the card at once ({largest:g} + {server:g} GiB would be "
+                f"{largest + server:.1f} of {card['vram_gib']:g}): the new pods wait (init container room) until the "
+                f"router holds no more than {new_budget:g} GiB") in overlap.message
     else:
-        assert new_budget > old_budget and "while qwen14 goes" in overlap.message
+        assert new_budget > old_budget and overlap.severity == "warning" and "while qwen14 goes" in overlap.message
+        assert (f"{largest:g} + {server:g} = {largest + server:.1f} GiB, more than the card's {card['vram_gib']:g}"
+                in overlap.message)
         assert overlap.message.endswith("first remove the server, then, once its pods are gone, grow the library")
 
 
@@ -501,3 +486,18 @@ def test_a_router_restart_says_its_pinned_models_load_after_it_serves():
 def stack_plan_swap(model: str) -> float:
     run = run_stack_file("rtx3090-library", stack_file_config("rtx3090-library"))
     return run.outputs["capacity_plan"]["servers"]["library"]["residency"]["models"][model]["swap_seconds"]["cold"]
+
+
+def test_a_moved_server_on_claims_of_its_own_cannot_wait_for_room_and_the_preview_says_the_order():
+    """A StatefulSet with a claim per replica does not mount the cache the router's keeper publishes its status
+    on: no wait is rendered, and the preview warns of the overlap with the two-step order instead."""
+    base, moved, secrets = router_move_configs()
+    moved["inference-plane:models"]["qwen14"]["workload"] = {
+        "kind": "StatefulSet", "cache_volume": {"storage_class": "local-path", "size": "20Gi"}}
+    after = run_stack_file("rtx3090-library", moved, secrets)
+    assert "room" not in after.outputs["capacity_plan"]["servers"]["qwen14"]
+    report = preview(run_stack_file("rtx3090-library", base, secrets), after, options_from_config(moved))
+    (overlap,) = report.of_kind("card-overlap")
+    assert overlap.severity == "warning" and "more than the card's 24" in overlap.message
+    assert overlap.message.endswith("first the library edit alone, then, once the router holds no more than "
+                                    "14.01 GiB, the new server")

@@ -683,3 +683,63 @@ def every_tiny_repo(tmp_path: Path, libraries: list[dict[str, str]]) -> dict[str
         path = write_tiny_model(vocab, tmp_path / f"tiny-{seed}.gguf", seed=seed)
         repos.setdefault(repo, {"README.md": b"x"})[f"{repo.split('/')[1].removesuffix('-GGUF')}-{tag}.gguf"] = path.read_bytes()
     return repos
+
+
+def test_a_server_moved_out_of_the_library_starts_once_the_router_has_made_room(binary, tmp_path):
+    """Issue #48 item 4, on the real router with its rendered proxy and keeper: qwen3-14b moves out of the
+    library to a server of its own on the shared card. Before the router's pod has the new plan, the moved
+    server's rendered wait (incluster/room.py) holds it back (the router holds the pinned model and qwen3-14b,
+    past the budget that leaves the new server room); once the new files are mounted, the keeper reloads,
+    the proxy reads the smaller budget, and the wait lets the server start, and only then: at that moment
+    what the router runs fits the new budget."""
+    from lab.contract.pod_programs import admission_proxy
+    from lab.contract.server import free_port, request
+    from render.manifests import manifests
+
+    from conftest import router_move_configs, run_stack_file
+
+    base, moved, secrets = router_move_configs()
+    before_run, after_run = run_stack_file(STACK, base, secrets), run_stack_file(STACK, moved, secrets)
+    before, after = rendered_pod(before_run), rendered_pod(after_run)
+    objects = list(manifests(after_run).values())
+    (server,) = [m["spec"]["template"]["spec"] for m in objects if m["kind"] == "Deployment" and m["metadata"]["name"] == "qwen14"]
+    (programs,) = [m for m in objects if m["kind"] == "ConfigMap" and m["metadata"]["name"] == "qwen14-programs"]
+    room = server["initContainers"][0]
+    new_plan = json.loads(after["files"]["admission.json"])
+    root = tmp_path / "pod"
+    with filled_pod(binary, before, root, every_tiny_repo(tmp_path, [before["library"]])) as (endpoint, router):
+        proxy_spec = next(c for c in before["pod"]["containers"] if c["name"] == "admission")
+        (root / "api-key").write_text(TEST_KEY + "\n")
+        env = {"PATH": os.environ["PATH"], **env_under(proxy_spec["env"], root), "LISTEN_PORT": str(free_port()),
+               "LISTEN_HOST": "127.0.0.1", "ROUTER_URL": router.base, "ROUTER_AUTH_FILE": str(root / "api-key"),
+               "PIN_CHECK_SECONDS": "1"}
+        with admission_proxy(proxy_spec, programs_under(root), env, tmp_path) as (base_url, _, proxy_log):
+            log_path = tmp_path / "keeper.log"
+            keeper = start_keeper(before, root, endpoint, router, log_path)
+            wait_log = tmp_path / "room.log"
+            try:
+                chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+                auth = {"Authorization": f"Bearer {TEST_KEY}"}
+                assert request(base_url + "/v1/chat/completions", {"model": "qwen3-14b", **chat}, auth,
+                               timeout=120).status == 200
+                published = Path(env_under(room["env"], root)["ROOM_STATUS"])
+                wait_until(lambda: published.exists() and json.loads(published.read_text())["resident_vram_gib"]
+                           > new_plan["vram_budget_gib"], "the keeper never published a full router", log_path)
+                room_env = {"PATH": os.environ["PATH"], **env_under(room["env"], root), "ROOM_WAIT_SECONDS": "120"}
+                room_root = write_programs(programs, server, tmp_path / "room-programs")
+                with open(wait_log, "w") as out:
+                    waiting = subprocess.Popen(pod_command(room, room_root), env=room_env, stdout=out,
+                                               stderr=subprocess.STDOUT)
+                time.sleep(4)
+                assert waiting.poll() is None, wait_log.read_text()  # held back: the router is full
+                assert "qwen3-14b" in router.running()
+                # The new files mounted (the kubelet's refresh): the keeper and the proxy apply them.
+                write_files(before, root, files=after["files"])
+                assert waiting.wait(timeout=90) == 0, wait_log.read_text()
+                running = router.running()
+                held = sum(new_plan["models"].get(n, {"vram_gib": float("inf")})["vram_gib"] for n in running)
+                assert held <= new_plan["vram_budget_gib"], (running, wait_log.read_text())
+                assert "within its budget" in wait_log.read_text() and "waiting" in wait_log.read_text()
+            finally:
+                keeper.kill()
+                keeper.wait()
