@@ -4,7 +4,6 @@ without being loaded (the real router's answers to those scrapes: tests/test_rou
 
 from __future__ import annotations
 
-import configparser
 import copy
 
 import pulumi
@@ -34,10 +33,12 @@ def run():
 
 
 def preset_sections(run) -> list[str]:
+    """The models the preset lists, read as the router reads it (incluster/preset.py, as the keeper does)."""
+    from incluster import preset
+
     (config_map,) = [m for m in objects(run, "ConfigMap") if "models.ini" in m["data"]]
-    parser = configparser.ConfigParser()
-    parser.read_string(config_map["data"]["models.ini"])
-    return parser.sections()
+    parsed = preset.sections(config_map["data"]["models.ini"])
+    return [name for name in parsed if name in preset.models(parsed)]  # in the preset's order
 
 
 def test_each_model_is_routed_by_its_listed_name_to_the_router_then_to_openrouter(run):
