@@ -246,13 +246,7 @@ class Residency:
                     break
                 victim = self._idle_victim(resident, statuses)
                 if victim is not None:
-                    self.unloading.add(victim)
-                    log(f"unloading {victim} (least recently used idle) to make room for {name}")
-                    try:
-                        await self.router.unload(victim)
-                    except BaseException:
-                        self.unloading.discard(victim)
-                        raise
+                    await self._unload(victim, f"to make room for {name}")
                 else:
                     self.freed.clear()
             waited = True
@@ -291,14 +285,19 @@ class Residency:
                 victim = self._idle_victim(resident, statuses)
                 if victim is None:
                     return
-                self.unloading.add(victim)
-                log(f"unloading {victim} (least recently used idle): what is resident exceeds the plan's budget")
-                try:
-                    await self.router.unload(victim)
-                except BaseException:
-                    self.unloading.discard(victim)
-                    raise
+                await self._unload(victim, "as what is resident exceeds the plan's budget")
             await self._gone(victim)
+
+    async def _unload(self, victim: str, why: str) -> None:
+        """Has the router unload an idle model, counted as on its way out until its child has exited (_gone);
+        a call that fails leaves it counted as before."""
+        self.unloading.add(victim)
+        log(f"unloading {victim} (least recently used idle) {why}")
+        try:
+            await self.router.unload(victim)
+        except BaseException:
+            self.unloading.discard(victim)
+            raise
 
     async def write_room(self) -> None:
         """ROOM_STATUS: the VRAM budget this proxy holds the router to, the planned VRAM of what is resident, and

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 
 from lab.contract.fake_router import FakeRouter
-from lab.contract.pod_programs import pod_command, write_programs
+from lab.contract.pod_programs import admission_proxy, pod_command, write_programs
 
 KEY = "proxy-test-key"
 
@@ -142,29 +142,11 @@ def proxy_against(tmp: Path, env_extra: dict | None = None, key_file: str = f"# 
                     "PIN_CHECK_SECONDS": "1", "HTTP_HEAD_SECONDS": "2", "HTTP_IDLE_SECONDS": "1",
                     "HTTP_READ_STALL_SECONDS": "2", "HTTP_BODY_START_SECONDS": "2", "HTTP_WRITE_SECONDS": "2",
                     **(env_extra or {})})
-        log = tmp / "proxy.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(pod_command(SPEC["proxy"], root), env=env, stdout=out, stderr=subprocess.STDOUT)
-        proxy = Proxy(port, proc, fake, log)
-        try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    if status_of(proxy.exchange(http("GET", "/health", key=None), timeout=2)) == 200:
-                        break
-                except (OSError, AssertionError):
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.05)
+        with admission_proxy(SPEC["proxy"], root, env, tmp) as (_, proc, log):
+            proxy = Proxy(port, proc, fake, log)
             pinned = [n for n, m in plan["models"].items() if m["pinned"]]
             wait_for(lambda: all(fake.status[n] == "loaded" for n in pinned), "the pinned model was never loaded")
             yield proxy
-        except BaseException:
-            print("admission proxy log (last 40 lines):", *log.read_text(errors="replace").splitlines()[-40:], sep="\n")
-            raise
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
 
 
 def free_port() -> int:
