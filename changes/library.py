@@ -111,24 +111,24 @@ def _library_edits(ctx: _Context, starts: Sequence[_Start]) -> None:
     """A router's models added, removed, fetched anew, reloaded or (un)pinned: applied by its keeper and its
     admission proxy with no restart, unless this update restarts the pod anyway."""
     restarting = {s.workload.name for s in starts}
-    for workload, hint in ctx.hints.items():
-        old = ctx.old_hints.get(workload)
+    for name, hint in ctx.hints.items():
+        old = ctx.old_hints.get(name)
         if hint.library is None or old is None or old.library is None:
             continue
         rate = (hint.download_seconds / hint.weights_gib) if hint.download_seconds and hint.weights_gib else None
-        effects = library_effects(old.library, hint.library, *_presets(ctx, workload, hint), rate)
+        effects = library_effects(old.library, hint.library, *_presets(ctx, name, hint), rate)
         if not effects:
             continue
-        ctx.library[hint.server or workload] = tuple(effects)
+        ctx.library[hint.server or name] = tuple(effects)
         parts = [e.says for e in effects]
-        if any(e.unloads for e in effects) and workload not in restarting:
+        if any(e.unloads for e in effects) and name not in restarting:
             parts.append("each model unloaded by the edit is " + DRAINED + "; the others keep running")
         how = ("the pod restarts in this update (above): every loaded model unloads; the models on the volume are "
                "offered at once and the keeper fetches the new ones in the background"
-               if workload in restarting else
+               if name in restarting else
                f"its keeper applies it once the kubelet has refreshed the mounted ConfigMap (its sync period and "
                f"cache, typically 1-2 min) and within its {KEEP_SECONDS} s round (no restart)")
-        ctx.add("library", "info", f"{workload} (models.{hint.key}.on_demand)", f"{'; '.join(parts)}; {how}")
+        ctx.add("library", "info", f"{name} (models.{hint.key}.on_demand)", f"{'; '.join(parts)}; {how}")
 
 
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 
 from lab.contract.fake_router import FakeRouter
-from lab.contract.pod_programs import admission_proxy, pod_command, write_programs
+from lab.contract.pod_programs import admission_proxy, write_programs
 
 KEY = "proxy-test-key"
 

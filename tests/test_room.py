@@ -105,7 +105,7 @@ def test_the_server_waits_while_the_router_holds_its_old_budget_and_starts_once_
     assert proc.poll() is None, proc.communicate()[0]
     write_status(status, most, most - 1)
     out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0 and "starting" in out and f"budget is 23 GiB and it holds 20.5 GiB" in out
+    assert proc.returncode == 0 and "starting" in out and "budget is 23 GiB and it holds 20.5 GiB" in out
 
 
 @pytest.mark.parametrize("content", [b"{not json", b'{"vram_budget_gib": "NaN", "resident_vram_gib": 1, "at": 1}',
