@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from .base import Credentials, Engine, Problem, ServerBuild
 from .llamacpp import LlamaCpp
 from .llamacpp_router import LlamaCppRouter
-from .llamacpp_speed import BACKEND_NAMES, backend_advice  # the stack writer's word on Radeon and Arc images
+from .llamacpp_speed import (BACKEND_NAMES, backend_advice,  # the stack writer's word on Radeon and Arc images
+                             quantized_kv_cost)  # and on the KV cache type it writes
 from .openai_compatible import OpenAICompatible
 
 if TYPE_CHECKING:
@@ -108,4 +109,4 @@ def server_builds(stack: "StackConfig", plan: "CapacityPlan") -> dict[str, Serve
 
 
 __all__ = ["BACKEND_NAMES", "ENGINES", "Credentials", "Engine", "LlamaCpp", "LlamaCppRouter", "OpenAICompatible", "ServerBuild", "engine_of", "engine_problems",
-           "backend_advice", "server_builds", "weights_flags"]
+           "backend_advice", "quantized_kv_cost", "server_builds", "weights_flags"]

@@ -102,6 +102,17 @@ BACKEND_FIGURES: dict[str, tuple[str, tuple[tuple[str, float, str], ...]]] = {
 
 BACKEND_NAMES = {"rocm": "ROCm", "sycl": "SYCL", "vulkan": "Vulkan", "cuda": "CUDA", "cpu": "CPU"}
 
+# How much slower a q8_0 KV cache decodes than an f16 one, in percent, least and most over the measured points
+# (bench/results-kvcache-h200.json: issue #44's llama-bench b10729 runs on an H200, flash attention on, three
+# models at depths 0-32k; the deeper, the slower). The decode figures above do not count it yet (issue #44):
+# the stack writer takes f16 wherever it fits and says this where it cannot.
+Q8_0_KV_SLOWER_PCT_H200 = (7, 52)
+
+
+def quantized_kv_cost() -> str:
+    low, high = Q8_0_KV_SLOWER_PCT_H200
+    return f"on an H200 a q8_0 cache decodes {low}-{high} % slower than f16 at 0-32k"
+
 
 def backend_advice(profile: str) -> Optional[str]:
     """What llama.cpp's published runs say of the backends for this class of card, or None where none compare."""

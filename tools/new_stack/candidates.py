@@ -83,3 +83,4 @@ class ChatSetup:
     ctx_size: int
     gpu_layers: int
     cpu_moe_layers: Optional[int] = None
+    cache_type: str = "f16"  # K and V; q8_0 only where an f16 cache does not fit (choice.py)

@@ -72,15 +72,35 @@ def half_tok_s(plan: Any) -> Optional[float]:
     return predicted["half"] if predicted else None
 
 
+def cache_types(hw: Hardware) -> tuple[str, ...]:
+    """The KV cache types tried at each placement, in order: f16 first (faster at depth where measured,
+    engines/llamacpp_speed.py Q8_0_KV_SLOWER_PCT_H200), q8_0 on a discrete card only where an f16 cache does not
+    fit it (half the bytes)."""
+    return ("f16", "q8_0") if hw.discrete else ("f16",)
+
+
+def fitting(hw: Hardware, cluster: Cluster, candidate: Candidate, ctx: int, gpu_layers: int, cpu_moe: Optional[int],
+            embed: Candidate) -> tuple[Optional[ChatSetup], Any, str]:
+    """(setup, plan, "") with the first cache type that fits at this context and placement, else (None, None, why
+    the last did not)."""
+    problem = ""
+    for cache in cache_types(hw):
+        setup = ChatSetup(candidate, ctx, gpu_layers, cpu_moe, cache)
+        plan, problem = plan_of(hw, cluster, setup, embed)
+        if plan is not None:
+            return setup, plan, ""
+    return None, None, problem
+
+
 def try_chat(hw: Hardware, cluster: Cluster, candidate: Candidate, embed: Candidate) -> Outcome:
     """The longest context at which this model fits and decodes at a reading pace, at its fastest
-    placement; else the fastest fitting setup (marked slow by its tok_s), or why none fits."""
+    placement (with an f16 cache where it fits, else q8_0); else the fastest fitting setup (marked slow by its
+    tok_s), or why none fits."""
     last_problem = ""  # at the shortest context: the least this model needs
     slowest_ok: Optional[Outcome] = None
     for ctx in CTX_CHOICES:
         for gpu_layers, cpu_moe in placements(hw, candidate):
-            setup = ChatSetup(candidate, ctx, gpu_layers, cpu_moe)
-            plan, problem = plan_of(hw, cluster, setup, embed)
+            setup, plan, problem = fitting(hw, cluster, candidate, ctx, gpu_layers, cpu_moe, embed)
             if plan is None:
                 last_problem = problem
                 continue
