@@ -43,10 +43,11 @@ def server_component(built: ServerBuild) -> type[ModelServerBase]:
     return SERVER_COMPONENTS[built.component_type]
 
 
-def check(stack: StackConfig) -> tuple[CapacityPlan, dict[str, ServerBuild]]:
+def check(stack: StackConfig, edits: Optional[HistoryVerdict] = None) -> tuple[CapacityPlan, dict[str, ServerBuild]]:
     """Everything that can be refused is refused here, before any resource is registered. The plan, and
-    each server as its engine builds it (asked once per server; every component renders from these)."""
-    capacity = plan_capacity(stack)
+    each server as its engine builds it (asked once per server; every component renders from these).
+    ``edits``: this run against the last update (the servers leaving a router's pool keep their VRAM)."""
+    capacity = plan_capacity(stack, edits.leaving if edits is not None else None)
     builds = server_builds(stack, capacity)
     if stack.observability is not None:
         fallback_alerts(stack, builds)
@@ -143,15 +144,16 @@ def build(stack: StackConfig, capacity: CapacityPlan, builds: dict[str, ServerBu
     pulumi.export("model_cache", cache.claim_name)
     pulumi.export("endpoints", endpoints)
     # Read back by the next run (plane.previous_history): names, pools and claim sizes, nothing secret.
-    pulumi.export(HISTORY_OUTPUT, snapshot(stack))
+    pulumi.export(HISTORY_OUTPUT, snapshot(stack, {key: server.vram.total_gib for key, server in capacity.servers.items()
+                                                   if server.vram is not None}))
     return built
 
 
 def main() -> Built:
     try:
         stack = load_stack()
-        capacity, builds = check(stack)
         edits = check_edits(stack)
+        capacity, builds = check(stack, edits)
     except Problems as error:
         # The file the paths are in: the stack's own settings file.
         raise pulumi.RunError(f"Pulumi.{pulumi.get_stack()}.yaml: {error}") from None

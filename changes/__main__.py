@@ -117,10 +117,11 @@ def program_config(config: dict[str, Any], rotated: set[str]) -> tuple[dict[str,
     return values, secret_keys
 
 
-def run(stack: str, config: dict[str, Any], rotated: set[str], which: str) -> Any:
+def run(stack: str, config: dict[str, Any], rotated: set[str], which: str, previous: Optional[dict] = None) -> Any:
+    """The program on one config; ``previous``: the history output the last update left (pulumi up reads it)."""
     values, secret_keys = program_config(config, rotated)
     try:
-        return offline.run_program(values, secret_keys, stack=stack)
+        return offline.run_program(values, secret_keys, stack=stack, previous=previous)
     except Exception as error:  # the program's own refusal (ConfigError, CapacityError as RunError)
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise InputError(f"the {which} config does not run: {first}") from None
@@ -178,10 +179,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             before_config, new = {}, str(error)
         before_secrets, after_secrets = _ciphertexts(before_config), _ciphertexts(after_config)
         rotated = {k for k, v in after_secrets.items() if k in before_secrets and before_secrets[k] != v}
-        after = run(args.stack, after_config, rotated, "after")
         # A new stack: nothing before it, so every object is created (the program is not run on nothing).
         before = offline.ProgramRun(stack=args.stack, resources=[], outputs={}, secret_outputs=set()) if new \
             else run(args.stack, before_config, set(), "before")
+        # As pulumi up runs it: with the history the last update left (renames, claims, servers leaving a card).
+        after = run(args.stack, after_config, rotated, "after", (before.outputs or {}).get("history"))
     except InputError as error:
         print(f"changes {args.stack}: {error}", file=sys.stderr)
         return 2

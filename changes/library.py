@@ -190,8 +190,9 @@ def _card_overlaps(ctx: _Context, starts: Sequence[_Start]) -> None:
                         f"{'goes' if len(leaving) == 1 else 'go'}: its admission proxy may read the new plan before "
                         "the update has deleted the old pods and they have exited")
                 way = ("a load on the router past its old budget may fail for lack of VRAM (503, retried on the "
-                       "route's next tier) until the old pods have exited; to avoid it, apply in two steps: first "
-                       "remove the server, then, once its pods are gone, grow the library")
+                       "route's next tier) until the old pods have exited; pulumi up, reading the last update's "
+                       "history, keeps the router's budget for that update instead (a model that needs the memory is "
+                       "refused until the next one): remove the server first, then grow the library")
             sizes = " + ".join(f"{g:g}" for g in [max(old_budget, new_budget), *others.values()])
             if moment <= after.vram_gib:
                 ctx.add("card-overlap", "info", where, f"{what}; both fit at once: {sizes} = {moment:.1f} of "

@@ -10,7 +10,7 @@ Offline (render) and on a stack's first update there is none, and nothing is com
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from common.constants import NODE_LOCAL_CLASSES
 from common.quantity import parse_quantity
@@ -31,8 +31,9 @@ FORMER_DEFAULTS = (
 )
 
 
-def snapshot(stack: StackConfig) -> dict[str, Any]:
-    """The facts of this update that a later edit must be compared with."""
+def snapshot(stack: StackConfig, vram_gib: Optional[Mapping[str, float]] = None) -> dict[str, Any]:
+    """The facts of this update that a later edit must be compared with; ``vram_gib``: each server's planned VRAM
+    per replica on its card (the plan's), which a router beside it may take only once the server is gone."""
     servers = {}
     for key, model in stack.models.items():
         volume = model.workload.cache_volume
@@ -43,6 +44,8 @@ def snapshot(stack: StackConfig) -> dict[str, Any]:
             "node_pool": model.node_pool,
             "replicas": model.workload.replicas,
             "cache_volume": {"storage_class": volume.storage_class, "size": volume.size} if volume else None,
+            "router": model.on_demand is not None,
+            "vram_gib": (vram_gib or {}).get(key),
         }
     cache = stack.model_cache
     return {
@@ -59,6 +62,10 @@ class HistoryVerdict:
     warnings: list[str] = field(default_factory=list)
     # models key now -> the key the same server had in the last update (its resources' old name).
     renamed_keys: dict[str, str] = field(default_factory=dict)
+    # node pool -> (server name, VRAM GiB) of GPU servers the last update ran there and this one removes: their
+    # pods hold the card until the update deletes them (at its end), so a router in that pool does not take
+    # their memory in this update (planning/capacity.py), only in the next.
+    leaving: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
 
 
 def _count(number: Any, noun: str) -> str:
@@ -86,8 +93,25 @@ def compare(previous: Optional[dict[str, Any]], stack: StackConfig) -> HistoryVe
             # create that would collide with them (AlreadyExists) nor a second pod for one GPU.
             verdict.renamed_keys[key] = old_key
         _server(verdict, key, model, before[old_key], stack)
+    _leaving(verdict, before, stack)
     _model_cache(verdict, previous.get("model_cache") or {}, stack)
     return verdict
+
+
+def _leaving(verdict: HistoryVerdict, before: dict[str, dict], stack: StackConfig) -> None:
+    """GPU servers of the last update gone from a pool where a router runs now (removed, or moved to another
+    pool): recorded in ``verdict.leaving``."""
+    routed = {m.node_pool for m in stack.models.values() if m.on_demand is not None}
+    kept = set(verdict.renamed_keys.values()) | set(stack.models)
+    for old_key, old in before.items():
+        vram, pool = old.get("vram_gib"), old.get("node_pool")
+        if old.get("router") or not isinstance(vram, (int, float)) or not vram or pool not in routed:
+            continue
+        now = stack.models.get(old_key) or next((m for k, m in stack.models.items()
+                                                  if verdict.renamed_keys.get(k) == old_key), None)
+        if old_key in kept and now is not None and now.node_pool == pool:
+            continue
+        verdict.leaving.setdefault(pool, []).append((str(old.get("name")), float(vram)))
 
 
 def _renamed_from(key: str, model: ModelServer, before: dict[str, dict], stack: StackConfig) -> Optional[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
 
 from common.errors import CapacityError
 from common.quantity import Quantity, gib
@@ -236,7 +236,8 @@ def _hundredths(value: float) -> float:
 
 
 def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_request: OnRequest,
-                 planned: dict[str, ServerPlan]) -> tuple[Optional[ServerPlan], list[Problem]]:
+                 planned: dict[str, ServerPlan], leaving: Sequence[tuple[str, float]] = ()
+                 ) -> tuple[Optional[ServerPlan], list[Problem]]:
     """A server of models loaded on request: each model planned as the single-model server it runs
     as, then the largest resident set that fits what the node and its GPU leave beside the other servers."""
     pool = stack.node_pools[model.node_pool]
@@ -260,8 +261,13 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
     if any(m.vram is not None for m in resident) and pool.vram is not None:
         # Time-sliced cards are shared with the pool's other GPU servers, which the plan may put on the same card.
         vram_budget = gib(pool.vram) - GPU_FREE_TARGET_GIB - sum(
-            s.vram.total_gib for s in beside if s.vram is not None)
+            s.vram.total_gib for s in beside if s.vram is not None) - sum(vram for _, vram in leaving)
     others = f", beside {', '.join(s.name for s in beside)}" if beside else ""
+    if leaving and vram_budget is not None:
+        # Their pods hold the card until this update deletes them (config/history.py HistoryVerdict.leaving).
+        others += (f"{' and' if beside else ', beside'} {', '.join(name for name, _ in leaving)} (removed in this update: "
+                   "its pods hold the card until the update deletes them; run pulumi up again after it to give the "
+                   "router their memory)")
     if vram_budget is not None and vram_budget <= 0:
         return None, [(f"node_pools.{model.node_pool}.vram", f"{pool.vram} leaves the router no VRAM ({vram_budget:.1f} "
                        f"GiB after llama.cpp's {GPU_FREE_TARGET_GIB:g} GiB free per GPU{others}); give the card's real "
@@ -362,9 +368,11 @@ def _place(stack: "StackConfig", servers: dict[str, ServerPlan]) -> tuple[list[N
     return nodes, problems
 
 
-def plan_stack(stack: "StackConfig", estimate: Estimator) -> CapacityPlan:
+def plan_stack(stack: "StackConfig", estimate: Estimator,
+               leaving: Optional[Mapping[str, Sequence[tuple[str, float]]]] = None) -> CapacityPlan:
     """The capacity plan for a stack, each server's memory estimated by its engine; raises
-    CapacityError (path, numbers, remedy) if it does not fit."""
+    CapacityError (path, numbers, remedy) if it does not fit. ``leaving``: per node pool, the GPU servers the
+    last update ran there that this one removes (config/history.py): a router does not take their VRAM yet."""
     problems: list[Problem] = []
     result = CapacityPlan()
     estimates = {key: estimate(model, stack.node_pools[model.node_pool], f"models.{key}")
@@ -374,8 +382,15 @@ def plan_stack(stack: "StackConfig", estimate: Estimator) -> CapacityPlan:
         found, unplannable = estimates[key]
         problems += unplannable
         if isinstance(found, OnRequest):
-            server, router_problems = _router_plan(key, model, stack, found, result.servers)
+            gone = tuple((leaving or {}).get(model.node_pool, ()))
+            server, router_problems = _router_plan(key, model, stack, found, result.servers, gone)
             problems += router_problems
+            if server is not None and gone and server.residency is not None and server.residency.vram_budget_gib is not None:
+                result.warnings.append(
+                    f"models.{key}: its VRAM budget stays {server.residency.vram_budget_gib:g} GiB in this update: "
+                    f"{', '.join(f'{name} ({vram:g} GiB)' for name, vram in gone)} leave{'s' if len(gone) == 1 else ''} "
+                    f"node pool {model.node_pool}, and {'its' if len(gone) == 1 else 'their'} pods hold the card until "
+                    "the update deletes them; the next pulumi up gives the router that memory")
             if server is not None:
                 result.servers[key] = server
             continue

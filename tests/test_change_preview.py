@@ -690,3 +690,23 @@ def test_changed_container_args_are_shown_per_flag(homelab_base):
     assert _arg_changes(["--a", "1", "--metrics"], ["--a", "1", "--b", "-1"]) == "removed --metrics; added --b -1"
     assert _arg_changes(["--x=1", "serve"], ["--x", "2", "run"]) == "--x 1 -> 2; arguments serve -> run"
     assert _arg_changes(["--a", "1", "--b"], ["--b", "--a", "1"]) == "same flags, another order"
+
+
+def test_cli_runs_the_after_config_with_the_history_the_before_one_leaves(tmp_path, capsys):
+    """As pulumi up does: the edited stack sees the last update's history. Moving qwen3-14b back from a server of
+    its own into rtx3090-library's library in one update is refused there (the router may not take qwen14's
+    memory while its pods still hold it), so `make diff` says so in one line and exits 2, not a plan pulumi up
+    would refuse."""
+    import yaml
+
+    from conftest import router_move_configs
+
+    base, with_server, _ = router_move_configs()
+    stack_file = yaml.safe_load((ROOT / "Pulumi.rtx3090-library.yaml").read_text())
+    before, after = tmp_path / "before.yaml", tmp_path / "after.yaml"
+    before.write_text(yaml.safe_dump({**stack_file, "config": with_server}))
+    after.write_text(yaml.safe_dump({**stack_file, "config": base}))
+    assert cli(["rtx3090-library", "--before-file", str(before), "--after-file", str(after)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("changes rtx3090-library: the after config does not run: ") and "qwen14 (removed in this " \
+        "update" in err and len(err.strip().splitlines()) == 1

@@ -470,7 +470,9 @@ def test_moving_a_model_between_the_router_and_a_server_of_its_own_plans_the_mom
         assert new_budget > old_budget and overlap.severity == "warning" and "while qwen14 goes" in overlap.message
         assert (f"{largest:g} + {server:g} = {largest + server:.1f} GiB, more than the card's {card['vram_gib']:g}"
                 in overlap.message)
-        assert overlap.message.endswith("first remove the server, then, once its pods are gone, grow the library")
+        assert overlap.message.endswith("keeps the router's budget for that update instead (a model that needs the "
+                                        "memory is refused until the next one): remove the server first, then grow "
+                                        "the library")
 
 
 def test_a_router_restart_says_its_pinned_models_load_after_it_serves():

@@ -248,3 +248,51 @@ def test_a_setting_left_out_whose_default_moved_is_warned_with_what_the_last_upd
     assert line == ("cluster.cni is not set: releases before the k3s defaults made that cilium (CiliumNetworkPolicy, the "
                     "model hub reached by name only); it is now networkpolicy; if the last update left it out too, set it "
                     "to keep what runs (cni: cilium)")
+
+
+# --- a server leaving a router's card (issue #48 item 4, moving back) ------------------------------------------
+
+def router_budget(run_) -> float:
+    import json
+
+    (files,) = [r.inputs for r in run_.find("ConfigMap") if r.inputs["metadata"]["name"] == "llama-library-files"]
+    return json.loads(files["data"]["admission.json"])["vram_budget_gib"]
+
+
+def test_a_server_leaving_a_routers_card_keeps_its_vram_until_the_next_update():
+    """qwen14 (a server of its own on the router's time-sliced card) removed: its pods hold the card until the
+    update deletes them, at its end, while the router's proxy would read a budget grown by qwen14's 8.99 GiB
+    within a minute or two. With the last update's history the program keeps the router's budget for this
+    update (and says so), and the next pulumi up grows it. Offline, with no history, it grows at once."""
+    from conftest import router_move_configs
+
+    _, with_server, _ = router_move_configs()
+    without = copy.deepcopy(with_server)  # qwen14 removed, the library as it is (without qwen3-14b)
+    without[PREFIX + "models"].pop("qwen14")
+    gateway = without[PREFIX + "gateway"]
+    gateway["tiers"].pop("qwen14")
+    gateway["routes"] = [r for r in gateway["routes"] if r["model"] != "qwen3-14b"]
+    first = run("rtx3090-library", with_server)
+    held = router_budget(first)
+    second = run("rtx3090-library", without, previous=first.outputs["history"])
+    assert router_budget(second) == held
+    (line,) = [l for l in second.logs if "stays" in l and "VRAM budget" in l]
+    assert f"its VRAM budget stays {held:g} GiB in this update: qwen14 (" in line and "the next pulumi up" in line
+    third = run("rtx3090-library", without, previous=second.outputs["history"])
+    assert router_budget(third) > held + 8
+    assert router_budget(run("rtx3090-library", without)) == router_budget(third)  # no history: at once
+
+
+def test_moving_a_model_back_into_the_library_in_one_update_is_refused_with_the_way_out():
+    """The move back in one step would give the router qwen14's memory while qwen14's pods still hold it: with the
+    history, the model does not fit the budget kept for this update, and the refusal names why and the order."""
+    from conftest import router_move_configs
+
+    base, with_server, _ = router_move_configs()
+    first = run("rtx3090-library", with_server)
+    with pytest.raises(pulumi.RunError) as refused:
+        run("rtx3090-library", base, previous=first.outputs["history"])
+    message = str(refused.value)
+    assert "models.library.on_demand.models.qwen3-14b: can never be loaded" in message
+    assert "qwen14 (removed in this update: its pods hold the card until the update deletes them; run pulumi up " \
+           "again after it to give the router their memory)" in message
