@@ -78,7 +78,21 @@ def test_pack_has_every_policy_mandatory():
     assert all(p.enforcement_level.value == "mandatory" for p in POLICIES)
 
 
-@pytest.mark.parametrize("stack_fixture", ["homelab", "strix_files"])
+@pytest.fixture(scope="module")
+def moved_files() -> dict[str, dict]:
+    """rtx3090-library with a model moved to a server of its own on the shared card: its `room` init container
+    and the router's status publishing (issue #48) under every policy too."""
+    from conftest import router_move_configs, run_stack_file
+    from render.manifests import manifests
+
+    _, moved, secrets = router_move_configs()
+    files = manifests(run_stack_file("rtx3090-library", moved, secrets))
+    assert any(c["name"] == "room" for m in files.values() if m["kind"] == "Deployment"
+               for c in m["spec"]["template"]["spec"].get("initContainers", []))
+    return files
+
+
+@pytest.mark.parametrize("stack_fixture", ["homelab", "strix_files", "moved_files"])
 def test_shipped_stacks_pass_every_policy(request, stack_fixture):
     files = request.getfixturevalue(stack_fixture)
     for policy in POLICIES:
