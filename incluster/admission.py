@@ -42,6 +42,7 @@ DRAIN_HOLD_SECONDS = float(os.environ.get("DRAIN_HOLD_SECONDS", "120"))
 # What this router holds, for the servers sharing its card (incluster/room.py): rewritten every round on the
 # pod's scratch volume, from where the keeper copies it to the model cache; unset for a router without a card.
 ROOM_STATUS = os.environ.get("ROOM_STATUS")
+ROOM_SECONDS = float(os.environ.get("ROOM_SECONDS", "10"))
 
 
 def log(message: str) -> None:
@@ -126,6 +127,7 @@ class Residency:
         self.tasks: set = set()  # background tasks, referenced until done
         self.pin_failures: dict = {}  # pinned model -> (failures in a row, when to try again)
         self.draining: dict = {}  # model the keeper reloads -> until when (monotonic) its new requests are refused
+        self.shrinking: set = set()  # models drained by fit_budget itself (a smaller budget), resumed once unloaded
         # Figures for /metrics.
         self.evictions: dict = {}
         self.failed_loads: dict = {}
@@ -213,6 +215,11 @@ class Residency:
         while True:
             victim = None
             async with self.lock:
+                if self.is_draining(name):
+                    # Drained while this request waited for the lock or for room: it was not counted in flight,
+                    # so the keeper's drain did not wait for it; it must not load the model now.
+                    raise Refusal(503, f"model {name} is being reloaded with new settings or weights; try again",
+                                  "unavailable_error")
                 resident, statuses = await self.resident()
                 if name not in statuses:
                     # Planned but not served: the keeper is still fetching it (the router reads a preset of the
@@ -284,9 +291,22 @@ class Residency:
                     return
                 victim = self._idle_victim(resident, statuses)
                 if victim is None:
+                    # Every model over the budget is busy, and one always busy would never be idle: the least
+                    # recently used of them takes no new request (503, the gateway's next tier) until it is idle
+                    # and unloaded by a later round.
+                    busy = [n for n in resident if n not in self.pinned and n not in self.unloading
+                            and statuses.get(n) in RUNNING and not self.is_draining(n)]
+                    if busy:
+                        name = min(busy, key=lambda n: (n in self.models, self.last_used.get(n, 0.0), n))
+                        self.draining[name] = time.monotonic() + DRAIN_HOLD_SECONDS
+                        self.shrinking.add(name)
+                        log(f"{name}: takes no new request until it is idle: what is resident exceeds the plan's budget")
                     return
                 await self._unload(victim, "as what is resident exceeds the plan's budget")
             await self._gone(victim)
+            if victim in self.shrinking:
+                self.shrinking.discard(victim)
+                self.resume([victim])
 
     async def _unload(self, victim: str, why: str) -> None:
         """Has the router unload an idle model, counted as on its way out until its child has exited (_gone);
@@ -299,12 +319,30 @@ class Residency:
             self.unloading.discard(victim)
             raise
 
+    async def keep_room(self) -> None:
+        """Every ROOM_SECONDS, on its own (a pinned model's load, which keep_pinned waits for, may take minutes,
+        and a stale status reads as "no router"): write_room."""
+        while True:
+            try:
+                self.refresh()
+                await self.write_room()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # noqa: BLE001 - the next round writes it again
+                log(f"room status: {error!r}")
+            await asyncio.sleep(ROOM_SECONDS)
+
     async def write_room(self) -> None:
         """ROOM_STATUS: the VRAM budget this proxy holds the router to, the planned VRAM of what is resident, and
-        when; replaced whole (a reader never sees half of it)."""
+        when; replaced whole (a reader never sees half of it). Where the router does not answer, what it last
+        said, with what requests hold and what is on its way out."""
         if not ROOM_STATUS or self.budget.vram_gib is None:
             return
-        resident, _ = await self.resident()
+        try:
+            resident, _ = await self.resident()
+        except Refusal:
+            resident = ({n for n, s in self.last_statuses.items() if s in RUNNING}
+                        | {n for n, c in self.in_flight.items() if c > 0} | self.unloading)
         held = sum(self.figures(n)["vram_gib"] for n in resident)
         status = {"vram_budget_gib": self.budget.vram_gib,
                   # A model no plan of this proxy's listed counts as filling the card: no server starts beside it.
@@ -329,6 +367,11 @@ class Residency:
         task = asyncio.get_running_loop().create_task(coroutine)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def known(self) -> set:
+        """The models a drain may name: planned, retired (dropped by the plan, still running), or ever counted
+        in flight (a request may still be on one the plan dropped)."""
+        return set(self.models) | set(self.retired) | {n for n, c in self.in_flight.items() if c > 0}
 
     def is_draining(self, name: str) -> bool:
         until = self.draining.get(name)
@@ -360,7 +403,7 @@ class Residency:
     def resume(self, names: list) -> None:
         for name in names:
             if self.draining.pop(name, None) is not None:
-                log(f"{name}: reloaded, admitted again")
+                log(f"{name}: admitted again")
 
     def _enter(self, name: str) -> None:
         self.in_flight[name] = self.in_flight.get(name, 0) + 1
@@ -384,7 +427,6 @@ class Residency:
                 statuses = await self.router.statuses(full=True)
                 answered = True
                 await self.fit_budget()
-                await self.write_room()
                 for name in sorted(self.pinned):
                     status = statuses.get(name)
                     if status is None or status.get("value") in RUNNING:

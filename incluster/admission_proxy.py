@@ -303,6 +303,7 @@ class Proxy:
 CONTROL_BODY_BYTES = 4096
 CONTROL_DRAIN_SECONDS_MAX = 3600.0
 CONTROL_MODELS_MAX = 256
+CONTROL_NAME_MAX = 256
 
 
 class Control:
@@ -334,24 +335,26 @@ class Control:
                 asked = json.loads(body)
                 names, seconds = asked["models"], float(asked.get("seconds", 0))
                 if not isinstance(names, list) or not names or len(names) > CONTROL_MODELS_MAX:
-                    raise ValueError("models: a list of the plan's models")
-                for name in names:
-                    # A model the plan just dropped may still have requests in flight: drained like the others.
-                    if not isinstance(name, str) or (name not in self.residency.models
-                                                     and name not in self.residency.retired):
-                        raise ValueError(f"not a model of the plan: {name!r}")
+                    raise ValueError("models: a list of model names")
+                if not all(isinstance(n, str) and 0 < len(n) <= CONTROL_NAME_MAX for n in names):
+                    raise ValueError("models: each a model name")
                 if not 0 <= seconds <= CONTROL_DRAIN_SECONDS_MAX:
                     raise ValueError(f"seconds out of range: {seconds}")
             except (ValueError, KeyError, TypeError, AttributeError) as error:
                 await _send_json(client, 400, {"error": str(error)[:200]})
                 return
-            names = sorted(set(names))
+            # A model the plan just dropped may still have requests in flight: drained like the others. A name
+            # this proxy knows nothing of (never planned, or dropped and no longer running) has nothing in
+            # flight here: said back, and the others are drained all the same.
+            known = self.residency.known()
+            unknown = sorted({n for n in names if n not in known})
+            names = sorted({n for n in names if n in known})
             if target == "/drain":
-                left = await self.residency.drain(names, seconds)
-                await _send_json(client, 200, {"in_flight": left})
+                left = await self.residency.drain(names, seconds) if names else {}
+                await _send_json(client, 200, {"in_flight": left, "unknown": unknown})
             else:
                 self.residency.resume(names)
-                await _send_json(client, 200, {"resumed": names})
+                await _send_json(client, 200, {"resumed": names, "unknown": unknown})
         except http_io.TooLarge as error:
             await _send_json(client, error.status, {"error": str(error)})
         except (http_io.Closed, http_io.TimedOut, h11.ProtocolError):
@@ -394,9 +397,11 @@ async def main() -> None:
     else:
         control = None
     keeper = asyncio.get_running_loop().create_task(residency.keep_pinned())
+    room = asyncio.get_running_loop().create_task(residency.keep_room())
     async with server:
         await server.serve_forever()
     keeper.cancel()
+    room.cancel()
     if control is not None:
         control.close()
 

@@ -288,6 +288,8 @@ def fill():
     listed = json.loads(_read(os.environ["HF_LIBRARY"]))
     on_volume = [name for name in listed if _complete(os.path.join(os.environ["LIBRARY_DIR"], name)) is not None]
     missing, _ = library(fetch=not on_volume)
+    # The router reads this preset when it starts: the keeper's first reload is compared with it.
+    _write(_router_read_path(), _read(os.environ["SERVED_PRESET"]))
     if len(missing) == len(listed):
         sys.exit("prefetch: no listed model could be fetched, so the router would serve nothing: "
                  + "; ".join(f"{name}: {why}" for name, why in missing.items()))
@@ -399,6 +401,66 @@ def _reload():
     print(f"keeper: the router re-read its preset: {', '.join(listed)}", flush=True)
 
 
+# A child the router was told to stop reads `loaded` until it has exited (its stop timeout is 10 s): the keeper
+# resumes a drained model only once it has, else a request would reach the exiting child.
+STOP_SECONDS = 60
+RUNNING = ("loading", "loaded", "sleeping")  # the router's states of a model with a child (admission.py too)
+
+
+def _running(names):
+    """Which of ``names`` the router still runs (GET /models, as the admission proxy reads it)."""
+    base = os.environ["RELOAD_URL"].split("/models", 1)[0]
+    request = urllib.request.Request(base + "/models", headers=_auth())
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        data = json.loads(answer.read(1 << 22))["data"]
+    return {m["id"] for m in data if m["id"] in names and m["status"]["value"] in RUNNING}
+
+
+def _wait_stopped(names):
+    deadline = time.monotonic() + STOP_SECONDS
+    while names:
+        still = _running(names)
+        if not still:
+            return
+        if time.monotonic() > deadline:
+            print(f"keeper: {', '.join(sorted(still))} still running {STOP_SECONDS} s after the reload", flush=True)
+            return
+        time.sleep(0.5)
+
+
+def _router_read_path():
+    """Where the preset the router last read is kept (on the pod's scratch volume, beside the served one): the
+    next round's reload is compared with it, not with the last one written, so a reload that failed is drained
+    again when it is tried again."""
+    return os.environ["SERVED_PRESET"] + ".read"
+
+
+def _pending_path():
+    """The models with new weights not yet unloaded (a failed round, a keeper restart): unloaded on the next."""
+    return os.environ["SERVED_PRESET"] + ".unload"
+
+
+def _write(path, data):
+    with open(path + ".new", "wb") as out:
+        out.write(data)
+    os.replace(path + ".new", path)
+
+
+def _router_read():
+    for path in (_router_read_path(), os.environ["SERVED_PRESET"]):
+        if os.path.exists(path):
+            return _read(path).decode()
+    return ""
+
+
+def _pending():
+    try:
+        names = json.loads(_read(_pending_path()))
+    except (OSError, ValueError):
+        return set()
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
+
+
 def _heartbeat(path, seconds):
     main_thread = threading.main_thread()
     while main_thread.is_alive():
@@ -444,18 +506,22 @@ def keep():
                 time.sleep(seconds)
                 continue
             print("keeper: applying the library and its preset" + (" (changed)" if applied else " (at start)"), flush=True)
-            served = os.environ["SERVED_PRESET"]
-            before = _read(served).decode() if os.path.exists(served) else ""
+            before = _router_read()  # what the router last read, whatever was written since
             missing, changed = library()
+            pending = sorted(_pending() | set(changed))
+            _write(_pending_path(), json.dumps(pending).encode())
             # The models the reload unloads (their settings changed, or no longer served) and those with new
             # weights: drained first, so no request in flight on them is cut; the others keep running untouched.
-            after = _read(served).decode()
-            touched = sorted(set(preset.reloaded(before, after)) | set(preset.removed(before, after)) | set(changed))
+            after = _read(os.environ["SERVED_PRESET"]).decode()
+            touched = sorted(set(preset.reloaded(before, after)) | set(preset.removed(before, after)) | set(pending))
             drained = _drain(touched)
             try:
                 _reload()
-                for name in changed:
+                for name in pending:
                     _unload(name)
+                _wait_stopped(set(touched))  # resumed only once their old children have exited
+                _write(_router_read_path(), after.encode())
+                _write(_pending_path(), b"[]")
             finally:
                 _resume(drained)
             if not missing:

@@ -41,13 +41,14 @@ def section_of(line):
 
 
 def sections(text):
-    """Section -> {key: value} (a key given twice: the last); keys before any header under BEFORE_ANY_HEADER."""
+    """Section -> {key: value} (a key given twice: the last; a section given twice: the last); keys before any
+    header under BEFORE_ANY_HEADER."""
     parsed, current = {BEFORE_ANY_HEADER: {}}, BEFORE_ANY_HEADER
     for line in lines(text):
         header = section_of(line)
         if header is not None:
             current = header
-            parsed.setdefault(current, {})
+            parsed[current] = {}  # a section given twice starts over, as llama.cpp's loader reads it
             continue
         match = _KEY.fullmatch(line)
         if match:

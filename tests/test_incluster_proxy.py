@@ -800,9 +800,9 @@ def test_a_model_being_reloaded_finishes_its_requests_and_takes_no_new_ones_unti
         assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(other)))) == 200
         (answer, answered_at), ((status, document), drained_at) = held(), drained()
         assert status_of(answer) == 200 and answer.endswith(json.dumps({"model": model}).encode())
-        assert (status, document) == (200, {"in_flight": {model: 0}})
+        assert (status, document) == (200, {"in_flight": {model: 0}, "unknown": []})
         assert drained_at >= answered_at - 0.2  # the drain answered once the request in flight had ended
-        assert control(sock, "/resume", {"models": [model]}) == (200, {"resumed": [model]})
+        assert control(sock, "/resume", {"models": [model]}) == (200, {"resumed": [model], "unknown": []})
         assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(model)))) == 200
         assert not any("reloading" in k for k in proxy.metrics())
 
@@ -816,7 +816,7 @@ def test_a_drain_waits_no_longer_than_asked_and_lapses_without_the_keeper(tmp_pa
         held = in_thread(lambda: proxy.exchange(http("POST", "/v1/chat/completions", chat(model, hold=4.0)), timeout=30))
         wait_for(lambda: proxy.in_flight().get(model) == 1, "the held request was never admitted")
         started = time.monotonic()
-        assert control(sock, "/drain", {"models": [model], "seconds": 0.5}) == (200, {"in_flight": {model: 1}})
+        assert control(sock, "/drain", {"models": [model], "seconds": 0.5}) == (200, {"in_flight": {model: 1}, "unknown": []})
         assert time.monotonic() - started < 2
         assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(model)))) == 503
         assert status_of(held()[0]) == 200
@@ -837,9 +837,9 @@ def test_models_drained_together_stay_drained_until_the_last_has_ended(tmp_path)
         drained = in_thread(lambda: control(sock, "/drain", {"models": [idle, busy], "seconds": 30}))
         time.sleep(2.0)  # past the idle model's hold, were it drained alone
         assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(idle)))) == 503
-        assert drained()[0] == (200, {"in_flight": {idle: 0, busy: 0}})
+        assert drained()[0] == (200, {"in_flight": {idle: 0, busy: 0}, "unknown": []})
         assert time.monotonic() - started >= 2.0 and status_of(held()[0]) == 200
-        assert control(sock, "/resume", {"models": [idle, busy]}) == (200, {"resumed": sorted([idle, busy])})
+        assert control(sock, "/resume", {"models": [idle, busy]}) == (200, {"resumed": sorted([idle, busy]), "unknown": []})
         assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(idle)))) == 200
 
 
@@ -884,18 +884,20 @@ def test_a_model_the_plan_drops_is_drained_while_its_last_request_runs(tmp_path)
         (tmp_path / "admission.json").write_text(json.dumps(smaller))
         wait_for(lambda: status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(dropped)))) == 400,
                  "the new plan was never read")
-        status, document = control(sock, "/drain", {"models": [dropped], "seconds": 30})
-        assert (status, document) == (200, {"in_flight": {dropped: 0}})
+        # With a name the proxy knows nothing of in the same call (a model dropped and no longer running): the
+        # others are drained all the same (a 400 for the whole call once let the reload cut a request).
+        status, document = control(sock, "/drain", {"models": [dropped, "never-planned"], "seconds": 30})
+        assert (status, document) == (200, {"in_flight": {dropped: 0}, "unknown": ["never-planned"]})
         assert status_of(held()[0]) == 200
-        assert control(sock, "/drain", {"models": ["never-planned"], "seconds": 1})[0] == 400
 
 
 @pytest.mark.parametrize("call, expected", [
-    (dict(target="/drain", document={"models": ["no-such-model"], "seconds": 1}), (400, "not a model of the plan")),
+    (dict(target="/drain", document={"models": [7], "seconds": 1}), (400, "each a model name")),
+    (dict(target="/drain", document={"models": ["x" * 300], "seconds": 1}), (400, "each a model name")),
     (dict(target="/drain", document={"models": ["M"], "seconds": 99999}), (400, "seconds out of range")),
     (dict(target="/drain", document={"seconds": 1}), (400, "models")),
-    (dict(target="/drain", document={"models": "M", "seconds": 1}), (400, "a list of the plan's models")),
-    (dict(target="/drain", document={"models": [], "seconds": 1}), (400, "a list of the plan's models")),
+    (dict(target="/drain", document={"models": "M", "seconds": 1}), (400, "a list of model names")),
+    (dict(target="/drain", document={"models": [], "seconds": 1}), (400, "a list of model names")),
     (dict(target="/models/load", document={"models": ["M"]}), (404, "POST /drain or /resume")),
     (dict(target="/drain", method="GET"), (404, "POST /drain or /resume")),
 ])
@@ -917,3 +919,60 @@ def test_the_control_socket_takes_the_keepers_two_calls_and_nothing_else(tmp_pat
         answer = proxy.exchange(http("POST", "/drain", json.dumps({"models": [UNPINNED[0]], "seconds": 1}).encode()))
         assert status_of(answer) == 404
         assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(UNPINNED[0])))) == 200
+
+
+# --- the review's findings on the drain and the budget (each failed before its fix) ---------------------------
+
+def test_a_request_waiting_for_room_when_its_model_is_drained_does_not_load_it(tmp_path):
+    """A request for C that waits for room (A and B busy on a full card) is not yet counted in flight, so the
+    drain answers at once; it must then be refused (503), never load C under the keeper's reload."""
+    sock = tmp_path / "control.sock"
+    with proxy_against(tmp_path, {"ADMISSION_CONTROL": str(sock)}, plan=small_plan(20, "ABC")) as proxy:
+        busy = [in_background(chat_status, proxy, m, 3.0) for m in "AB"]
+        wait_for(lambda: proxy.in_flight().get("A") == 1 and proxy.in_flight().get("B") == 1, "not busy")
+        queued = in_background(chat_status, proxy, "C", 0.0)
+        time.sleep(0.5)
+        assert control(sock, "/drain", {"models": ["C"], "seconds": 30}) == (200, {"in_flight": {"C": 0}, "unknown": []})
+        queued[0].join(30)
+        assert queued[1] == [503] and "C" not in proxy.fake.served and proxy.fake.status["C"] == "unloaded"
+        for thread, _ in busy:
+            thread.join(30)
+
+
+def test_a_model_always_busy_over_a_smaller_budget_is_drained_until_it_can_be_unloaded(tmp_path):
+    """Overlapping requests keep a model from ever being idle: over a shrunk budget, the least recently used busy
+    model takes no new request until its last one ends, is unloaded, and is admitted again."""
+    with proxy_against(tmp_path, plan=small_plan(30, "ABC")) as proxy:
+        for m in "AB":
+            assert chat_status(proxy, m) == 200
+        stop = time.monotonic() + 8
+        answers: list = []
+
+        def traffic(model: str) -> None:
+            while time.monotonic() < stop:
+                threading.Thread(target=lambda: answers.append(chat_status(proxy, model, 1.5))).start()
+                time.sleep(0.5)  # a new request every 0.5 s, each 1.5 s long: always one in flight
+        streams = [threading.Thread(target=traffic, args=(m,), daemon=True) for m in "AB"]
+        for stream in streams:
+            stream.start()
+        time.sleep(1)
+        (tmp_path / "admission.json").write_text(json.dumps(small_plan(10, "ABC")) + " ")
+        wait_for(lambda: proxy.fake.resident_vram() <= 10, "the router stayed over the smaller budget", seconds=6)
+        for stream in streams:
+            stream.join(30)
+        assert set(answers) <= {200, 503}  # refused with a retry hint, never cut
+
+
+def test_the_room_status_stays_fresh_while_a_pinned_model_loads(tmp_path):
+    """A pinned model's load (minutes for a large one) must not stop the status the servers sharing the card
+    read: stale, it would read as no router at all."""
+    plan = small_plan(25, "ABC")
+    plan["models"]["A"]["pinned"] = True
+    status = tmp_path / "room.json"
+    with proxy_against(tmp_path, {"ROOM_STATUS": str(status), "ROOM_SECONDS": "0.5"}, plan=plan, load_seconds=6.0) as proxy:
+        proxy.fake.status["A"] = "unloaded"  # the pinned model lost: the proxy loads it again, for 6 s
+        ages = []
+        for _ in range(14):
+            time.sleep(0.5)
+            ages.append(time.time() - json.loads(status.read_text())["at"])
+        assert max(ages) < 2.5, ages

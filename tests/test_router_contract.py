@@ -341,6 +341,8 @@ def test_the_models_a_reload_unloads_are_those_the_keeper_drains(case):
             (first, at_section_end(first, names[0], "ctx-size = 1024"), [names[0]], []),
             (first, at_section_end(first, names[1], "; a note\n   \n# another").replace("\n", "\r\n"), [], []),
             (first, without_section(first, names[1]), [], [names[1]]),
+            # A section given twice starts over (llama.cpp's loader): the second, shorter one is names[1]'s settings.
+            (first, first + f"\n[{names[1]}]\nthreads = 1\n", [names[1]], []),
             (own_top_k, "[*]\ntop-k = 7\n" + own_top_k, None, []),
         ]
         for old, new, expected, expected_gone in edits:
