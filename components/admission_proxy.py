@@ -12,7 +12,7 @@ from engines.base import Admission, Credentials
 from planning.capacity import RoomWait
 from planning.residency import ADMISSION_MEMORY_REQUEST
 
-from .prefetch import ADMISSION_CONTROL, LIBRARY_STATUS, ROOM_STATUS, room_published
+from .prefetch import ADMISSION_CONTROL, CONTROL_MOUNT, LIBRARY_STATUS, ROOM_STATUS, room_published
 from .programs import command
 from .security import CONTAINER_SECURITY, SCRATCH_VOLUME
 
@@ -40,8 +40,8 @@ def admission_container(model: ModelServer, admission: Admission, credentials: O
         {"name": "LIBRARY_STATUS", "value": LIBRARY_STATUS},
         {"name": "ADMISSION_CONTROL", "value": ADMISSION_CONTROL},
     ]
-    mounts = list(file_mounts) + [SCRATCH_VOLUME]
-    if writes_room:  # on the scratch volume; the keeper copies it to the model cache (room_published)
+    mounts = list(file_mounts) + [SCRATCH_VOLUME, CONTROL_MOUNT]
+    if writes_room:  # on the control volume; the keeper copies it to the model cache (room_published)
         env.append({"name": "ROOM_STATUS", "value": ROOM_STATUS})
     if model.api_key is not None and credentials is not None:
         env.append({"name": "ROUTER_AUTH_FILE", "value": credentials.key_file(model.api_key.secret_key)})

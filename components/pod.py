@@ -14,7 +14,7 @@ from planning.capacity import ServerPlan
 
 from .admission_proxy import admission_container, room_container
 from .meta import selector
-from .prefetch import hub_token_env, library_container, library_keeper, prefetch_container
+from .prefetch import CONTROL_VOLUME, hub_token_env, library_container, library_keeper, prefetch_container
 from .programs import PROGRAMS_DIR, volume_items
 from .security import CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH_ENV, SCRATCH_VOLUME
 
@@ -220,6 +220,8 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         volumes.append({"name": "programs", "configMap": {
             "name": programs_config_map_name(model), "items": volume_items(programs), "defaultMode": 0o444}})
     volumes.append({"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}})
+    if admission is not None:
+        volumes.append(dict(CONTROL_VOLUME))
     spec["volumes"] = volumes
     if pool.runtime_class and model.uses_gpu(pool):
         # The NVIDIA container runtime is not every node's default (k3s, RKE2): without the class the

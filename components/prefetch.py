@@ -31,10 +31,15 @@ HEARTBEAT = f"{SCRATCH}/keeper-heartbeat"
 # Which listed models are served and why the others are not, on the pod's scratch volume: written by the
 # init container and the keeper, read by the admission proxy for its /metrics.
 LIBRARY_STATUS = f"{SCRATCH}/library-status.json"
+# A volume of the router's pod that only the admission proxy and the keeper mount (not the router, whose children
+# run model code): the proxy's control socket and its room status, which nothing else may reach or write.
+CONTROL_DIR = "/var/run/inference-plane"
+CONTROL_VOLUME = {"name": "control", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+CONTROL_MOUNT = {"name": "control", "mountPath": CONTROL_DIR}
 # A GPU router's status for the servers sharing its card (incluster/room.py reads it): the admission proxy
-# writes it on the pod's scratch volume and the keeper copies it to the model cache, in a folder of its own
-# (the proxy, which faces the network, never writes the cache).
-ROOM_STATUS = f"{SCRATCH}/room-status.json"
+# writes it on the control volume and the keeper copies it to the model cache, in a folder of its own (the
+# proxy, which faces the network, never writes the cache).
+ROOM_STATUS = f"{CONTROL_DIR}/room-status.json"
 ROOM_DIR = ".inference-plane-room"
 
 
@@ -42,9 +47,10 @@ def room_published(cache: ModelCacheConfig, router_name: str) -> str:
     return f"{cache.mount_path}/{ROOM_DIR}/{router_name}.json"
 
 
-# The admission proxy's control socket, on the scratch volume the proxy and the keeper share: the keeper drains
-# a model there before the router reloads it (incluster/admission_proxy.py Control); no port, so only the pod.
-ADMISSION_CONTROL = f"{SCRATCH}/admission-control.sock"
+# The admission proxy's control socket, on the control volume the proxy and the keeper share: the keeper drains
+# a model there before the router reloads it (incluster/admission_proxy.py Control); no port, and no other
+# container of the pod mounts it.
+ADMISSION_CONTROL = f"{CONTROL_DIR}/admission.sock"
 
 
 def hub_token_env(cache: ModelCacheConfig) -> list[dict]:
@@ -130,7 +136,8 @@ def library_keeper(model: ModelServer, library: Library, credentials: Optional[C
         *([{"name": "ROOM_STATUS", "value": ROOM_STATUS},
            {"name": "ROOM_PUBLISH", "value": room_published(cache, model.name)}] if publishes_room else []),
     ]
-    mounts = [{"name": "models", "mountPath": cache.mount_path}, *file_mounts, SCRATCH_VOLUME]
+    mounts = [{"name": "models", "mountPath": cache.mount_path}, *file_mounts, SCRATCH_VOLUME,
+              *([CONTROL_MOUNT] if drains else [])]
     if model.api_key is not None and credentials is not None:
         env.append({"name": "ROUTER_AUTH_FILE", "value": credentials.key_file(model.api_key.secret_key)})
         mounts.append({"name": API_KEY_VOLUME, "mountPath": credentials.mount_dir, "readOnly": True})

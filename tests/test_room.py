@@ -44,7 +44,7 @@ def test_the_moved_server_waits_on_the_status_the_routers_keeper_publishes(moved
     containers = {c["name"]: c for c in router["containers"]}
     proxy, keeper = env_of(containers["admission"]), env_of(containers["library"])
     wait = env_of(room)
-    assert keeper["ROOM_STATUS"] == proxy["ROOM_STATUS"] and keeper["ROOM_STATUS"].startswith("/tmp/")
+    assert keeper["ROOM_STATUS"] == proxy["ROOM_STATUS"]
     assert wait["ROOM_STATUS"] == keeper["ROOM_PUBLISH"]
     plan = json.loads(moved["config_maps"]["llama-library-files"]["data"]["admission.json"])
     assert float(wait["ROUTER_BUDGET_GIB"]) == plan["vram_budget_gib"]
@@ -57,8 +57,17 @@ def test_the_moved_server_waits_on_the_status_the_routers_keeper_publishes(moved
     assert claim["models"] == server_claim["models"]
     assert room_mount["mountPath"] == keeper_mount["mountPath"] and room_mount.get("readOnly") is True
     assert wait["ROOM_STATUS"].startswith(keeper_mount["mountPath"] + "/")
-    # The proxy writes only its scratch volume: no mount of the claim in the container that faces the network.
+    # The proxy writes only the control volume, which only it and the keeper mount (the router's children run
+    # model code): the status and the control socket live there; the claim is not mounted where the network is.
     assert not [m for m in containers["admission"]["volumeMounts"] if m["name"] == "models"]
+    control = {v["name"] for v in router["volumes"] if "emptyDir" in v and v["name"] != "scratch"}
+    assert control == {"control"}
+    mounted_by = {c["name"] for c in router["containers"] + router.get("initContainers", [])
+                  for m in c.get("volumeMounts", []) if m["name"] == "control"}
+    assert mounted_by == {"admission", "library"}
+    (mount,) = [m["mountPath"] for m in containers["admission"]["volumeMounts"] if m["name"] == "control"]
+    assert proxy["ROOM_STATUS"].startswith(mount + "/") and proxy["ADMISSION_CONTROL"].startswith(mount + "/")
+    assert keeper["ADMISSION_CONTROL"] == proxy["ADMISSION_CONTROL"]
     on_demand = router["initContainers"][0]["image"]
     assert room["image"] == on_demand
     assert sorted(moved["config_maps"]["qwen14-programs"]["data"]) == ["room.py"]

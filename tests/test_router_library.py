@@ -290,7 +290,10 @@ def start_keeper(rendered: dict, root: Path, endpoint: str, router, log_path: Pa
 def filled_pod(binary, rendered: dict, root: Path, repos: dict):
     """The pod as it starts: its ConfigMap's files under root, the init container's fetch from the stand-in
     Hub, and the router on the served preset, its startup models up; yields (hub endpoint, router)."""
+    from components.prefetch import CONTROL_DIR
+
     write_files(rendered, root)
+    (root / CONTROL_DIR.lstrip("/")).mkdir(parents=True, exist_ok=True)  # the control volume (proxy, keeper)
     with hub_repos(repos) as endpoint:
         assert run_library(rendered["init"], root, endpoint).returncode == 0
         env = env_under(rendered["container"]["env"], root)
