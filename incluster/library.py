@@ -243,6 +243,14 @@ def library(fetch=True):
             why = str(getattr(error, "code", None) or error).removeprefix("prefetch: ")
             missing[name] = f"refused: {why}" if isinstance(error, (Refused, TooLarge)) else why
             print(f"prefetch: {name} ({repo_tag}) is not served: {missing[name]}", file=sys.stderr, flush=True)
+    for name in missing:
+        path = os.path.join(folder, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            # Not served, so not in the router's folder either: the router also lists every folder of its
+            # --models-dir and would load one there with llama.cpp's defaults, outside the plan. Only links go:
+            # the blobs stay in the hub cache, and a later fetch links them again without a download.
+            shutil.rmtree(path)
+            print(f"prefetch: {name} is not served: removed from the router's folder", flush=True)
     served = [name for name in models if name not in missing and _complete(os.path.join(folder, name)) is not None]
     _write_served_preset(served)
     status = json.dumps({"served": served, "missing": missing, "at": int(time.time())})

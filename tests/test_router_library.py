@@ -746,3 +746,36 @@ def test_a_server_moved_out_of_the_library_starts_once_the_router_has_made_room(
             finally:
                 keeper.kill()
                 keeper.wait()
+
+
+def test_a_model_the_hub_refuses_is_not_listed_by_the_router_even_with_its_files_on_the_volume(binary, rendered, tmp_path):
+    """A model fetched before whose repo the Hub now refuses (a rotated token, a repo gone gated or deleted): the
+    keeper leaves it out of the served preset, and its folder too, since the router also lists every folder
+    of its --models-dir and would load it there with llama.cpp's defaults, outside the plan (found by a review).
+    Its blobs stay in the hub cache; the others keep serving."""
+    names = rendered["names"][:2]
+    library = {n: rendered["library"][n] for n in names}
+    preset = rendered["preset"].split(f"[{rendered['names'][2]}]")[0]
+    repos = tiny_repos(rendered, tmp_path, names)
+    root = tmp_path / "pod"
+    write_files(rendered, root, library, preset)
+    gone_repo = library[names[1]].rsplit(":", 1)[0]
+    with hub_repos(repos) as endpoint:
+        assert run_library(rendered["init"], root, endpoint).returncode == 0
+    assert (library_folder(rendered, root) / names[1]).is_dir()
+    env = env_under(rendered["container"]["env"], root)
+    with start_router(binary, served_preset(rendered, root).read_text(), rendered["container"]["args"], {}, TEST_KEY,
+                      env=env) as router:
+        assert sorted(router.statuses()) == sorted(names)
+        with hub_repos({r: files for r, files in repos.items() if r != gone_repo}) as endpoint:
+            log_path = tmp_path / "keeper.log"
+            keeper = start_keeper(rendered, root, endpoint, router, log_path)
+            try:
+                wait_until(lambda: "not served yet" in log_path.read_text(), "the keeper's round", log_path)
+                wait_for_models(router, [names[0]], log_path)
+            finally:
+                keeper.kill()
+                keeper.wait()
+        assert not (library_folder(rendered, root) / names[1]).exists()
+        assert names[1] not in router.statuses()  # not even from --models-dir
+        assert ask(router, names[0]).status == 200
