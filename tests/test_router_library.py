@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -570,7 +571,10 @@ def test_a_settings_change_drains_its_model_so_no_request_in_flight_is_cut(binar
                 assert data.startswith(b"HTTP/1.1 200") and data.count(b"data: ") == 2001, data[-300:]
                 assert b'"stop":true' in data.rsplit(b"data: ", 1)[1] and b'"error"' not in data.rsplit(b"data: ", 1)[1]
                 # The proxy drained while that request was in flight (the case this test is for).
-                assert f"{target}: drained for a reload: 1 request(s) in flight, 0 after" in proxy_log.read_text()
+                # (At least the stream: a probe of the test's own may have been in flight at that moment too.)
+                drained = re.search(rf"{re.escape(target)}: drained for a reload: (\d+) request\(s\) in flight, 0 after",
+                                    proxy_log.read_text())
+                assert drained and int(drained.group(1)) >= 1, proxy_log.read_text()
                 wait_until(lambda: f"keeper: {target}: drained" in log_path.read_text()
                            and log_path.read_text().count("re-read its preset") >= 2, "the keeper's reload", log_path)
                 # Resumed: the next request loads the model anew, with the new settings; the other model's child
