@@ -23,7 +23,7 @@ from components.namespace import AINamespace, AINamespaceArgs
 from config import StackConfig
 from engines import ServerBuild, server_builds
 from config.history import HistoryVerdict, compare, snapshot
-from plane import HISTORY_OUTPUT, load_stack, plan_capacity, previous_history
+from plane import HISTORY_OUTPUT, load_stack, plan_stack, previous_history
 from planning.capacity import CapacityPlan
 
 
@@ -43,11 +43,13 @@ def server_component(built: ServerBuild) -> type[ModelServerBase]:
     return SERVER_COMPONENTS[built.component_type]
 
 
-def check(stack: StackConfig, edits: Optional[HistoryVerdict] = None) -> tuple[CapacityPlan, dict[str, ServerBuild]]:
-    """Everything that can be refused is refused here, before any resource is registered. The plan, and
-    each server as its engine builds it (asked once per server; every component renders from these).
-    ``edits``: this run against the last update (the servers leaving a router's pool keep their VRAM)."""
-    capacity = plan_capacity(stack, edits.leaving if edits is not None else None)
+def check(stack: StackConfig, edits: Optional[HistoryVerdict] = None
+          ) -> tuple[StackConfig, CapacityPlan, dict[str, ServerBuild]]:
+    """Everything that can be refused is refused here, before any resource is registered. The stack as it runs
+    (the planner's choices applied: a KV cache type left unset), its plan, and each server as its engine builds
+    it (asked once per server; every component renders from these). ``edits``: this run against the last update
+    (the servers leaving a router's pool keep their VRAM)."""
+    stack, capacity = plan_stack(stack, edits.leaving if edits is not None else None)
     builds = server_builds(stack, capacity)
     if stack.observability is not None:
         fallback_alerts(stack, builds)
@@ -61,7 +63,7 @@ def check(stack: StackConfig, edits: Optional[HistoryVerdict] = None) -> tuple[C
             )
     for warning in capacity.warnings + capacity.slow_notes:
         pulumi.log.warn(warning)
-    return capacity, builds
+    return stack, capacity, builds
 
 
 def check_edits(stack: StackConfig) -> HistoryVerdict:
@@ -153,7 +155,7 @@ def main() -> Built:
     try:
         stack = load_stack()
         edits = check_edits(stack)
-        capacity, builds = check(stack, edits)
+        stack, capacity, builds = check(stack, edits)
     except Problems as error:
         # The file the paths are in: the stack's own settings file.
         raise pulumi.RunError(f"Pulumi.{pulumi.get_stack()}.yaml: {error}") from None

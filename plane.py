@@ -8,7 +8,8 @@ from typing import Any, Mapping, Optional
 
 import config
 from config.types import StackConfig
-from engines import engine_of, engine_problems
+from common.errors import CapacityError
+from engines import engine_of, engine_problems, quantized_kv_cost
 from planning import capacity
 
 
@@ -20,6 +21,39 @@ def parse_stack(raw: Mapping[str, Any]) -> StackConfig:
 def load_stack() -> StackConfig:
     """The running Pulumi stack's config, validated with every engine's checks."""
     return config.read_config(engine_problems)
+
+
+def plan_stack(stack: StackConfig, leaving: Optional[Mapping[str, Any]] = None
+               ) -> tuple[StackConfig, capacity.CapacityPlan]:
+    """The stack as it will run and its plan. A server on a discrete card that leaves its KV cache type unset
+    gets f16 (faster at depth where measured) where that fits, else its engine's fallback (llama.cpp's q8_0, half
+    the bytes) where that fits, said in the plan's warnings with what it costs; a stack that sets a type keeps
+    it. Where neither fits, the f16 plan's CapacityError (whose fixes name the cache types)."""
+    try:
+        return stack, plan_capacity(stack, leaving)
+    except CapacityError as error:
+        f16 = error  # (the name `error` ends with its except clause)
+        refused = {path.split(".")[1] for path, _ in error.problems if path.startswith("models.")}
+        fallback = {key: engine_of(model).kv_cache_fallback for key, model in stack.models.items()
+                    if key in refused and model.cache_type_k is None and model.cache_type_v is None
+                    and model.uses_gpu(stack.node_pools[model.node_pool])
+                    and stack.node_pools[model.node_pool].vram is not None}
+        fallback = {key: kind for key, kind in fallback.items() if kind is not None}
+        if not fallback:
+            raise
+        models = {key: model.model_copy(update={"cache_type_k": fallback[key], "cache_type_v": fallback[key]})
+                  if key in fallback else model for key, model in stack.models.items()}
+        chosen = stack.model_copy(update={"models": models})
+        try:
+            plan = plan_capacity(chosen, leaving)
+        except CapacityError:
+            raise error from None
+    why = {path.split(".")[1]: message for path, message in reversed(f16.problems) if path.startswith("models.")}
+    for key, kind in fallback.items():
+        plan.warnings.append(
+            f"models.{key}: cache_type_k/v unset, and an f16 KV cache does not fit ({why[key]}); planned and run "
+            f"with {kind}, half the bytes ({quantized_kv_cost()}); set cache_type_k/v to keep a type")
+    return chosen, plan
 
 
 def plan_capacity(stack: StackConfig, leaving: Optional[Mapping[str, Any]] = None) -> capacity.CapacityPlan:

@@ -46,11 +46,13 @@ class ModelSettings(Strict):
         "Slots (--parallel); null: the server's auto, 4 slots sharing one KV pool.", default=None
     )
     cache_type_k: Optional[KvCacheType] = doc(
-        "--cache-type-k: q8_0 halves the K cache (about 1.06 bytes per element instead of 2); null: f16.", default=None
+        "--cache-type-k: q8_0 halves the K cache (about 1.06 bytes per element instead of 2), but decodes slower at "
+        "depth where measured; null (with cache_type_v null): f16 where it fits the card, else q8_0 where that fits "
+        "(the plan says so); a type set is kept.", default=None
     )
     cache_type_v: Optional[KvCacheType] = doc(
         "--cache-type-v: as cache_type_k for V (a quantized V cache needs flash attention, which the server turns on "
-        "itself where the backend supports it); null: f16.",
+        "itself where the backend supports it); null: as cache_type_k.",
         default=None,
     )
 

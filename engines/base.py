@@ -107,6 +107,9 @@ class Engine(ABC):
     settings_block: ClassVar[Optional[str]] = None
     # Whether the server's own container downloads its weights (and so is given the hub token).
     downloads_weights: ClassVar[bool] = True
+    # The KV cache type the planner falls back to where the server leaves it unset and f16 does not fit its card
+    # (plane.plan_stack); None: the engine has no such choice.
+    kv_cache_fallback: ClassVar[Optional[str]] = None
 
     def component_type(self, model: "ModelServer") -> str:
         return self.component_types[model.role]

@@ -105,6 +105,9 @@ class LlamaCpp(Engine):
     config_name = "llamacpp"
     component_types = {"chat": "LlamaServer", "embedding": "EmbedServer"}
     weights_flags = WEIGHTS_FLAGS
+    # Half an f16 cache's bytes (1.06 per element), and llama.cpp's CUDA, Metal and Vulkan builds run it with
+    # flash attention; decoded slower at depth where measured (llamacpp_speed.Q8_0_KV_SLOWER_PCT_H200).
+    kv_cache_fallback = "q8_0"
     _credentials = Credentials(mount_dir=API_KEY_DIR, metrics_token_key=METRICS_TOKEN_KEY, client_key=first_key)
 
     def config_problems(self, model: "ModelServer", path: str, pool: Optional["NodePool"]) -> list[Problem]:
