@@ -33,7 +33,9 @@ def plan_stack(stack: StackConfig, leaving: Optional[Mapping[str, Any]] = None
         return stack, plan_capacity(stack, leaving)
     except CapacityError as error:
         f16 = error  # (the name `error` ends with its except clause)
-        refused = {path.split(".")[1] for path, _ in error.problems if path.startswith("models.")}
+        # Only a server refused for its card's memory (the plan's VRAM refusals name gpu_layers or gpus): any other
+        # refusal stands as it is, never met by a quietly smaller cache.
+        refused = {path.split(".")[1] for path, _ in error.problems if _card_refusal(path)}
         fallback = {key: engine_of(model).kv_cache_fallback for key, model in stack.models.items()
                     if key in refused and model.cache_type_k is None and model.cache_type_v is None
                     and model.uses_gpu(stack.node_pools[model.node_pool])
@@ -48,12 +50,18 @@ def plan_stack(stack: StackConfig, leaving: Optional[Mapping[str, Any]] = None
             plan = plan_capacity(chosen, leaving)
         except CapacityError:
             raise error from None
-    why = {path.split(".")[1]: message for path, message in reversed(f16.problems) if path.startswith("models.")}
+    why = {path.split(".")[1]: message for path, message in reversed(f16.problems) if _card_refusal(path)}
     for key, kind in fallback.items():
         plan.warnings.append(
             f"models.{key}: cache_type_k/v unset, and an f16 KV cache does not fit ({why[key]}); planned and run "
             f"with {kind}, half the bytes ({quantized_kv_cost()}); set cache_type_k/v to keep a type")
     return chosen, plan
+
+
+def _card_refusal(path: str) -> bool:
+    """A refusal of a server for what it needs on its card (planning/capacity.py _vram_problems)."""
+    parts = path.split(".")
+    return len(parts) == 3 and parts[0] == "models" and parts[2] in ("gpu_layers", "gpus")
 
 
 def plan_capacity(stack: StackConfig, leaving: Optional[Mapping[str, Any]] = None) -> capacity.CapacityPlan:

@@ -105,6 +105,14 @@ def _leaving(verdict: HistoryVerdict, before: dict[str, dict], stack: StackConfi
     kept = set(verdict.renamed_keys.values()) | set(stack.models)
     for old_key, old in before.items():
         vram, pool = old.get("vram_gib"), old.get("node_pool")
+        if "vram_gib" not in old and pool in routed and old_key not in kept:
+            # A history from before it recorded VRAM: what the server held is not known, so it is not kept.
+            verdict.warnings.append(
+                f"models.{old_key}: {old.get('name')} leaves node pool {pool} in this update, beside a router, and the "
+                "last update's history (an older release) does not say how much VRAM its pods hold until the update "
+                "deletes them: the router may take that memory first. Safer: remove it alone in this update and "
+                "grow the library in the next")
+            continue
         if old.get("router") or not isinstance(vram, (int, float)) or not vram or pool not in routed:
             continue
         now = stack.models.get(old_key) or next((m for k, m in stack.models.items()

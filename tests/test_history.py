@@ -296,3 +296,24 @@ def test_moving_a_model_back_into_the_library_in_one_update_is_refused_with_the_
     assert "models.library.on_demand.models.qwen3-14b: can never be loaded" in message
     assert "qwen14 (removed in this update: its pods hold the card until the update deletes them; run pulumi up " \
            "again after it to give the router their memory)" in message
+
+
+def test_a_history_without_vram_warns_that_the_leaving_servers_memory_is_not_kept():
+    """An older release's history does not say what a server held: the router's budget cannot be kept for it, and
+    the program says so instead of keeping silent (found by a review)."""
+    from conftest import router_move_configs
+
+    _, with_server, _ = router_move_configs()
+    first = run("rtx3090-library", with_server)
+    old = copy.deepcopy(first.outputs["history"])
+    for server in old["servers"].values():
+        server.pop("vram_gib", None)
+        server.pop("router", None)
+    without = copy.deepcopy(with_server)
+    without[PREFIX + "models"].pop("qwen14")
+    gateway = without[PREFIX + "gateway"]
+    gateway["tiers"].pop("qwen14")
+    gateway["routes"] = [r for r in gateway["routes"] if r["model"] != "qwen3-14b"]
+    second = run("rtx3090-library", without, previous=old)
+    (line,) = [l for l in second.logs if "does not say how much VRAM" in l]
+    assert line.startswith("models.qwen14: qwen14 leaves node pool rtx3090 in this update, beside a router")

@@ -75,3 +75,12 @@ def test_unset_where_f16_fits_stays_f16_and_says_nothing():
                      if r.inputs["metadata"]["name"] == config[PREFIX + "models"]["chat"]["name"]]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--cache-type-k" not in args and not [l for l in run.logs if "cache_type_k/v unset" in l]
+
+
+def test_a_refusal_not_about_the_card_is_never_met_by_a_smaller_cache():
+    """Found by a review: a RAM memory_limit refusal switched an unset cache to q8_0 and was accepted, the warning
+    blaming the KV cache. Only a refusal for the card's memory takes the fallback."""
+    config = rtx3060(cache_type_k=None, cache_type_v=None, ctx_size=32768, gpu_layers=10, cpu_moe_layers=None)
+    config[PREFIX + "models"]["chat"]["resources"]["memory_limit"] = "22Gi"
+    with pytest.raises(pulumi.RunError, match=r"models\.chat\.resources\.memory_limit: 22Gi is below the estimate"):
+        run_stack_file("rtx3060", config, secrets(config))
