@@ -4,16 +4,17 @@ pod's loopback."""
 
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 from common.constants import API_KEY_VOLUME
 from config.types import ModelCacheConfig, ModelServer
 from engines.base import Admission, Credentials
-from planning.capacity import RoomWait
+from planning.capacity import RoomWait, ServerPlan
 from planning.residency import ADMISSION_MEMORY_REQUEST
 
 from .prefetch import ADMISSION_CONTROL, CONTROL_MOUNT, LIBRARY_STATUS, ROOM_STATUS, room_published
-from .programs import command
+from .programs import PROGRAMS_DIR, command
 from .security import CONTAINER_SECURITY, SCRATCH_VOLUME
 
 # Mostly idle (asyncio, one process); the limit holds the request bodies held while their model is
@@ -70,7 +71,7 @@ def room_container(room: RoomWait, cache: ModelCacheConfig, mounts: list[dict]) 
         "command": command("room"),
         "env": [
             {"name": "ROOM_STATUS", "value": room_published(cache, room.router_name)},
-            {"name": "ROUTER_BUDGET_GIB", "value": f"{room.vram_budget_gib:g}"},
+            {"name": "ROOM_BUDGET_FILE", "value": f"{PROGRAMS_DIR}/{ROOM_BUDGET_FILE}"},
             {"name": "ROOM_STALE_SECONDS", "value": str(ROOM_STALE_SECONDS)},
             {"name": "ROOM_WAIT_SECONDS", "value": str(ROOM_WAIT_SECONDS)},
         ],
@@ -78,3 +79,15 @@ def room_container(room: RoomWait, cache: ModelCacheConfig, mounts: list[dict]) 
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
         "volumeMounts": [*mounts, {"name": "models", "mountPath": cache.mount_path, "readOnly": True}],
     }
+
+
+# The router's budget the wait holds it to, a file of the server's programs ConfigMap beside room.py (read at the
+# wait's start, not written into the pod: a neighbour's edit that changes the router's budget restarts no pod).
+ROOM_BUDGET_FILE = "room.json"
+
+
+def room_files(plan: ServerPlan) -> dict[str, str]:
+    if plan.room is None:
+        return {}
+    return {ROOM_BUDGET_FILE: json.dumps({"router": plan.room.router_name,
+                                          "router_budget_gib": plan.room.vram_budget_gib}) + "\n"}

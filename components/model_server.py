@@ -25,6 +25,7 @@ from planning.startup import StartupBudget
 
 from .meta import VALUE_NOTES_ANNOTATION, labels, metadata, selector, token, value_notes
 from .namespace import clients_policy
+from .admission_proxy import room_files
 from .pod import (KEY_FINGERPRINT_ANNOTATION, checkov_waivers, config_map_name, key_fingerprint, pod_programs, pod_spec,
                   programs_config_map_name)
 from .programs import PROGRAMS_ANNOTATION, code_hash, config_map_data, program_files
@@ -136,14 +137,17 @@ class ModelServerBase(pulumi.ComponentResource):
                 f"{name}-files", metadata=metadata(config_map_name(model.name), ns, model.name, component), data=data,
                 opts=pulumi.ResourceOptions(parent=self))
         self.programs = None
-        programs = program_files(pod_programs(model, built, args.plan))
+        code = program_files(pod_programs(model, built, args.plan))
+        # Beside the code, the data a program reads at its start: read then, so a change of it (a router's budget
+        # beside this server) restarts nothing.
+        programs = {**code, **room_files(args.plan)}
         if programs:
             # The in-cluster programs the pod runs, as files; the template names their code's hash, so a
             # change to what runs restarts the pods and a changed comment does not.
             self.programs = k8s.core.v1.ConfigMap(
                 f"{name}-programs", metadata=metadata(programs_config_map_name(model), ns, model.name, component),
                 data=config_map_data(programs), opts=pulumi.ResourceOptions(parent=self))
-            template_meta.setdefault("annotations", {})[PROGRAMS_ANNOTATION] = code_hash(programs)
+            template_meta.setdefault("annotations", {})[PROGRAMS_ANNOTATION] = code_hash(code)
         pod_waivers = checkov_waivers(args.cluster.cni, pod=True)
         if pod_waivers:
             template_meta.setdefault("annotations", {}).update(pod_waivers)

@@ -9,8 +9,7 @@ card's memory and a load on either side would fail.
 
 What it reads: ROOM_STATUS, a small JSON file the router's proxy rewrites every round on the model cache both
 pods mount ({"vram_budget_gib", "resident_vram_gib", "at"}: the budget it holds the router to, the planned VRAM
-of what is resident, when). It waits while either exceeds ROUTER_BUDGET_GIB (the budget this server's plan gave
-the router). No file, or one older than ROOM_STALE_SECONDS: no router runs, and one that starts reads the new
+of what is resident, when). It waits while either exceeds that budget. No file, or one older than ROOM_STALE_SECONDS: no router runs, and one that starts reads the new
 plan, so the server starts. Past ROOM_WAIT_SECONDS it exits 1 with the figures (the kubelet restarts it).
 
 Standard library only: run as a file of the server's programs ConfigMap (components/programs.py)."""
@@ -41,9 +40,19 @@ def _status(path):
     return figures
 
 
+def _budget(path):
+    """The router's budget this server's plan holds it to (ROOM_BUDGET_FILE, beside this program in the server's
+    programs ConfigMap: {"router": name, "router_budget_gib": GiB})."""
+    with open(path, "rb") as handle:
+        value = float(json.loads(handle.read(STATUS_BYTES))["router_budget_gib"])
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{path}: router_budget_gib {value}")
+    return value
+
+
 def main():
     path = os.environ["ROOM_STATUS"]
-    most = float(os.environ["ROUTER_BUDGET_GIB"])
+    most = _budget(os.environ["ROOM_BUDGET_FILE"])
     stale = float(os.environ["ROOM_STALE_SECONDS"])
     deadline = time.monotonic() + float(os.environ["ROOM_WAIT_SECONDS"])
     said = None

@@ -47,7 +47,10 @@ def test_the_moved_server_waits_on_the_status_the_routers_keeper_publishes(moved
     assert keeper["ROOM_STATUS"] == proxy["ROOM_STATUS"]
     assert wait["ROOM_STATUS"] == keeper["ROOM_PUBLISH"]
     plan = json.loads(moved["config_maps"]["llama-library-files"]["data"]["admission.json"])
-    assert float(wait["ROUTER_BUDGET_GIB"]) == plan["vram_budget_gib"]
+    # The budget it waits for is the router's own (admission.json), a file of its programs ConfigMap beside room.py.
+    budget_file = json.loads(moved["config_maps"]["qwen14-programs"]["data"]["room.json"])
+    assert budget_file == {"router": "llama-library", "router_budget_gib": plan["vram_budget_gib"]}
+    assert wait["ROOM_BUDGET_FILE"] == room["command"][-1].rsplit("/", 1)[0] + "/room.json"
     assert plan["vram_budget_gib"] == moved["plan"]["servers"]["library"]["residency"]["vram_budget_gib"]
     # The same claim, mounted where the keeper writes: the keeper's mount of "models" and the wait's.
     claim = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in router["volumes"] if "persistentVolumeClaim" in v}
@@ -70,7 +73,7 @@ def test_the_moved_server_waits_on_the_status_the_routers_keeper_publishes(moved
     assert keeper["ADMISSION_CONTROL"] == proxy["ADMISSION_CONTROL"]
     on_demand = router["initContainers"][0]["image"]
     assert room["image"] == on_demand
-    assert sorted(moved["config_maps"]["qwen14-programs"]["data"]) == ["room.py"]
+    assert sorted(moved["config_maps"]["qwen14-programs"]["data"]) == ["room.json", "room.py"]
 
 
 @pytest.fixture
@@ -82,10 +85,10 @@ def wait(moved, tmp_path):
     status = tmp_path / "status.json"
 
     def start(**overrides) -> subprocess.Popen:
-        env = {**env_of(room), "ROOM_STATUS": str(status), **overrides}
+        env = {**env_of(room), "ROOM_STATUS": str(status), "ROOM_BUDGET_FILE": str(root / "room.json"), **overrides}
         return subprocess.Popen(pod_command(room, root), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
-    return status, start, float(env_of(room)["ROUTER_BUDGET_GIB"])
+    return status, start, json.loads((root / "room.json").read_text())["router_budget_gib"]
 
 
 def write_status(path: Path, budget: float, resident: float, age: float = 0.0) -> None:
@@ -125,3 +128,20 @@ def test_an_unreadable_status_is_read_again_never_taken_as_room(wait, content):
     proc = start(ROOM_WAIT_SECONDS="3")
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 1 and "exiting to be restarted" in out
+
+
+def test_a_change_of_the_routers_budget_restarts_no_server_beside_it(moved):
+    """Found by a review: the budget was in the wait's environment, so any edit that moved the router's budget
+    (a neighbour's VRAM, the card's size) changed every waiting server's pod template and restarted it. It is a
+    file of the server's programs ConfigMap now, read at the wait's start: the ConfigMap changes, the pod does not."""
+    from render.manifests import manifests
+
+    _, config, secrets = router_move_configs()
+    config["inference-plane:node_pools"]["rtx3090"]["vram"] = "32Gi"
+    run = run_stack_file("rtx3090-library", config, secrets)
+    objects = list(manifests(run).values())
+    (deployment,) = [m for m in objects if m["kind"] == "Deployment" and m["metadata"]["name"] == "qwen14"]
+    (programs,) = [m for m in objects if m["kind"] == "ConfigMap" and m["metadata"]["name"] == "qwen14-programs"]
+    assert json.loads(programs["data"]["room.json"])["router_budget_gib"] > json.loads(
+        moved["config_maps"]["qwen14-programs"]["data"]["room.json"])["router_budget_gib"]
+    assert deployment["spec"]["template"]["spec"] == moved["pods"]["qwen14"]

@@ -732,8 +732,9 @@ def test_a_server_moved_out_of_the_library_starts_once_the_router_has_made_room(
                 published = Path(env_under(room["env"], root)["ROOM_STATUS"])
                 wait_until(lambda: published.exists() and json.loads(published.read_text())["resident_vram_gib"]
                            > new_plan["vram_budget_gib"], "the keeper never published a full router", log_path)
-                room_env = {"PATH": os.environ["PATH"], **env_under(room["env"], root), "ROOM_WAIT_SECONDS": "120"}
                 room_root = write_programs(programs, server, tmp_path / "room-programs")
+                room_env = {"PATH": os.environ["PATH"], **env_under(room["env"], root), "ROOM_WAIT_SECONDS": "120",
+                            "ROOM_BUDGET_FILE": str(room_root / "room.json")}
                 with open(wait_log, "w") as out:
                     waiting = subprocess.Popen(pod_command(room, room_root), env=room_env, stdout=out,
                                                stderr=subprocess.STDOUT)
