@@ -18,11 +18,7 @@ import h11
 
 import fit
 import http_io
-from router_rules import Refusal
-
-# What the router counts as holding a model (server-models.h is_running()), and as serving it.
-RUNNING = ("loading", "loaded", "sleeping")
-READY = ("loaded", "sleeping")
+from router_rules import READY, RUNNING, Refusal
 # How long an unloaded child may take to exit: the router force-kills it after stop-timeout (10 s).
 UNLOAD_SECONDS = 30.0
 POLL_SECONDS = 0.1

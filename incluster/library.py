@@ -256,9 +256,7 @@ def library(fetch=True):
     status = json.dumps({"served": served, "missing": missing, "at": int(time.time())})
     for path in (os.path.join(folder, ".status.json"), os.environ.get("LIBRARY_STATUS")):
         if path:  # the second on the pod's scratch volume, where the admission proxy reads it for /metrics
-            with open(path + ".new", "w") as out:
-                out.write(status)
-            os.replace(path + ".new", path)
+            _write(path, status.encode())
     return missing, changed
 
 
@@ -283,9 +281,7 @@ def _write_served_preset(served):
             kept.append(line)
     target = os.environ["SERVED_PRESET"]
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    with open(target + ".new", "w") as out:
-        out.write("\n".join(kept) + "\n")
-    os.replace(target + ".new", target)  # whole, never half-written, when the router re-reads it
+    _write(target, ("\n".join(kept) + "\n").encode())
 
 
 def fill():
@@ -412,7 +408,6 @@ def _reload():
 # A child the router was told to stop reads `loaded` until it has exited (its stop timeout is 10 s): the keeper
 # resumes a drained model only once it has, else a request would reach the exiting child.
 STOP_SECONDS = 60
-RUNNING = ("loading", "loaded", "sleeping")  # the router's states of a model with a child (admission.py too)
 
 
 def _running(names):
@@ -421,7 +416,7 @@ def _running(names):
     request = urllib.request.Request(base + "/models", headers=_auth())
     with urllib.request.urlopen(request, timeout=30) as answer:
         data = json.loads(answer.read(1 << 22))["data"]
-    return {m["id"] for m in data if m["id"] in names and m["status"]["value"] in RUNNING}
+    return {m["id"] for m in data if m["id"] in names and m["status"]["value"] in router_rules.RUNNING}
 
 
 def _wait_stopped(names):
@@ -449,6 +444,7 @@ def _pending_path():
 
 
 def _write(path, data):
+    """Whole, never half-written, when another program (the router, the proxy) reads it meanwhile."""
     with open(path + ".new", "wb") as out:
         out.write(data)
     os.replace(path + ".new", path)
@@ -492,9 +488,7 @@ def _publish_room():
         with open(source, "rb") as handle:
             data = handle.read(ROOM_STATUS_BYTES)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open(target + ".new", "wb") as out:
-            out.write(data)
-        os.replace(target + ".new", target)
+        _write(target, data)
     except FileNotFoundError:
         pass  # the proxy has not written it yet
     except OSError as error:

@@ -48,6 +48,10 @@ MANAGEMENT_PATHS = ("/models", "/props", "/slots", "/lora-adapters", "/cors-prox
                     "/v1/chat/completions/control")
 # The per-model scrape: GET /metrics?model=X, passed on; without ?model= the proxy answers it itself.
 SCRAPE_PATH = "/metrics"
+# GET /models: what the router counts as holding a model (server-models.h is_running()), and as serving it;
+# read by the admission proxy and by the keeper.
+RUNNING = ("loading", "loaded", "sleeping")
+READY = ("loaded", "sleeping")
 
 # A path and a query the proxy reads exactly as the router does: no escapes, no '+', no separators other
 # than '&' and '=' (so there is nothing to decode, and nothing two parsers could decode differently).
