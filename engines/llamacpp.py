@@ -15,7 +15,7 @@ from planning.memory import Estimate, weights_quantity
 
 from .base import Credentials, Engine, Problem
 from .llamacpp_flags import extra_args_problems
-from .llamacpp_speed import predict_range_tok_s, prefill
+from .llamacpp_speed import predict_range_tok_s, prefill, range_reasons
 from .llamacpp_memory import (
     BITS_PER_WEIGHT,
     DEFAULT_BATCH,
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from planning.capacity import ServerPlan
 
 # Values per block of each quantized KV cache type (ggml's QK4_0, QK8_0 ...: 32); f16/bf16/f32 are not blocked.
+# The KV cache types b10729's CUDA flash attention runs on the card without GGML_CUDA_FA_ALL_QUANTS, K and V alike.
+CUDA_FA_KV_TYPES = frozenset({"f32", "f16", "bf16", "q8_0", "q4_0"})
 KV_TYPE_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "iq4_nl": 32}
 
 _ORIGIN = re.compile(r"https?://[a-z0-9.-]+(:[0-9]{1,5})?")
@@ -194,7 +196,7 @@ class LlamaCpp(Engine):
         between the card and system RAM, else all in the node's memory; decode from where each
         weight lives (engines/llamacpp_speed.py)."""
         facts = facts_for(model)
-        problems = self._plan_problems(path, model, facts)
+        problems = self._plan_problems(path, model, facts) + self._cuda_kv_problems(path, model, pool)
         if facts is None or any(where.endswith((".facts", ".weights")) for where, _ in problems):
             return None, problems
         discrete = pool.discrete() and model.uses_gpu(pool)
@@ -206,6 +208,7 @@ class LlamaCpp(Engine):
         span = predict_range_tok_s(model, facts, pool, backend, discrete,
                                    {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size})
         decode = {name: low for name, (low, _) in span.items()} if span else None
+        ranged = bool(span) and any(high > low * 1.005 for low, high in span.values())
         prompt = prefill(model, facts, pool, backend, discrete)
         download = weights_bytes(model, facts)
         if facts.mmproj is not None:
@@ -224,7 +227,8 @@ class LlamaCpp(Engine):
             weights=model.weights or weights_quantity(download),
             read_per_token=layout(model, facts).read_per_token(discrete),
             decode_predicted_tok_s=decode,
-            decode_range_tok_s=span if span and any(high > low * 1.005 for low, high in span.values()) else None,
+            decode_range_tok_s=span if ranged else None,
+            decode_range_why=tuple(range_reasons(model, facts, pool, backend, discrete)) if ranged else (),
             prefill_tok_s=round(prompt[0], 1) if prompt else None,
             first_token_full_s=round(prompt[1], 2) if prompt else None,
             multimodal=facts.mmproj is not None,
@@ -272,6 +276,24 @@ class LlamaCpp(Engine):
                     f"dimension of {facts.head_dim}; llama.cpp would refuse to start; use f16 or bf16",
                 ))
         return problems
+
+    @staticmethod
+    def _cuda_kv_problems(path: str, model: "ModelServer", pool: "NodePool") -> list[Problem]:
+        """The official CUDA images are built without GGML_CUDA_FA_ALL_QUANTS (.devops/cuda.Dockerfile), so
+        b10729's flash attention runs on the card only for a K and V cache of one type among CUDA_FA_KV_TYPES
+        (ggml-cuda/fattn.cu: ggml_cuda_fattn_kv_type_supported, and K->type != V->type gives no kernel); any
+        other pair leaves the card without a kernel for it: llama.cpp's automatic choice then turns flash attention
+        off, which a quantized V cache refuses (llama-context.cpp), or attention runs on the CPU every token."""
+        if not model.uses_gpu(pool) or model.backend_on(pool) != "cuda":
+            return []
+        k, v = model.cache_type_k or "f16", model.cache_type_v or "f16"
+        if k == v and k in CUDA_FA_KV_TYPES:
+            return []
+        field = "cache_type_v" if k in CUDA_FA_KV_TYPES and k != v else "cache_type_k"
+        why = (f"a {k} K cache with a {v} V cache" if k != v else f"a {k} cache")
+        return [(f"{path}.{field}", f"{why} has no flash-attention kernel in llama.cpp's CUDA images "
+                 "(fattn.cu): the server would refuse to start or run attention on the CPU; set cache_type_k and cache_type_v "
+                 "to one of " + ", ".join(sorted(CUDA_FA_KV_TYPES)))]
 
     @staticmethod
     def _pooling_problems(path: str, model: "ModelServer", facts: "ModelFacts") -> list[Problem]:

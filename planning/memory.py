@@ -116,6 +116,7 @@ class Estimate:
     # (low, high) per depth where a CPU reads part of the model at a bandwidth known only as a range (the low
     # end is decode_predicted_tok_s); None: the prediction is one figure.
     decode_range_tok_s: Optional[dict[str, tuple[float, float]]] = None
+    decode_range_why: tuple[str, ...] = ()  # why it is a range (engines/llamacpp_speed.py range_reasons)
     # Prompt tokens/s at a 4096-token prompt (or the context), and seconds to the first token of a prompt that
     # fills the context; None: not predicted (engines/llamacpp_speed.py prefill).
     prefill_tok_s: Optional[float] = None

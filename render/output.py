@@ -8,7 +8,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from components.meta import VALUE_NOTES_ANNOTATION
 
@@ -24,16 +24,17 @@ from common.constants import probe_allows_seconds
 from policy.rules import RESOURCE_RULES, STACK_RULES, run_rules
 
 
-def predicted_cell(predicted: Optional[dict], span: Optional[dict] = None) -> str:
+def predicted_cell(predicted: Optional[dict], span: Optional[dict] = None, why: Sequence[str] = ()) -> str:
     """The predicted decode rates (engines/llamacpp_speed.py), context empty / half / full; where the CPU does
-    part of the work on a node whose read bandwidth or decode figures are not measured, the range to the high end."""
+    part of the work on a node whose read bandwidth or decode figures are not measured, or a quantized KV cache
+    runs on a backend where its cost is not measured, the range to the high end and why."""
     if not predicted:
         return "-"
     def rate(value: float) -> str:
         return f"{value:.1f}" if value < 100 else f"{value:.0f}"
     cell = "/".join(rate(predicted[k]) for k in ("empty", "half", "full")) + " tok/s"
     if span:
-        cell += " (to " + "/".join(rate(span[k][1]) for k in ("empty", "half", "full")) + ": this node's CPU not measured, make host-profile)"
+        cell += " (to " + "/".join(rate(span[k][1]) for k in ("empty", "half", "full")) + ": " + "; ".join(why) + ")"
     return cell
 
 
@@ -154,7 +155,8 @@ def plan_tables(plan: dict | None) -> list[str]:
             server["name"], f"{e['weights_gib']:.1f}", f"{e['kv_gib']:.2f}", f"{e['recurrent_gib']:.2f}",
             f"{e['overhead_gib']:.1f}", f"{e['host_caches_gib']:.1f}", f"{e['total_gib']:.1f}",
             server["memory_request"], server["memory_limit"], f"{server['budget']['startup_seconds'] / 60:.0f} min",
-            predicted_cell(server.get("decode_predicted_tok_s"), server.get("decode_range_tok_s")),
+            predicted_cell(server.get("decode_predicted_tok_s"), server.get("decode_range_tok_s"),
+                           server.get("decode_range_why")),
             f"{bound:.1f} tok/s" if bound else "-",
             prefill_cell(server.get("prefill_tok_s"), server.get("first_token_full_s")),
         ]

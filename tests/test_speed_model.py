@@ -93,7 +93,10 @@ def test_a_cpu_server_decodes_as_its_threads_read_and_the_summary_shows_the_rang
                                                + layers * (HOST_COST_SLOW.block_us - HOST_COST_FAST.block_us) / 1e6, rel=1e-6)
     from render.output import predicted_cell
 
-    assert "CPU not measured, make host-profile" in predicted_cell(unmeasured.decode_predicted_tok_s, unmeasured.decode_range_tok_s)
+    assert unmeasured.decode_range_why == ("this node's CPU not measured, make host-profile",)
+    assert "CPU not measured, make host-profile" in predicted_cell(unmeasured.decode_predicted_tok_s, unmeasured.decode_range_tok_s,
+                                                                   unmeasured.decode_range_why)
+    assert measured.decode_range_why == ()
     assert predicted_cell(measured.decode_predicted_tok_s, measured.decode_range_tok_s).endswith(" tok/s")
 
 

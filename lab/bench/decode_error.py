@@ -66,7 +66,7 @@ RECORDS = [
 
 
 def server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
-                    threads=8, host=None, cost=None, ctx_size=None, ubatch=None):
+                    threads=8, host=None, cost=None, ctx_size=None, ubatch=None, cache="f16"):
     """The model server and node pool a measured row stands for: host is the node's read bandwidth by threads
     (memory_bandwidth_by_threads), cost its decode figures by threads (cpu_decode_by_threads); the context twice
     the depth unless given (a prompt's run: the prompt and the depth), the micro-batch llama.cpp's unless given."""
@@ -76,7 +76,7 @@ def server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights
         "hf_repo": f"x/y-GGUF:{quant}", "weights": f"{weights_gib:.3f}Gi",
         "gpu_layers": (999 if ngl is None or ngl >= 99 else ngl) if discrete else 0, "cpu_moe_layers": cpu_moe or None,
         "ctx_size": ctx_size or max(depth, 512) * 2, "gpus": gpus, "facts": model_facts.model_dump(), "threads": threads,
-        "ubatch_size": ubatch, "resources": {"cpu_request": "1", "cpu_limit": str(max(threads, 8))},
+        "ubatch_size": ubatch, "cache_type_k": cache, "cache_type_v": cache, "resources": {"cpu_request": "1", "cpu_limit": str(max(threads, 8))},
     })
     pool = NodePool.model_validate({
         "memory": "256Gi", "allocatable": "250Gi", "memory_bandwidth_gbs": max((host or {0: 60}).values()) if discrete else bandwidth,
@@ -88,9 +88,9 @@ def server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights
 
 
 def prediction(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
-               threads=8, host=None, cost=None) -> float:
+               threads=8, host=None, cost=None, cache="f16") -> float:
     model, model_facts, pool = server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth,
-                                               gpus, ngl, cpu_moe, threads, host, cost)
+                                               gpus, ngl, cpu_moe, threads, host, cost, cache=cache)
     rates = predict_tok_s(model, model_facts, pool, backend, discrete, {"depth": depth})
     return rates["depth"] if rates else None
 
@@ -173,7 +173,8 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
         predicted = prediction(profile, backend, bw, discrete, facts, quant, weights, depth, gpus)
         name = facts if isinstance(facts, str) else f"{facts['params_b']:g}B dense"
         where = "GPU only" if discrete else ("CPU only" if backend == "cpu" else "GPU, unified memory")
-        out.append((device, f"{name} {quant}", depth, measured, predicted, cal, source, where, None))
+        out.append((device, f"{name} {quant}", depth, measured, predicted, cal, source, where, None, "f16"))
+    out += kv_cache_rows()
     for path, (profile, backend, bandwidth, discrete) in measured_files.items():
         if not Path(path).exists():
             continue
@@ -193,11 +194,12 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     if weights is None:
         weights = expected_weights_bytes(r["shape"], r["quant"])
     ngl = r.get("ngl") if r.get("ngl") is not None and r.get("ngl") < 99 else None
+    cache = r.get("type_k") or "f16"
     cpu_moe, threads = r.get("n_cpu_moe") or None, r.get("threads") or 8
     on_card = discrete and ngl != 0
     predicted = prediction(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
                            on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
-                           threads, host, cost)
+                           threads, host, cost, cache=cache)
     key = (r["shape"], r["quant"], threads, r["depth"])
     cal = r.get("cal", (r["shape"], r["quant"], r["depth"]) in H200_CALIBRATION and profile == "nvidia-datacenter"
                 and "host" not in run) or (
@@ -213,7 +215,7 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
               + (" token routing" if r.get("routing") == "token" else ""))
     device = f"{r['device']}, {run['host']}" if run.get("host") and run["host"] not in r["device"] else r["device"]
     return (device, f"{r['shape']} {r['quant']}", r["depth"], r["tok_s"], predicted, cal,
-            f"lab/bench/measure_decode.py, b10729 ({Path(path).name})", where, detail)
+            f"lab/bench/measure_decode.py, b10729 ({Path(path).name})", where, detail, cache)
 
 
 MEASURED = {
@@ -221,6 +223,27 @@ MEASURED = {
     str(ROOT / "bench" / "results-speed-h200.json"): ("nvidia-datacenter", "cuda", 4800, True),
     str(ROOT / "bench" / "results-decode-cpu.json"): ("cpu", "cpu", None, False),
 }
+
+
+# Issue #44's table (llama-bench b10729 on an H200, flash attention on, every layer on the card, three cache types at
+# depths 0-32k): the rows H200_QUANTIZED_KV (engines/llamacpp_speed.py) was solved from, so its quantized rows are
+# `cal`; its f16 rows were measured before that and after the H200 profile was set.
+KV_CACHE_TABLE = ROOT / "bench" / "results-kvcache-h200.json"
+KV_CACHE_SHAPES = {"Qwen3-8B": "qwen3-8b", "Qwen3-14B": "qwen3-14b", "Qwen3-30B-A3B": "qwen3-30b-a3b"}
+
+
+def kv_cache_rows() -> list[tuple]:
+    record = json.loads(KV_CACHE_TABLE.read_text())
+    out = []
+    for row in record["rows"]:
+        shape = KV_CACHE_SHAPES[row["model"]]
+        for depth, measured in zip(record["depths"], row["tok_s"]):
+            predicted = prediction("nvidia-datacenter", "cuda", 4800, True, preset_facts(shape), row["quant"],
+                                   expected_weights_bytes(shape, row["quant"]) / GIB, depth, 1, cache=row["cache"])
+            out.append(("NVIDIA H200", f"{shape} {row['quant']}", depth, measured, predicted, row["cache"] != "f16",
+                        f"issue #44 ({KV_CACHE_TABLE.name})", "GPU only", "token routing" if "A3B" in row["model"] else "",
+                        row["cache"]))
+    return out
 
 
 def recorded_node_figures() -> dict[str, tuple[dict, dict]]:
@@ -245,13 +268,13 @@ def main(argv: list[str]) -> int:
                 f"{t} threads {c['block_us']:.0f} us a block, KV {c['kv_gbs_per_thread']:.2f} GB/s a thread" for t, c in costs.items()))
         return 0
     table = rows(MEASURED)
-    print("| placement | device | model | settings | depth | measured t/s | predicted t/s | error | source |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for device, model, depth, measured_tok_s, predicted, cal, source, where, detail in table:
+    print("| placement | device | model | settings | KV cache | depth | measured t/s | predicted t/s | error | source |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for device, model, depth, measured_tok_s, predicted, cal, source, where, detail, cache in table:
         error = f"{(predicted - measured_tok_s) / measured_tok_s:+.0%}" if predicted else "-"
         mark = f" ({cal})" if isinstance(cal, str) else " (cal)" if cal else ""
         shown = f"{predicted:.1f}" if predicted else "-"
-        print(f"| {where} | {device} | {model} | {detail or ''} | {depth} | {measured_tok_s:.2f} | {shown} | {error}{mark} | {source} |")
+        print(f"| {where} | {device} | {model} | {detail or ''} | {cache} | {depth} | {measured_tok_s:.2f} | {shown} | {error}{mark} | {source} |")
     print()
     for where, within, count in summary(table):
         print(f"decode {where}: {within} of {count} predictions within +-{TOLERANCE:.0%} ({within / count:.0%}; goal 90%)")
@@ -262,12 +285,14 @@ TOLERANCE = 0.15
 
 
 def summary(table) -> list[tuple[str, int, int]]:
-    """Per placement: predictions (calibration rows left out) within TOLERANCE, and how many."""
+    """Per placement and KV cache type: predictions (calibration rows left out) within TOLERANCE, and how many;
+    the quantized caches first, so an f16 CPU-only line ends the table (tools/bench_tables.py)."""
     out = []
-    for where in ("GPU only", "experts in RAM", "partial offload", "CPU only"):
-        errors = [abs(p - m) / m for _, _, _, m, p, cal, _, w, _ in table if w == where and p and not cal]
-        if errors:
-            out.append((where, sum(e <= TOLERANCE for e in errors), len(errors)))
+    for cache in ("q4_0", "q8_0", "f16"):
+        for where in ("GPU only", "experts in RAM", "partial offload", "CPU only"):
+            errors = [abs(p - m) / m for _, _, _, m, p, cal, _, w, _, c in table if w == where and c == cache and p and not cal]
+            if errors:
+                out.append((where if cache == "f16" else f"{where}, {cache} cache", sum(e <= TOLERANCE for e in errors), len(errors)))
     return out
 
 

@@ -74,9 +74,10 @@ def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_pa
                     "n_gen": r.get("n_gen"), "depth": r.get("n_depth", 0), "tok_s": r.get("avg_ts"), "stddev": r.get("stddev_ts"),
                     "threads": r.get("n_threads"), "ngl": r.get("n_gpu_layers"), "n_cpu_moe": r.get("n_cpu_moe"),
                     "n_ubatch": r.get("n_ubatch"), "flash_attn": r.get("flash_attn"), "backend": r.get("backends"),
+                    "type_k": r.get("type_k"), "type_v": r.get("type_v"),
                     "gpu": r.get("gpu_info"), "cpu": r.get("cpu_info"), "build": r.get("build_number"),
                 })
-                print(f"{job['shape']:16} {job['quant']:7} {routing:5} pp {r.get('n_prompt'):5} tg {r.get('n_gen'):3} "
+                print(f"{job['shape']:16} {job['quant']:7} {routing:5} {r.get('type_k')}/{r.get('type_v')} pp {r.get('n_prompt'):5} tg {r.get('n_gen'):3} "
                       f"d {r.get('n_depth', 0):5} t {r.get('n_threads'):2} ngl {r.get('n_gpu_layers'):2} "
                       f"cmoe {r.get('n_cpu_moe')} {r.get('avg_ts'):9.2f} tok/s", flush=True)
             if error:
