@@ -1,0 +1,104 @@
+"""One model over several nodes with llama.cpp's RPC backend (issue #47): which layers each device holds, and what the
+split costs in decode speed over the link between the nodes.
+
+llama.cpp b10729 (src/llama-model.cpp, load_tensors) puts the RPC devices first and the main server's own device
+last; with --tensor-split s_0..s_k (normalised, cumulative) the repeating layer il (and the output layer, il =
+n_layer) goes to the first device whose cumulative split exceeds il / (n_layer + 1), computed in float32. The input
+embedding always stays in the main server's RAM.
+
+Per generated token the main server sends each RPC device its input (the hidden state, n_embd x 4 bytes; the
+attention mask, 2 bytes per KV cell with flash attention; positions and KV indices) and waits once for its output
+(GET_TENSOR, n_embd x 4 bytes back): one round trip per device, and the devices run one after another
+(ggml/src/ggml-rpc/ggml-rpc.cpp; SET_TENSOR and GRAPH_RECOMPUTE are not answered). So a token costs what each
+node's layers cost on that node, plus per RPC device the link's round trip, those bytes at its bandwidth, and a
+cost per block held over RPC (measured on loopback, RPC_BLOCK_US).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Sequence
+
+
+def _f32(value: float) -> float:
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def layers_per_device(n_layer: int, split: Sequence[float]) -> list[int]:
+    """How many of the n_layer repeating layers each device holds (RPC devices first, the main device last), as
+    llama.cpp assigns them with every layer offloaded; the output layer is on the device of il = n_layer."""
+    total = sum(split)
+    cumulative, running = [], 0.0
+    for share in split:
+        running = _f32(running + share)
+        cumulative.append(_f32(running / _f32(total)))
+    counts = [0] * len(split)
+    for il in range(n_layer):
+        x = _f32(il / (n_layer + 1))
+        device = next((i for i, edge in enumerate(cumulative) if edge > x), len(split) - 1)
+        counts[device] += 1
+    return counts
+
+
+def output_device(n_layer: int, split: Sequence[float]) -> int:
+    total = sum(split)
+    running, x = 0.0, _f32(n_layer / (n_layer + 1))
+    for i, share in enumerate(split):
+        running = _f32(running + share)
+        if _f32(running / _f32(total)) > x:
+            return i
+    return len(split) - 1
+
+
+def split_for_layers(counts: Sequence[int]) -> list[int]:
+    """A --tensor-split that gives each device exactly these many layers (RPC devices first): llama.cpp's rule
+    with the output layer counted on the last device; checked by layers_per_device."""
+    split = list(counts)
+    split[-1] += 1  # the output layer
+    return split
+
+
+# What a block held over RPC costs beyond its compute, per token (the helper's graph run, its synchronisation):
+# measured on an H200 over loopback (issue #47: Qwen3-14B Q4_K_M split 1/1, 21 of 40 blocks over RPC, 140 tok/s
+# against 155 whole; Qwen3-30B-A3B 25 of 48, 228 against 301), less a 25 us round trip. Solved on those two points,
+# frozen before the shaped-link runs (bench/jobs-rpc-h200.json), which are out of sample.
+RPC_BLOCK_US = {"dense": 32.0, "moe": 42.0}
+# Bytes of framing per tensor sent (a serialised rpc_tensor and the command's header) and tensors sent per token.
+RPC_FRAMING_BYTES = 313
+RPC_INPUTS_PER_TOKEN = 4  # hidden state, mask, KV indices, positions (ggml-rpc.cpp: set_tensor per graph input)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link between the main server's node and a helper's: round trip and bandwidth, as tools/link_probe.py
+    measures them."""
+
+    rtt_ms: float
+    gbps: float
+
+
+def token_bytes(n_embd: int, depth: int) -> tuple[float, float]:
+    """(to the helper, back) per generated token for one RPC device at this context depth (flash attention on)."""
+    cells = -(-(depth + 1) // 256) * 256  # the mask covers the KV cells in use, padded to 256
+    up = n_embd * 4 + cells * 2 + 3 * 8 + RPC_INPUTS_PER_TOKEN * RPC_FRAMING_BYTES
+    down = n_embd * 4 + 8
+    return float(up), float(down)
+
+
+def link_seconds(link: Link, n_embd: int, depth: int) -> float:
+    """What one RPC device's hop costs a token: one round trip and its bytes both ways."""
+    up, down = token_bytes(n_embd, depth)
+    return link.rtt_ms / 1e3 + (up + down) * 8 / (link.gbps * 1e9)
+
+
+def split_decode_seconds(whole_seconds: Sequence[float], counts: Sequence[int], links: Sequence[Link], n_layer: int,
+                         n_embd: int, depth: int, moe: bool) -> float:
+    """Seconds per generated token for a split: each device's share of the seconds the whole model takes on its
+    node (whole_seconds, per device, the plan's decode model at this depth), each RPC device's link, and the cost of
+    its blocks over RPC. links: one per RPC device (all devices but the last)."""
+    seconds = sum(whole * count / n_layer for whole, count in zip(whole_seconds, counts))
+    for link, count in zip(links, counts[:-1]):
+        if count:
+            seconds += link_seconds(link, n_embd, depth) + count * RPC_BLOCK_US["moe" if moe else "dense"] / 1e6
+    return seconds
