@@ -78,27 +78,32 @@ class Link:
     gbps: float
 
 
-def token_bytes(n_embd: int, depth: int) -> tuple[float, float]:
-    """(to the helper, back) per generated token for one RPC device at this context depth (flash attention on)."""
+def token_bytes(n_embd: int, depth: int, logits: int = 0) -> tuple[float, float]:
+    """(to the helper, back) per generated token for one RPC device at this context depth (flash attention on);
+    logits: the vocabulary, where this device holds the output layer (its logits come back, 4 bytes each)."""
     cells = -(-(depth + 1) // 256) * 256  # the mask covers the KV cells in use, padded to 256
     up = n_embd * 4 + cells * 2 + 3 * 8 + RPC_INPUTS_PER_TOKEN * RPC_FRAMING_BYTES
-    down = n_embd * 4 + 8
+    down = (logits if logits else n_embd) * 4 + 8
     return float(up), float(down)
 
 
-def link_seconds(link: Link, n_embd: int, depth: int) -> float:
+def link_seconds(link: Link, n_embd: int, depth: int, logits: int = 0) -> float:
     """What one RPC device's hop costs a token: one round trip and its bytes both ways."""
-    up, down = token_bytes(n_embd, depth)
+    up, down = token_bytes(n_embd, depth, logits)
     return link.rtt_ms / 1e3 + (up + down) * 8 / (link.gbps * 1e9)
 
 
 def split_decode_seconds(whole_seconds: Sequence[float], counts: Sequence[int], links: Sequence[Link], n_layer: int,
-                         n_embd: int, depth: int, moe: bool) -> float:
+                         n_embd: int, depth: int, moe: bool, n_vocab: int = 0, output: int = -1) -> float:
     """Seconds per generated token for a split: each device's share of the seconds the whole model takes on its
     node (whole_seconds, per device, the plan's decode model at this depth), each RPC device's link, and the cost of
-    its blocks over RPC. links: one per RPC device (all devices but the last)."""
+    its blocks over RPC. links: one per RPC device (the devices but the last, which is the main server's own;
+    without a GPU there the last is an RPC device too: one link per device). output: the device with the output
+    layer (its logits, n_vocab x 4 bytes, cross the link where it is an RPC device)."""
     seconds = sum(whole * count / n_layer for whole, count in zip(whole_seconds, counts))
-    for link, count in zip(links, counts[:-1]):
-        if count:
-            seconds += link_seconds(link, n_embd, depth) + count * RPC_BLOCK_US["moe" if moe else "dense"] / 1e6
+    output = output % len(counts)
+    for i, (link, count) in enumerate(zip(links, counts)):
+        if count or i == output:
+            seconds += (link_seconds(link, n_embd, depth, n_vocab if i == output else 0)
+                        + count * RPC_BLOCK_US["moe" if moe else "dense"] / 1e6)
     return seconds
