@@ -115,6 +115,56 @@ def model_problems(model: ModelServer, path: str, pools: dict[str, NodePool]) ->
         problems.append((f"{path}.prefetch", "prefetched weights need workload.cache_volume to land in"))
     problems += workload_problems(model.workload, f"{path}.workload", model.node_pool, pool)
     problems += resources_problems(model.resources, f"{path}.resources")
+    if model.rpc is not None:
+        problems += rpc_problems(model, f"{path}.rpc", pools)
+    return problems
+
+
+RPC_IMAGE_FIX = ("llama.cpp's published images are built without GGML_RPC (.devops/*.Dockerfile), so they have neither "
+                 "--rpc nor ggml-rpc-server: build images/llama-rpc/Dockerfile for this backend (make rpc-image "
+                 "BACKEND=...; docs/rpc-split.md) and set the image it pushes, pinned")
+
+
+def rpc_problems(model: ModelServer, path: str, pools: dict[str, NodePool]) -> list[Problem]:
+    """A split over nodes (config/rpc.py): one main server, helpers on distinct nodes, images with RPC."""
+    split = model.rpc
+    assert split is not None
+    problems: list[Problem] = []
+    if model.engine != "llamacpp":
+        problems.append((path, f"engine {model.engine} has no RPC backend; only llamacpp splits a model over nodes"))
+    if model.on_demand is not None:
+        problems.append((path, "a router of models on demand cannot split a model over nodes; serve the split model "
+                         "from a server of its own (remove on_demand or rpc)"))
+    if model.workload.replicas != 1:
+        problems.append((f"{path[:-4]}.workload.replicas", "a split model runs one main server (its helpers serve one "
+                         "client at a time); set replicas: 1"))
+    if model.gpus != 1:
+        problems.append((f"{path[:-4]}.gpus", "a split puts one device per node; set gpus: 1"))
+    if model.cpu_moe_layers is not None:
+        problems.append((f"{path[:-4]}.cpu_moe_layers", "experts in RAM and a split over nodes are not planned together; "
+                         "remove cpu_moe_layers (the split gives each node what fits in its memory)"))
+    if backend_of_image(model.image) is not None:
+        problems.append((f"{path[:-4]}.image", RPC_IMAGE_FIX))
+    members: dict[str, int] = {model.node_pool: 1}
+    named: dict[str, str] = {split.node: path + ".node"} if split.node else {}
+    for index, helper in enumerate(split.helpers):
+        where = f"{path}.helpers[{index}]"
+        if helper.node_pool not in pools:
+            problems.append((f"{where}.node_pool", f"no node pool {helper.node_pool!r}; defined: {', '.join(pools)}"))
+            continue
+        members[helper.node_pool] = members.get(helper.node_pool, 0) + 1
+        if helper.image is not None and backend_of_image(helper.image) is not None:
+            problems.append((f"{where}.image", RPC_IMAGE_FIX))
+        if helper.node is not None:
+            if helper.node in named:
+                problems.append((f"{where}.node", f"{helper.node} already runs {named[helper.node]}; each member of "
+                                 "a split needs a node of its own"))
+            named[helper.node] = where
+    for pool_key, count in members.items():
+        if pool_key in pools and count > pools[pool_key].nodes:
+            problems.append((f"node_pools.{pool_key}.nodes", f"{path} puts {count} members of its split on node pool "
+                             f"{pool_key}, one per node, but the pool has {pools[pool_key].nodes}; add nodes or helpers "
+                             "from another pool"))
     return problems
 
 

@@ -20,6 +20,7 @@ from .gateway import GatewayConfig
 from .model_settings import OWN, ModelSettings, over_the_catalog
 from .cluster import SYSTEM_NAMESPACES, PodPeer, IngressController, ClusterConfig, ModelHubEgress, NamespaceConfig  # noqa: F401 - re-exported
 from .on_demand import OnDemand
+from .rpc import RpcSplit
 from .values import (
     doc,
     Args,
@@ -404,6 +405,9 @@ class ModelServer(ModelSettings):
         "network policy admits them to this server's pods on its port, and no other server's; the summary lists them. "
         "They need api_key like any client from outside the namespace.", default=[])
     api_key: Optional[ApiKey] = doc("llama.cpp's API key; required once anything outside the namespace reaches it.", default=None)
+    rpc: Optional[RpcSplit] = doc(
+        "Split the model over nodes with llama.cpp's RPC backend, where it fits on no one node; null: one node.",
+        default=None)
     extra_args: Args = doc("More llama.cpp flags; flags generated from the fields above are refused here.", default=[])
 
     def as_single(self, name: str) -> "ModelServer":

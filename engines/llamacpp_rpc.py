@@ -107,3 +107,77 @@ def split_decode_seconds(whole_seconds: Sequence[float], counts: Sequence[int], 
             seconds += (link_seconds(link, n_embd, depth, n_vocab if i == output else 0)
                         + count * RPC_BLOCK_US["moe" if moe else "dense"] / 1e6)
     return seconds
+
+
+# --- memory per device --------------------------------------------------------------------------------------------
+
+# With more than one device and every layer offloaded, llama.cpp runs the devices as a pipeline
+# (llama-context.cpp: pipeline_parallel; CUDA, ROCm, Vulkan, SYCL and RPC devices all have async compute and
+# events) and its scheduler keeps GGML_SCHED_MAX_COPIES (4) copies of each split's inputs: measured on the CPU
+# build with two and three ggml-rpc-servers (Qwen3-1.7B and Llama-3.2-3B, contexts 2048-8192, micro-batches
+# 256-512), each device's compute buffer holds 4 x (the hidden state, n_embd x 4 bytes a token, and the f16
+# attention mask) beside its own graph, and the main server's CPU 4 masks and 2 hidden states.
+PIPELINE_COPIES = 4
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What one device of a split holds, bytes, as llama.cpp reports it ("<dev> model / KV / compute buffer size")."""
+
+    blocks: int
+    output: bool
+    model: float
+    kv: float
+    compute: float
+
+    @property
+    def total(self) -> float:
+        return self.model + self.kv + self.compute
+
+
+def split_memory(model: "ModelServer", facts: "ModelFacts", counts: Sequence[int], output: int,
+                 single_compute: Sequence[float]) -> tuple[list[DeviceMemory], DeviceMemory]:
+    """Each device's buffers for a split (RPC devices first), and the main server's host: the input embedding
+    (always in its RAM) and its CPU compute buffer. single_compute: per device, the compute buffer its backend
+    takes for the whole model alone (engines/llamacpp_memory.py), from which the split's is derived."""
+    from .llamacpp_memory import DEFAULT_UBATCH, CTX_PAD, kv_bytes, slots
+
+    embedding, output_bytes, per_block = split_weights(model, facts)
+    total_kv = kv_bytes(facts, model.ctx_size, model.cache_type_k, model.cache_type_v, slots(model),
+                        model.ubatch_size or DEFAULT_UBATCH)
+    tokens = min(model.ubatch_size or DEFAULT_UBATCH, model.ctx_size)
+    mask = tokens * -(-model.ctx_size // CTX_PAD) * CTX_PAD * 2
+    hidden = tokens * (facts.embedding_length or facts.kv_heads * facts.head_dim) * 4
+    copies = PIPELINE_COPIES if len(counts) > 1 else 1
+    devices = [
+        DeviceMemory(blocks=count, output=i == output,
+                     model=count * per_block + (output_bytes if i == output else 0.0),
+                     kv=total_kv * count / facts.layers,
+                     compute=single - mask + (copies * (hidden + mask) if copies > 1 else mask))
+        for i, (count, single) in enumerate(zip(counts, single_compute))
+    ]
+    host = DeviceMemory(blocks=0, output=False, model=embedding, kv=0.0, compute=copies * mask + 2 * hidden)
+    return devices, host
+
+
+# llama-quantize's type for the output layer (and a tied embedding, which is the same tensor): Q6_K below 6.5625
+# bits a weight, the file's own type above (Q8_0, F16); a separate input embedding keeps the file's type
+# (lab/contract/real_shape.py writes files by the same rule).
+OUTPUT_BITS = 6.5625
+
+
+def split_weights(model: "ModelServer", facts: "ModelFacts") -> tuple[float, float, float]:
+    """(input embedding, output layer, one block) in bytes: the file's weights less its embedding tensors,
+    spread over the blocks. Where a block sits matters in a split, so the output layer is counted at its own type
+    rather than at the file's mean bits."""
+    from .llamacpp_memory import weights_bytes
+
+    weights = weights_bytes(model, facts)
+    if not (facts.vocab_size and facts.embedding_length):
+        return 0.0, 0.0, weights / facts.layers
+    mean_bits = weights * 8 / (facts.params_b * 1e9)
+    cells = facts.vocab_size * facts.embedding_length
+    output = 0.0 if facts.output_layer == "none" else cells * max(mean_bits, OUTPUT_BITS) / 8
+    embedding = output if facts.output_layer == "tied" else cells * mean_bits / 8
+    in_file = embedding + (output if facts.output_layer == "separate" else 0.0)
+    return embedding, output, max(weights - in_file, 0.0) / facts.layers

@@ -91,7 +91,7 @@ def memory_report(bin_dir: Path, model: Path, endpoint: str, split: str, ctx: in
                      "-c", str(ctx), "--port", str(SERVER_PORT), "--host", "127.0.0.1", "-np", "1", "-lv", "4", *extra], log)
     try:
         while time.monotonic() < deadline and server.poll() is None:
-            if "server is listening" in log.read_text(errors="replace"):
+            if "llama_server: listening on" in log.read_text(errors="replace"):
                 break
             time.sleep(0.5)
         text = log.read_text(errors="replace")
