@@ -89,7 +89,8 @@ def build(stack: StackConfig, capacity: CapacityPlan, builds: dict[str, ServerBu
     # Components are named by what never changes with an edit (a role, a config key); the names
     # they had before are kept as aliases, so stacks already up keep their resources.
     namespace = AINamespace(
-        "namespace", AINamespaceArgs(namespace=stack.namespace, cluster=stack.cluster, gateway=gateway_peer)
+        "namespace", AINamespaceArgs(namespace=stack.namespace, cluster=stack.cluster, gateway=gateway_peer,
+                                     rpc_helpers=any(model.rpc is not None for model in stack.models.values()))
     )
     cache = ModelCache(
         "model-cache",
@@ -112,6 +113,7 @@ def build(stack: StackConfig, capacity: CapacityPlan, builds: dict[str, ServerBu
                 plan=capacity.servers[key],
                 build=builds[key],
                 api_key_value=secret(api_key.from_config) if api_key and api_key.from_config else None,
+                pools=dict(stack.node_pools),
             ),
             opts=pulumi.ResourceOptions(depends_on=[namespace, cache], aliases=aliases),
         )

@@ -67,7 +67,8 @@ def _card_refusal(path: str) -> bool:
 def plan_capacity(stack: StackConfig, leaving: Optional[Mapping[str, Any]] = None) -> capacity.CapacityPlan:
     """The capacity plan, each server's memory estimated by its engine; raises CapacityError. ``leaving``: the
     GPU servers this update removes from a router's pool (config.history)."""
-    return capacity.plan_stack(stack, lambda model, pool, path: engine_of(model).estimate(model, pool, path), leaving)
+    return capacity.plan_stack(
+        stack, lambda model, pool, path: engine_of(model).estimate(model, pool, path, stack.node_pools), leaving)
 
 
 # The stack output that carries config.history.snapshot() from one update to the next.

@@ -24,6 +24,10 @@ METRICS_TOKEN_KEY = "metrics-token"
 # The app.kubernetes.io/component label of each server role. "embeddings" (plural) is what running
 # stacks carry and the policy pack matches; changing it would restart every embedding server.
 COMPONENT_LABEL = {"chat": "chat", "embedding": "embeddings"}
+# On the pods of a split's helpers (components/rpc.py): the main server's name. The namespace's policy selects no
+# pod that carries it, so the helper's own policy is the only one that admits anything (policy/rules.py checks it).
+RPC_HELPER_LABEL = "inference-plane/rpc-helper"
+RPC_HELPER_COMPONENT = "rpc-helper"
 
 # --- what the policy pack checks the rendered objects against -------------------------------------
 

@@ -29,6 +29,7 @@ from .admission_proxy import room_files
 from .pod import (KEY_FINGERPRINT_ANNOTATION, checkov_waivers, config_map_name, key_fingerprint, pod_programs, pod_spec,
                   programs_config_map_name)
 from .programs import PROGRAMS_ANNOTATION, code_hash, config_map_data, program_files
+from .rpc import SPLIT_LABEL, HelperArgs, RpcHelpers
 from .workloads import WorkloadParts, build
 
 
@@ -46,6 +47,8 @@ class ModelServerArgs:
     build: ServerBuild
     # The API key file's content, when this program creates the Secret (a Pulumi secret).
     api_key_value: Optional[pulumi.Input[str]] = None
+    # Every node pool of the stack: a split's helpers run on theirs.
+    pools: Optional[dict[str, NodePool]] = None
 
 
 def renamed_from(old_name: str, new_name: str, old_types: tuple[str, ...] = ()) -> Optional[pulumi.ResourceOptions]:
@@ -148,6 +151,13 @@ class ModelServerBase(pulumi.ComponentResource):
                 f"{name}-programs", metadata=metadata(programs_config_map_name(model), ns, model.name, component),
                 data=config_map_data(programs), opts=pulumi.ResourceOptions(parent=self))
             template_meta.setdefault("annotations", {})[PROGRAMS_ANNOTATION] = code_hash(code)
+        self.rpc_helpers = None
+        if args.plan.split is not None:
+            # The helpers first: the main server's init container waits for them (components/rpc.py).
+            template_meta["labels"] = {**template_meta["labels"], SPLIT_LABEL: model.name}
+            self.rpc_helpers = RpcHelpers(name, HelperArgs(model=model, plan=args.plan, namespace=ns,
+                                                           pools=dict(args.pools or {}), cluster=args.cluster),
+                                          selector(model.name), parent=self)
         pod_waivers = checkov_waivers(args.cluster.cni, pod=True)
         if pod_waivers:
             template_meta.setdefault("annotations", {}).update(pod_waivers)
@@ -166,7 +176,8 @@ class ModelServerBase(pulumi.ComponentResource):
             template={"metadata": template_meta,
                       "spec": pod_spec(model, args.node_pool, args.cache, args.plan, built, programs)},
             budget=budget,
-            depends_on=[r for r in (self.api_key_secret, self.config_files, self.programs) if r is not None],
+            depends_on=[r for r in (self.api_key_secret, self.config_files, self.programs) if r is not None]
+            + (self.rpc_helpers.resources if self.rpc_helpers is not None else []),
             parent=self,
         ))
         self.url = self.service.metadata.apply(lambda m: f"http://{service_fqdn(m['name'], m['namespace'])}:{model.port}")

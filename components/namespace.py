@@ -8,7 +8,7 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from common.constants import PART_OF
+from common.constants import PART_OF, RPC_HELPER_LABEL
 from config.types import ClusterConfig, NamespaceConfig, PodPeer
 from common.constants import WORLD_EGRESS_WAIVER
 
@@ -27,6 +27,8 @@ class AINamespaceArgs:
     cluster: ClusterConfig
     # The gateway's Envoy pods, which call the model servers; None when there is no gateway.
     gateway: Optional[PodPeer] = None
+    # A model is split over nodes: the policy leaves its helpers' pods to their own (components/rpc.py).
+    rpc_helpers: bool = False
 
 
 def _icmp_rule(direction: str) -> dict:
@@ -153,6 +155,14 @@ def network_policy_spec(ns: NamespaceConfig, cluster: ClusterConfig, gateway: Op
     }
 
 
+def _leave_helpers(spec: dict, selector: str, helpers: bool) -> dict:
+    """The namespace's policy, selecting every pod but a split's helpers: policies add up, so one that admitted the
+    namespace's pods to a helper would open its unauthenticated port to them all."""
+    if helpers:
+        spec[selector] = {"matchExpressions": [{"key": RPC_HELPER_LABEL, "operator": "DoesNotExist"}]}
+    return spec
+
+
 class AINamespace(pulumi.ComponentResource):
     """A namespace for model servers with a default-deny network policy that lets in only its peers."""
 
@@ -188,14 +198,14 @@ class AINamespace(pulumi.ComponentResource):
                 api_version="cilium.io/v2",
                 kind="CiliumNetworkPolicy",
                 metadata=policy_meta,
-                spec=cilium_policy_spec(ns, cluster, args.gateway),
+                spec=_leave_helpers(cilium_policy_spec(ns, cluster, args.gateway), "endpointSelector", args.rpc_helpers),
                 opts=after_ns,
             )
         else:
             self.policy = k8s.networking.v1.NetworkPolicy(
                 f"{name}-{POLICY_NAME}",
                 metadata=policy_meta,
-                spec=network_policy_spec(ns, cluster, args.gateway),
+                spec=_leave_helpers(network_policy_spec(ns, cluster, args.gateway), "podSelector", args.rpc_helpers),
                 opts=after_ns,
             )
         self.name = self.namespace.metadata.apply(lambda m: m["name"])

@@ -15,6 +15,7 @@ from planning.capacity import ServerPlan
 from .admission_proxy import admission_container, room_container
 from .meta import selector
 from .prefetch import CONTROL_VOLUME, hub_token_env, library_container, library_keeper, prefetch_container
+from .rpc import split_affinity, wait_container
 from .programs import PROGRAMS_DIR, volume_items
 from .security import CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH_ENV, SCRATCH_VOLUME
 
@@ -100,6 +101,8 @@ PROGRAMS_MOUNT = {"name": "programs", "mountPath": PROGRAMS_DIR, "readOnly": Tru
 def pod_programs(model: ModelServer, built: ServerBuild, plan: ServerPlan) -> tuple[str, ...]:
     """The in-cluster programs the pod runs (components/programs.py PROGRAMS)."""
     names = ["room"] if plan.room is not None else []
+    if plan.split is not None:
+        names.append("rpc_wait")
     if built.admission is not None:
         names.append("admission")
     if model.prefetch is not None:
@@ -207,6 +210,9 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         spec["containers"].append(library_keeper(model, library, built.credentials, cache, mounts,
                                                  admission.server_port if admission is not None else model.port,
                                                  drains=admission is not None, publishes_room=plan.room_status))
+    if plan.split is not None:
+        # First: llama-server aborts at start when a helper does not answer (components/rpc.py).
+        spec["initContainers"] = [wait_container(model, plan, [PROGRAMS_MOUNT]), *spec.get("initContainers", [])]
     if plan.room is not None:
         # First: nothing of the server starts before the router sharing its card has made room.
         spec["initContainers"] = [room_container(plan.room, cache, [PROGRAMS_MOUNT]), *spec.get("initContainers", [])]
@@ -232,7 +238,12 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         nodes["node.kubernetes.io/instance-type"] = pool.instance_type
     if nodes:
         spec["nodeSelector"] = nodes
-    if model.workload.one_per_node:
+    if plan.split is not None:
+        # The main server and its helpers each on a node of their own: the plan gave each a node's memory.
+        spec["affinity"] = split_affinity(model.name)
+        if model.rpc is not None and model.rpc.node:
+            spec["nodeSelector"] = {**spec.get("nodeSelector", {}), "kubernetes.io/hostname": model.rpc.node}
+    elif model.workload.one_per_node:
         # One engine per node: two would fight over one GPU and one pool of unified memory.
         spec["affinity"] = {
             "podAntiAffinity": {

@@ -48,6 +48,8 @@ PROGRAMS = {
     "library": Program("library.py", ("library.py", "hub.py", "preset.py", "router_rules.py")),
     # The init container of a server sharing its card with a router: waits for the router to make room.
     "room": Program("room.py", ("room.py",)),
+    # The init container of a split's main server: waits for every helper's ggml-rpc-server.
+    "rpc_wait": Program("rpc_wait.py", ("rpc_wait.py",)),
 }
 
 

@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 
 from pydantic import Field
 
+from .defaults import PREFETCH_IMAGE
 from .gpus import GpuBackend
 from .values import DnsLabel, DnsName, Number, PinnedImage, Strict, doc
 
@@ -57,6 +58,12 @@ class RpcSplit(Strict):
     link: Optional[LinkFigures] = doc(
         "The link between the nodes (make link-profile); null: the plan gives no decode figure for the split.",
         default=None)
+    programs_image: PinnedImage = doc(
+        "The image that runs the main server's wait for its helpers (incluster/rpc_wait.py; needs python3).",
+        default=PREFETCH_IMAGE)
+    wait_seconds: Annotated[int, Field(ge=30, le=86_400)] = doc(
+        "How long the main server's pod waits for every helper to answer before its init container fails (the "
+        "kubelet then retries).", default=600)
     tensor_cache: bool = doc(
         "ggml-rpc-server -c: each helper keeps what it was sent in an emptyDir, so a restarted main server sends "
         "hashes, not its layers, over the link.", default=True)

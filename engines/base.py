@@ -193,9 +193,11 @@ class Engine(ABC):
     # --- planning ---------------------------------------------------------------------------------
 
     @abstractmethod
-    def estimate(self, model: "ModelServer", pool: "NodePool", path: str) -> tuple[Optional[Planned], list[Problem]]:
+    def estimate(self, model: "ModelServer", pool: "NodePool", path: str,
+                 pools: Optional[Mapping[str, "NodePool"]] = None) -> tuple[Optional[Planned], list[Problem]]:
         """The plan's one question: what one replica of the server holds where (system RAM, one GPU's
         VRAM), its download, the weights it reads per token and its predicted decode speed; for a
-        server of models loaded on request, each model's (``OnRequest``). With the problems that keep
+        server of models loaded on request, each model's (``OnRequest``). ``pools``: every node pool of the stack
+        (a server split over nodes plans its helpers' pools too). With the problems that keep
         it from being planned or its promise from being kept (paths under ``path``, the server's
         config path); None when it cannot be planned at all."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from common.constants import EMBEDDINGS_PATH, LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, METRICS_TOKEN_KEY
 from common.quantity import GIB, MIB, parse_quantity
@@ -16,6 +16,7 @@ from planning.memory import Estimate, weights_quantity
 from .base import Credentials, Engine, Problem
 from .llamacpp_flags import extra_args_problems
 from .llamacpp_speed import predict_range_tok_s, prefill, range_reasons
+from .llamacpp_split import MOE_SPLIT_UNPREDICTED, RPC_RANGE_WHY, split_estimate
 from .llamacpp_memory import (
     BITS_PER_WEIGHT,
     DEFAULT_BATCH,
@@ -191,7 +192,8 @@ class LlamaCpp(Engine):
                      "or one origin such as https://chat.example.org")]
         return []
 
-    def estimate(self, model: "ModelServer", pool: "NodePool", path: str) -> tuple[Optional[Estimate], list[Problem]]:
+    def estimate(self, model: "ModelServer", pool: "NodePool", path: str,
+                 pools: Optional[Mapping[str, "NodePool"]] = None) -> tuple[Optional[Estimate], list[Problem]]:
         """Memory from the architecture facts (engines/llamacpp_memory.py): on a discrete GPU split
         between the card and system RAM, else all in the node's memory; decode from where each
         weight lives (engines/llamacpp_speed.py)."""
@@ -199,6 +201,8 @@ class LlamaCpp(Engine):
         problems = self._plan_problems(path, model, facts) + self._cuda_kv_problems(path, model, pool)
         if facts is None or any(where.endswith((".facts", ".weights")) for where, _ in problems):
             return None, problems
+        if model.rpc is not None:
+            return self._split(model, facts, dict(pools or {model.node_pool: pool}), path, problems)
         discrete = pool.discrete() and model.uses_gpu(pool)
         if discrete:
             memory, vram = discrete_split(model, facts, model.backend_on(pool))
@@ -232,6 +236,26 @@ class LlamaCpp(Engine):
             prefill_tok_s=round(prompt[0], 1) if prompt else None,
             first_token_full_s=round(prompt[1], 2) if prompt else None,
             multimodal=facts.mmproj is not None,
+        ), problems
+
+    @staticmethod
+    def _split(model: "ModelServer", facts: "ModelFacts", pools: dict, path: str,
+               problems: list[Problem]) -> tuple[Optional[Estimate], list[Problem]]:
+        """A model over several nodes (engines/llamacpp_split.py): the main server's share is its memory."""
+        split, decode, found = split_estimate(model, facts, pools, path)
+        problems = problems + found
+        if split is None:
+            return None, problems
+        warnings = () if decode is not None or model.rpc is None or model.rpc.link is None else (
+            f"{path}.rpc: {MOE_SPLIT_UNPREDICTED}" if facts.expert_params_b or facts.active_params_b else
+            f"{path}.rpc: no decode figure (a node's decode is not modelled for its backend)",)
+        if model.rpc is not None and model.rpc.link is None:
+            warnings = (f"{path}.rpc.link: not given, so the split's decode is not predicted; measure the link between "
+                        "the nodes (make link-profile) and set rtt_ms and gbps",)
+        return Estimate(
+            memory=split.main.memory, vram=None, weights=model.weights or weights_quantity(weights_bytes(model, facts)),
+            read_per_token=None, decode_predicted_tok_s={k: low for k, (low, _) in decode.items()} if decode else None,
+            decode_range_tok_s=decode, decode_range_why=(RPC_RANGE_WHY,) if decode else (), split=split, warnings=warnings,
         ), problems
 
     def _plan_problems(self, path: str, model: "ModelServer", facts: Optional["ModelFacts"]) -> list[Problem]:
@@ -323,7 +347,16 @@ class LlamaCpp(Engine):
                 # Explicit: the pooling the planner checked the micro-batch against is the one that
                 # runs, whatever a re-uploaded GGUF declares.
                 args += ["--pooling", facts.pooling]
-        args += ["--n-gpu-layers", str(model.gpu_layers), "--threads", str(model.threads), "--ctx-size", str(model.ctx_size)]
+        split = plan.split if plan is not None else None
+        # A split offloads every block to its GPU and RPC devices (llama.cpp gives a CPU no block of a split).
+        layers = 999 if split is not None else model.gpu_layers
+        args += ["--n-gpu-layers", str(layers), "--threads", str(model.threads), "--ctx-size", str(model.ctx_size)]
+        if split is not None and model.rpc is not None:
+            # The helpers' Services, in llama.cpp's device order, and the blocks each holds (the main server's own
+            # device last, with the output layer: engines/llamacpp_rpc.py split_for_layers). Explicit, so llama.cpp's
+            # --fit (on by default) keeps them.
+            args += ["--rpc", ",".join(f"{plan.helper_name(i)}:{model.rpc.port}" for i in range(len(split.helpers))),
+                     "--split-mode", "layer", "--tensor-split", ",".join(map(str, split.tensor_split))]
         if model.cpu_moe_layers:
             args += ["--n-cpu-moe", str(model.cpu_moe_layers)]
         if model.gpus > 1:

@@ -50,7 +50,7 @@ REFUSED: dict[str, str] = {
     "--path": "serves files from the container to every key holder",
     **dict.fromkeys(("-hft", "--hf-token", "--api-key"), "puts a credential on the command line, readable in the pod spec; "
                     "use model_cache.hub_token or api_key (Secrets)"),
-    "--rpc": "offloads layers to another host over the network, outside the plan and the network policy",
+    "--rpc": "offloads layers to another host over the network, outside the plan and the network policy (models.<key>.rpc plans a split and fences its port)",
     **dict.fromkeys(("--mlock", "--no-mmap", "--mmap", "--load-mode", "--numa"),
                     "changes how the weights are held in memory (mlock needs a capability the pod drops; --no-mmap "
                     "copies them into anonymous memory, which a memory limit kills instead of reclaiming: "

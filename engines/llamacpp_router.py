@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from common.constants import LLAMACPP_HEALTH_PATH, LLAMACPP_METRICS_PATH, ROUTER_CLIENT_PATHS, ROUTER_PRESET_FLAG, SCRATCH
 from config.catalog import facts_for
@@ -204,7 +204,8 @@ class LlamaCppRouter(Engine):
                 problems.append((where, message))
         return problems
 
-    def estimate(self, model: "ModelServer", pool: "NodePool", path: str) -> tuple[Optional[OnRequest], list[Problem]]:
+    def estimate(self, model: "ModelServer", pool: "NodePool", path: str,
+                 pools: Optional[Mapping[str, "NodePool"]] = None) -> tuple[Optional[OnRequest], list[Problem]]:
         """Each model as the single-model server it runs as; which may be resident together is the
         plan's (planning/residency.py)."""
         problems: list[Problem] = []

@@ -11,7 +11,7 @@ attention mask, 2 bytes per KV cell with flash attention; positions and KV indic
 (GET_TENSOR, n_embd x 4 bytes back): one round trip per device, and the devices run one after another
 (ggml/src/ggml-rpc/ggml-rpc.cpp; SET_TENSOR and GRAPH_RECOMPUTE are not answered). So a token costs what each
 node's layers cost on that node, plus per RPC device the link's round trip, those bytes at its bandwidth, and a
-cost per block held over RPC (measured on loopback, RPC_BLOCK_US).
+fixed cost per token (RPC_TOKEN_MS: measured, and different from host to host, so the plan gives a range).
 """
 
 from __future__ import annotations
@@ -59,11 +59,13 @@ def split_for_layers(counts: Sequence[int]) -> list[int]:
     return split
 
 
-# What a block held over RPC costs beyond its compute, per token (the helper's graph run, its synchronisation):
-# measured on an H200 over loopback (issue #47: Qwen3-14B Q4_K_M split 1/1, 21 of 40 blocks over RPC, 140 tok/s
-# against 155 whole; Qwen3-30B-A3B 25 of 48, 228 against 301), less a 25 us round trip. Solved on those two points,
-# frozen before the shaped-link runs (bench/jobs-rpc-h200.json), which are out of sample.
-RPC_BLOCK_US = {"dense": 32.0, "moe": 42.0}
+# What an RPC device costs a token beyond its blocks' compute and the link (the helper's graph run and its
+# synchronisation with the main server), least and most, in ms: issue #47's first run on an H200 (Qwen3-14B and
+# Qwen3-30B-A3B split 1/1 over loopback: 0.67 and 1.04 ms against the same model whole) and a later lease
+# (bench/results-rpc-h200.json, through lab/bench/link_relay.py on loopback: 1.3-2.1 ms for Qwen3-14B, Llama-3.1-8B,
+# Qwen3-30B-A3B against the plan's whole-model figure). A per-block cost, the model frozen before that lease, did not
+# hold there (Llama-3.1-8B split 1/3 paid as much as Qwen3-14B split 1/1): it is per token, and it is the host's.
+RPC_TOKEN_MS = (0.7, 2.1)
 # Bytes of framing per tensor sent (a serialised rpc_tensor and the command's header) and tensors sent per token.
 RPC_FRAMING_BYTES = 313
 RPC_INPUTS_PER_TOKEN = 4  # hidden state, mask, KV indices, positions (ggml-rpc.cpp: set_tensor per graph input)
@@ -94,18 +96,17 @@ def link_seconds(link: Link, n_embd: int, depth: int, logits: int = 0) -> float:
 
 
 def split_decode_seconds(whole_seconds: Sequence[float], counts: Sequence[int], links: Sequence[Link], n_layer: int,
-                         n_embd: int, depth: int, moe: bool, n_vocab: int = 0, output: int = -1) -> float:
+                         n_embd: int, depth: int, token_ms: float, n_vocab: int = 0, output: int = -1) -> float:
     """Seconds per generated token for a split: each device's share of the seconds the whole model takes on its
     node (whole_seconds, per device, the plan's decode model at this depth), each RPC device's link, and the cost of
-    its blocks over RPC. links: one per RPC device (the devices but the last, which is the main server's own;
+    token_ms per RPC device (RPC_TOKEN_MS). links: one per RPC device (the devices but the last, the main server's own;
     without a GPU there the last is an RPC device too: one link per device). output: the device with the output
     layer (its logits, n_vocab x 4 bytes, cross the link where it is an RPC device)."""
     seconds = sum(whole * count / n_layer for whole, count in zip(whole_seconds, counts))
     output = output % len(counts)
     for i, (link, count) in enumerate(zip(links, counts)):
         if count or i == output:
-            seconds += (link_seconds(link, n_embd, depth, n_vocab if i == output else 0)
-                        + count * RPC_BLOCK_US["moe" if moe else "dense"] / 1e6)
+            seconds += link_seconds(link, n_embd, depth, n_vocab if i == output else 0) + token_ms / 1e3
     return seconds
 
 

@@ -3,7 +3,7 @@ comes from its `openai:` block, and its memory is what it is measured to lock.""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from planning.memory import Estimate, discrete_resident, resident_estimate
 
@@ -48,7 +48,8 @@ class OpenAICompatible(Engine):
                 ))
         return problems
 
-    def estimate(self, model: "ModelServer", pool: "NodePool", path: str) -> tuple[Optional[Estimate], list[Problem]]:
+    def estimate(self, model: "ModelServer", pool: "NodePool", path: str,
+                 pools: Optional[Mapping[str, "NodePool"]] = None) -> tuple[Optional[Estimate], list[Problem]]:
         """What it is measured to lock (openai.resident_memory): on a discrete GPU taken to be on the
         card; no decode figures (what it reads per token is unknown)."""
         if model.weights is None:

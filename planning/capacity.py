@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
 from common.errors import CapacityError
 from common.quantity import Quantity, gib
 
-from .memory import VRAM_PLAN_MOST_UNDER_GIB, Estimate, MemoryEstimate, OnRequest, VramEstimate
+from .memory import VRAM_PLAN_MOST_UNDER_GIB, Estimate, MemoryEstimate, OnRequest, Split, VramEstimate
 from .residency import ADMISSION_MEMORY_REQUEST, KEEPER_MEMORY_REQUEST, Residency, ResidentModel, limit_gib, plan_residency, summed_estimate, summed_vram
 from .startup import StartupBudget, startup_budget, swap_seconds
 
@@ -97,6 +97,17 @@ class ServerPlan:
     # Shares a card with a router: waits for room at start (RoomWait); the router writes its status for it.
     room: Optional[RoomWait] = None
     room_status: bool = False
+    # A model over several nodes: its helpers' shares (each a pod of its own, placed on another node).
+    split: Optional[Split] = None
+
+    def helper_name(self, index: int) -> str:
+        """The workload, Service and pod name of helper ``index`` of a split."""
+        return f"{self.name}-rpc-{index}"
+
+    def helper_memory(self, index: int) -> str:
+        """Helper ``index``'s memory request and limit: its estimate and the derived limit's headroom."""
+        assert self.split is not None
+        return f"{ceil_gib(self.split.helpers[index].memory.total_gib * (1 + LIMIT_HEADROOM))}Gi"
 
     @property
     def need_gib(self) -> float:
@@ -219,7 +230,8 @@ def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", estimate:
         estimate=estimate.memory,
         memory_request=request,
         memory_limit=limit,
-        budget=startup_budget(estimate.weights, stack.startup, prefetched=model.prefetch is not None),
+        budget=startup_budget(estimate.weights, stack.startup, prefetched=model.prefetch is not None,
+                              upload_seconds=estimate.split.upload_seconds if estimate.split else 0),
         weights=estimate.weights,
         decode_bound_tok_s=decode_bound_tok_s(model, estimate.read_per_token, pool, estimate.vram),
         decode_predicted_tok_s=estimate.decode_predicted_tok_s,
@@ -228,6 +240,7 @@ def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", estimate:
         prefill_tok_s=estimate.prefill_tok_s,
         first_token_full_s=estimate.first_token_full_s,
         vram=estimate.vram,
+        split=estimate.split,
     )
 
 
@@ -316,24 +329,32 @@ def _place(stack: "StackConfig", servers: dict[str, ServerPlan]) -> tuple[list[N
     for pool_key, pool in stack.node_pools.items():
         offers = node_offers_gib(pool)
         loads: list[list[tuple[str, float]]] = [[] for _ in range(pool.nodes)]
+        # (workload, need, the group none of whose members shares a node with it): one_per_node keeps a server's
+        # replicas apart, a split its main server and helpers (required anti-affinity); pinned: a node index.
         replicas = [
-            (s.name, s.need_gib, s.one_per_node)
+            (s.name, s.need_gib, s.name if s.one_per_node or s.split else None)
             for s in servers.values()
             if s.node_pool == pool_key
             for _ in range(s.replicas)
+        ] + [
+            (s.helper_name(i), gib(s.helper_memory(i)), s.name)
+            for s in servers.values() if s.split is not None
+            for i, helper in enumerate(s.split.helpers) if helper.node_pool == pool_key
         ]
+        group_of = {name: group for name, _, group in replicas}
         vram_gib = gib(pool.vram) if pool.vram is not None else None
         gpus: list[list[list[tuple[str, float]]]] = [
             [[] for _ in range(pool.gpus_per_node if vram_gib is not None else 0)] for _ in range(pool.nodes)
         ]
         # Per replica: the VRAM each of its cards holds, and how many cards it takes (one node's).
         vram_of = {s.name: (s.vram.total_gib, s.vram.gpus) for s in servers.values() if s.vram is not None}
-        for name, need, one_per_node in sorted(replicas, key=lambda r: (-r[1], r[0])):
-            allowed = [i for i in range(pool.nodes) if not (one_per_node and any(n == name for n, _ in loads[i]))]
+        for name, need, group in sorted(replicas, key=lambda r: (-r[1], r[0])):
+            allowed = [i for i in range(pool.nodes) if not (group and any(group_of.get(n) == group for n, _ in loads[i]))]
             if not allowed:
                 problems.append((
                     f"node_pools.{pool_key}.nodes",
-                    f"{name} wants one replica per node but the pool has {pool.nodes} nodes",
+                    f"{name} wants a node of its own ({'its split' if group != name else 'one replica per node'}) "
+                    f"but the pool has {pool.nodes} nodes",
                 ))
                 continue
             free = {i: offers - sum(n for _, n in loads[i]) for i in allowed}
@@ -398,6 +419,7 @@ def plan_stack(stack: "StackConfig", estimate: Estimator,
             continue
         if found is None:
             continue
+        result.warnings.extend(found.warnings)
         server = _server_plan(key, model, stack, found)
         problems += _limit_problems(key, model, server, stack.node_pools[model.node_pool])
         problems += _vram_problems(key, model, server, stack.node_pools[model.node_pool], estimate)

@@ -122,6 +122,32 @@ class Estimate:
     prefill_tok_s: Optional[float] = None
     first_token_full_s: Optional[float] = None
     multimodal: bool = False  # a vision projector is loaded beside the model (counted in the figures above)
+    split: Optional[Split] = None  # the model over several nodes; memory above is then the main server's share
+    warnings: tuple[str, ...] = ()  # what the plan should say of the server though it fits (logged as warnings)
+
+
+@dataclass(frozen=True)
+class SplitMember:
+    """One node of a model split over llama.cpp's RPC backend: a helper (ggml-rpc-server) or the main server."""
+
+    node_pool: str
+    node: Optional[str]  # the node it is pinned to (kubernetes.io/hostname); None: placed by anti-affinity
+    backend: str
+    blocks: int  # transformer blocks it holds
+    output: bool  # it holds the output layer
+    memory: MemoryEstimate  # what its pod holds on the node
+
+
+@dataclass(frozen=True)
+class Split:
+    """A model over several nodes (engines/llamacpp_split.py): the helpers in llama.cpp's device order, then the
+    main server, the --tensor-split that gives each its blocks, and what crosses the link."""
+
+    helpers: tuple[SplitMember, ...]
+    main: SplitMember
+    tensor_split: tuple[int, ...]
+    upload_gib: float  # what the main server sends the helpers at each start (without the helpers' tensor cache)
+    upload_seconds: int  # at the link's bandwidth; 0 without link figures
 
 
 @dataclass(frozen=True)

@@ -56,21 +56,25 @@ def _cold_start(size_mib: float, download_mib_per_s: float, load_mib_per_s: floa
 
 
 def startup_budget(weights: str, startup: "Startup", prefetched: bool = False,
-                   downloaded: str | None = None) -> StartupBudget:
+                   downloaded: str | None = None, upload_seconds: int = 0) -> StartupBudget:
     """The budget for a cold start. ``prefetched``: an init container downloads before the
     engine starts, so the startup probe (which starts with the engine) only covers the load.
     ``downloaded``: what the init container fetches when it is not what the engine loads at start
-    (a router fetches every model and loads none before it answers)."""
+    (a router fetches every model and loads none before it answers). ``upload_seconds``: what a split's main
+    server sends its helpers over the link as it loads (engines/llamacpp_split.py)."""
     size_mib = float(parse_quantity(weights)) / MIB
     download, load, estimate = _cold_start(
         size_mib, startup.download_mib_per_s, startup.load_mib_per_s, startup.min_seconds, prefetched
     )
     if downloaded is not None:
         download = math.ceil(float(parse_quantity(downloaded)) / MIB / startup.download_mib_per_s)
+    load += upload_seconds
+    estimate += upload_seconds
     # The floor: the same start at the default rates (type(startup)() is the config's defaults,
     # written once, in config.types.Startup).
     defaults = type(startup)()
     *_, floor = _cold_start(size_mib, defaults.download_mib_per_s, defaults.load_mib_per_s, defaults.min_seconds, prefetched)
+    floor += upload_seconds
     period = startup.probe_period_seconds
     # One more than the window's periods: the first probe runs at the start (probe_allows_seconds).
     threshold = math.ceil(max(estimate, floor) / period) + 1

@@ -34,6 +34,8 @@ from common.constants import (
     tailnet_device,
 )
 
+from . import rpc
+
 Report = Callable[[str], None]
 Props = Mapping[str, Any]
 
@@ -248,20 +250,33 @@ def _by_kind(resources: Iterable[Props]) -> dict[str, list[Props]]:
 
 
 def default_deny(resources: list[Props], report: Report, config: Mapping) -> None:
+    """Every pod is selected, in both directions: by a policy of its namespace that selects every pod, or every pod
+    but a split's helpers when each helper's pods are selected by a policy of their own in both directions
+    (policy/rpc.py checks what that one admits)."""
     kinds = _by_kind(resources)
     covered = set()
-    for policy in kinds.get("CiliumNetworkPolicy", []):
-        spec = policy.get("spec") or {}
-        if spec.get("endpointSelector") == {} and "ingress" in spec and "egress" in spec:
-            covered.add(_meta(policy).get("namespace"))
-    for policy in kinds.get("NetworkPolicy", []):
-        spec = policy.get("spec") or {}
-        if spec.get("podSelector") == {} and set(spec.get("policyTypes") or []) == {"Ingress", "Egress"}:
-            covered.add(_meta(policy).get("namespace"))
+    fenced = {(_meta(w).get("namespace"), _meta(w).get("name")) for w, labels in rpc.helpers(resources)
+              if any(rpc.selects(p, labels) and _both_ways(p) for p in kinds.get("NetworkPolicy", [])
+                     + kinds.get("CiliumNetworkPolicy", []) if _meta(p).get("namespace") == _meta(w).get("namespace"))}
+    all_fenced = {ns for ns, _ in fenced} - {_meta(w).get("namespace") for w, _ in rpc.helpers(resources)
+                                            if (_meta(w).get("namespace"), _meta(w).get("name")) not in fenced}
+    for policy in kinds.get("CiliumNetworkPolicy", []) + kinds.get("NetworkPolicy", []):
+        selector = (policy.get("spec") or {}).get("endpointSelector" if policy.get("kind") == "CiliumNetworkPolicy" else "podSelector")
+        namespace = _meta(policy).get("namespace")
+        if _both_ways(policy) and (selector == {} or (selector == rpc.ALL_BUT_HELPERS and namespace in all_fenced)):
+            covered.add(namespace)
     for namespace in kinds.get("Namespace", []):
         name = _meta(namespace).get("name")
         if name not in covered:
             report(f"namespace {name} has no default-deny policy selecting every pod in both directions")
+
+
+def _both_ways(policy: Props) -> bool:
+    spec = policy.get("spec") or {}
+    if policy.get("kind") == "CiliumNetworkPolicy":
+        deny = spec.get("enableDefaultDeny") or {}
+        return ("ingress" in spec or deny.get("ingress") is True) and ("egress" in spec or deny.get("egress") is True)
+    return set(spec.get("policyTypes") or []) == {"Ingress", "Egress"}
 
 
 def _service_fqdns(resources: list[Props], component: str) -> dict[str, Props]:
@@ -553,6 +568,8 @@ STACK_RULES = [
     Rule("gateway-requires-auth", "The gateway demands an API key, and a client certificate when mTLS is on.", gateway_requires_auth, stack=True),
     Rule("idle-outlasts-request", "No route idles out before its own request timeout.", idle_outlasts_request, stack=True),
     Rule("tailnet-name-resolves", "A tailnet Gateway's device is named after its listener hostname.", tailnet_name_resolves, stack=True),
+    Rule("rpc-helpers-fenced", "A split's RPC helpers admit the main server's pods alone, on their port alone, connect "
+         "nowhere, and nothing routes to them.", rpc.rpc_helpers_fenced, stack=True),
 ]
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from common.constants import RPC_HELPER_LABEL
 from components.meta import VALUE_NOTES_ANNOTATION
 
 from .offline import PROJECT_DIR, ProgramRun, StackFileError, run_stack
@@ -108,6 +109,14 @@ class RenderResult:
             budget_min = probe_allows_seconds(startup.get("periodSeconds", 0), startup.get("failureThreshold", 0)) / 60
             waited = f", wait {plans[key]['budget']['wait_seconds'] / 60:.0f} min" if key in plans else ""
             replicas = manifest["spec"].get("replicas", 1)
+            labels = manifest["spec"]["template"]["metadata"].get("labels") or {}
+            if RPC_HELPER_LABEL in labels:
+                args = container.get("args") or []
+                port = args[args.index("-p") + 1] if "-p" in args else "?"
+                lines.append(f"    {name:<16} {manifest['kind']} x{replicas}  memory {requests.get('memory', '-')}/"
+                             f"{limits.get('memory', '-')} (request/limit)  gpu {', '.join(gpus) or 'none'}  RPC helper of "
+                             f"{labels[RPC_HELPER_LABEL]} on port {port}")
+                continue
             lines.append(
                 f"    {name:<16} {manifest['kind']} x{replicas}  memory {requests.get('memory', '-')}/"
                 f"{limits.get('memory', '-')} (request/limit)  gpu {', '.join(gpus) or 'none'}  startup {budget_min:.0f} min{waited}"

@@ -14,6 +14,7 @@ from common.constants import COMPONENT_LABEL, ENVOY_OWNING_GATEWAY_LABEL, NAME_L
 from config.checks import public_ranges
 from config.ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES
 from config.types import StackConfig
+from policy.rpc import helpers as rpc_helpers, selects
 from policy.rules import keyed_services
 
 Peer = tuple[str, dict[str, str]]  # (namespace, pod labels); no labels: every pod there
@@ -132,6 +133,33 @@ def reach_lines(objects: list[dict], stack: StackConfig) -> list[str]:
                          f"{said(stack.namespace.pod_security_reason)}")
         for service in (s for s in servers if s["metadata"]["namespace"] == namespace):
             lines.append(f"    {service['metadata']['name']:<16} " + "; ".join(_reach(service, objects, peers, keyed, stack)))
+        lines += _helper_reach(objects, namespace)
+    return lines
+
+
+def _helper_reach(objects: list[dict], namespace: str) -> list[str]:
+    """A split's helpers: what the policies that select their pods admit, read back from them."""
+    lines = []
+    policies = [o for o in objects if o["kind"] in ("NetworkPolicy", "CiliumNetworkPolicy")
+                and o["metadata"].get("namespace") == namespace]
+    for workload, labels in rpc_helpers(objects):
+        if workload["metadata"].get("namespace") != namespace:
+            continue
+        admitted_by = []
+        for policy in (p for p in policies if selects(p, labels)):
+            spec = policy["spec"]
+            for rule in spec.get("ingress") or []:
+                peers = [dict(e.get("matchLabels") or {}) for e in rule.get("fromEndpoints") or []] + [
+                    dict((p.get("podSelector") or {}).get("matchLabels") or {}) for p in rule.get("from") or []]
+                ports = [str(p.get("port")) for tp in rule.get("toPorts") or [] for p in tp.get("ports") or []] + [
+                    str(p.get("port")) for p in rule.get("ports") or []]
+                for peer in peers:
+                    peer.pop("k8s:io.kubernetes.pod.namespace", None)
+                    who = ", ".join(f"{k}={v}" for k, v in sorted(peer.items())) or "every pod"
+                    admitted_by.append(f"{who} pods on port {'/'.join(ports) or 'any'}")
+        said_of = "; ".join(admitted_by) or "nothing (no policy admits anything)"
+        lines.append(f"    {workload['metadata']['name']:<16} RPC helper (no authentication): only {said_of}; "
+                     "no Ingress, no gateway route, no egress")
     return lines
 
 

@@ -222,6 +222,7 @@ MEASURED = {
     str(ROOT / "bench" / "results-decode-h200.json"): ("nvidia-datacenter", "cuda", 4800, True),
     str(ROOT / "bench" / "results-speed-h200.json"): ("nvidia-datacenter", "cuda", 4800, True),
     str(ROOT / "bench" / "results-decode-cpu.json"): ("cpu", "cpu", None, False),
+    str(ROOT / "bench" / "results-kvcache-h200-2.json"): ("nvidia-datacenter", "cuda", 4800, True),
 }
 
 

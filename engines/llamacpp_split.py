@@ -1,0 +1,202 @@
+"""A llama.cpp server split over nodes (models.<key>.rpc): which blocks each node holds, what each pod holds,
+and the split's decode speed over the link (engines/llamacpp_rpc.py says how llama.cpp does it).
+
+The blocks are planned by memory: each member's node offers what its pool offers (allocatable less reserved);
+what a member holds whatever its share (its compute buffer, its backend's margin; the main server's input
+embedding, output layer and host caches) comes first, and the blocks are shared in proportion to what is left,
+no member past its room. Blocks a stack sets (helpers[i].layers, main_layers) are kept, and checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Optional
+
+from common.quantity import GIB, MIB
+from config.gpus import BACKEND_OVERHEAD
+from planning.capacity import node_offers_gib
+from planning.memory import MemoryEstimate, Split, SplitMember
+
+from .llamacpp_memory import compute_bytes, kv_bytes, llamacpp_estimate, slots, DEFAULT_UBATCH
+from .llamacpp_rpc import RPC_TOKEN_MS, Link, layers_per_device, output_device, split_decode_seconds, split_for_layers, split_memory, split_weights
+from .llamacpp_speed import predict_range_tok_s
+
+if TYPE_CHECKING:
+    from config.types import ModelFacts, ModelServer, NodePool
+
+Problem = tuple[str, str]
+
+
+def _member_backend(model: "ModelServer", pool: "NodePool", backend: Optional[str]) -> str:
+    return backend or pool.backend or model.image_backend() or "cpu"
+
+
+def _overhead(backend: str, weights: float, compute: float) -> float:
+    """Bytes a member's pod holds beside its weights and KV: the compute buffer on a CPU; on a GPU backend of a
+    unified-memory node its margin per GiB of weights (config/gpus.py), as a single server's plan counts it."""
+    return compute if backend == "cpu" else max(compute, weights * BACKEND_OVERHEAD[backend])
+
+
+def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "NodePool"], path: str
+                   ) -> tuple[Optional[Split], Optional[dict], list[Problem]]:
+    """(the split, its decode by depth {empty, half, full} or None, problems)."""
+    split = model.rpc
+    assert split is not None
+    main_pool = pools[model.node_pool]
+    members = [(pools[h.node_pool], h.node_pool, h.node, _member_backend(model, pools[h.node_pool], h.backend), h.layers)
+               for h in split.helpers]
+    main_backend = model.backend_on(main_pool) if model.uses_gpu(main_pool) else "cpu"
+    on_card = main_backend != "cpu"
+    problems: list[Problem] = []
+    for index, (pool, key, *_rest) in enumerate(members):
+        if pool.discrete():
+            problems.append((f"{path}.rpc.helpers[{index}].node_pool", f"node pool {key} has discrete GPUs: a split "
+                             "is planned on unified-memory and CPU nodes (the VRAM of each card is not planned for a "
+                             "helper yet); use a unified-memory or CPU pool"))
+    if main_pool.discrete() and on_card:
+        problems.append((f"{path}.node_pool", f"node pool {model.node_pool} has discrete GPUs: a split is planned on "
+                         "unified-memory and CPU nodes; use a unified-memory or CPU pool"))
+    if problems:
+        return None, None, problems
+    # The devices in llama.cpp's order: the helpers, then the main server's own (none on a CPU: llama.cpp
+    # offloads to GPU and RPC devices only, so a CPU main server holds no block and the output layer goes to
+    # the last helper).
+    devices = members + ([(main_pool, model.node_pool, split.node, main_backend, split.main_layers)] if on_card else [])
+    if not on_card and split.main_layers:
+        problems.append((f"{path}.rpc.main_layers", "a main server on a CPU holds no blocks (llama.cpp offloads to its "
+                         "GPU and RPC devices only); remove main_layers or give the main server a GPU"))
+        return None, None, problems
+    embedding, output_bytes, per_block = split_weights(model, facts)
+    per_block_kv = kv_bytes(facts, model.ctx_size, model.cache_type_k, model.cache_type_v, slots(model),
+                            model.ubatch_size or DEFAULT_UBATCH) / facts.layers
+    whole = llamacpp_estimate(model, facts, "cpu")
+    host_caches = whole.host_caches_gib * GIB
+    compute = compute_bytes(model, facts) or 0.0
+    # What each device holds before its blocks, with the output layer on the last (a probe split: the pipeline's
+    # copies depend only on there being more than one device).
+    probe, fixed_host = split_memory(model, facts, [0] * len(devices), len(devices) - 1, [compute] * len(devices))
+    fixed = [d.compute + (output_bytes if i == len(devices) - 1 else 0.0) for i, d in enumerate(probe)]
+    host = fixed_host.model + fixed_host.compute + host_caches
+    rooms = [node_offers_gib(pool) * GIB for pool, *_ in devices]
+    if not on_card:
+        main_room = node_offers_gib(main_pool) * GIB
+        if host > main_room:
+            problems.append((path, f"the main server holds {host / GIB:.1f} GiB (input embedding, compute, host "
+                             f"caches) but node pool {model.node_pool} offers {main_room / GIB:.1f} GiB"))
+    else:
+        rooms[-1] -= host
+    per_block_total = per_block + per_block_kv
+    counts = _plan_blocks(facts.layers, [given for *_, given in devices], [
+        (room - f) / (per_block_total * (1 + (0 if backend == "cpu" else BACKEND_OVERHEAD[backend])))
+        for room, f, (_, _, _, backend, _) in zip(rooms, fixed, devices)])
+    need = sum(fixed) + facts.layers * per_block_total + (host if on_card else 0.0)
+    if counts is None or sum(counts) != facts.layers:
+        given = [g for *_, g in devices if g is not None]
+        if given and len(given) == len(devices):
+            problems.append((f"{path}.rpc", f"the blocks given ({'+'.join(map(str, given))}) are not the model's "
+                             f"{facts.layers}; give each member its share so they add up, or leave them null"))
+        else:
+            offers = ", ".join(f"{key}{f' ({node})' if node else ''} {room / GIB:.1f}" for (_, key, node, _, _), room
+                               in zip(devices, rooms))
+            problems.append((f"{path}.rpc.helpers", f"the model needs {need / GIB:.1f} GiB over its {len(devices)} "
+                             f"devices ({per_block_total / GIB:.2f} GiB a block with its KV, for {facts.layers}) but they "
+                             f"offer {sum(rooms) / GIB:.1f} GiB ({offers}); add a helper node, a smaller quant or a "
+                             "shorter ctx_size"))
+        return None, None, problems
+    tensor_split = split_for_layers(counts)
+    out = output_device(facts.layers, tensor_split)
+    assert layers_per_device(facts.layers, tensor_split) == counts and out == len(counts) - 1
+    buffers, host_buffers = split_memory(model, facts, counts, out, [compute] * len(counts))
+    made: list[SplitMember] = []
+    for index, ((pool, key, node, backend, _), device, room) in enumerate(zip(devices, buffers, rooms)):
+        overhead = _overhead(backend, device.model, device.compute)
+        memory = MemoryEstimate(weights_gib=device.model / GIB, kv_gib=device.kv / GIB, recurrent_gib=0.0,
+                                overhead_gib=overhead / GIB, host_caches_gib=0.0)
+        where = f"{path}.rpc.helpers[{index}]" if index < len(members) else f"{path}.rpc.main_layers"
+        if memory.total_gib * GIB > room + 1e-6:
+            problems.append((where, f"{device.blocks} blocks hold {memory.total_gib:.1f} GiB ({memory.breakdown()}) but "
+                             f"node pool {key} offers {room / GIB:.1f} GiB there; give it fewer blocks (or leave layers "
+                             "null to plan them)"))
+        made.append(SplitMember(node_pool=key, node=node, backend=backend, blocks=device.blocks, output=device.output,
+                                memory=memory))
+    host_memory = MemoryEstimate(weights_gib=host_buffers.model / GIB, kv_gib=0.0, recurrent_gib=0.0,
+                                 overhead_gib=host_buffers.compute / GIB, host_caches_gib=host_caches / GIB)
+    if on_card:
+        main_device = made.pop()
+        main = dataclasses.replace(main_device, memory=_plus(main_device.memory, host_memory))
+    else:
+        main = SplitMember(node_pool=model.node_pool, node=split.node, backend="cpu", blocks=0, output=False,
+                           memory=host_memory)
+    upload = sum(d.model for d in buffers[:len(members)])
+    upload_seconds = math.ceil(upload * 8 / (split.link.gbps * 1e9)) if split.link else 0
+    result = Split(helpers=tuple(made), main=main, tensor_split=tuple(tensor_split), upload_gib=upload / GIB,
+                   upload_seconds=upload_seconds)
+    return result, _decode(model, facts, pools, devices, counts, out), problems
+
+
+def _plus(a: MemoryEstimate, b: MemoryEstimate) -> MemoryEstimate:
+    return MemoryEstimate(*(x + y for x, y in zip(dataclasses.astuple(a), dataclasses.astuple(b))))
+
+
+def _plan_blocks(layers: int, given: list[Optional[int]], capacity: list[float]) -> Optional[list[int]]:
+    """Blocks per device: those given kept, the rest shared in proportion to what each has room for (whole blocks,
+    never past its room); None where they do not fit."""
+    counts = [g if g is not None else 0 for g in given]
+    free = [i for i, g in enumerate(given) if g is None]
+    left = layers - sum(counts)
+    if left < 0:
+        return None
+    room = [max(0, math.floor(capacity[i])) for i in free]
+    if sum(room) < left:
+        return None if free or left else counts
+    total = sum(room)
+    shares = [left * r / total for r in room] if total else [0.0] * len(room)
+    for i, share, r in zip(free, shares, room):
+        counts[i] = min(r, math.floor(share))
+    # The blocks the rounding left: to the device with the most room still free.
+    while sum(counts) < layers:
+        best = max(free, key=lambda i: room[free.index(i)] - counts[i])
+        if room[free.index(best)] - counts[best] <= 0:
+            return None
+        counts[best] += 1
+    return counts
+
+
+def _decode(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "NodePool"], devices: list, counts: list[int],
+            output: int) -> Optional[dict]:
+    """Decode by depth over the link, (low, high) per depth: each device's blocks at its node's speed for the whole
+    model, per helper a round trip, the token's bytes and RPC_TOKEN_MS; None without link figures, without a decode
+    model for a member, or for a mixture of experts (MOE_SPLIT_UNPREDICTED)."""
+    link = model.rpc.link if model.rpc else None
+    if link is None or facts.expert_params_b or facts.active_params_b:
+        return None
+    depths = {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size}
+    per_device: list[dict[str, float]] = []
+    for pool, _, _, backend, _ in devices:
+        member = model.model_copy(update={"rpc": None, "backend": backend, "gpu_layers": 0 if backend == "cpu" else 999})
+        rates = predict_range_tok_s(member, facts, pool, backend, False, depths)
+        if rates is None:
+            return None
+        per_device.append({name: (1 / low, 1 / high) for name, (low, high) in rates.items()})
+    links = [Link(rtt_ms=float(link.rtt_ms), gbps=float(link.gbps))] * len(devices)
+    helpers = len(model.rpc.helpers) if model.rpc else 0
+
+    def rate(name: str, depth: int, end: int) -> float:
+        seconds = split_decode_seconds([d[name][end] for d in per_device], counts, links[:helpers], facts.layers,
+                                       facts.embedding_length or 0, depth, RPC_TOKEN_MS[end], facts.vocab_size or 0,
+                                       output)
+        return 1 / seconds
+
+    return {name: (rate(name, depth, 1), rate(name, depth, 0)) for name, depth in depths.items()}
+
+
+RPC_RANGE_WHY = (f"what RPC costs a token beyond the link, {RPC_TOKEN_MS[0]:g}-{RPC_TOKEN_MS[1]:g} ms a helper, differs "
+                 "from host to host (engines/llamacpp_rpc.py)")
+# A mixture of experts split over a link decoded far below any such figure at depth, and not the same twice
+# (bench/results-rpc-h200.json: Qwen3-30B-A3B split 1/1 at depth 8192 over 1 GbE 9.7 tok/s in one run and 83.6 in a
+# repeat, 197-201 at depth 0): the plan gives it no decode figure, and says so.
+MOE_SPLIT_UNPREDICTED = ("a mixture of experts split over nodes decodes far slower at depth than its link and nodes "
+                         "explain, and not reproducibly (measured on an H200 over a shaped 1 GbE link: 197 tok/s at an "
+                         "empty context, 10-84 at 8k; bench/results-rpc-h200.json), so the plan gives no decode figure: "
+                         "measure it (docs/rpc-split.md)")
