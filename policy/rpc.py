@@ -65,7 +65,7 @@ def _peers_only_main(policy: Props, main: Mapping[str, str], port: int) -> bool:
                 if labels.get(NAME_LABEL) != main.get(NAME_LABEL):
                     return False
             ports = [p for tp in rule.get("toPorts") or [] for p in tp.get("ports") or []]
-            if not ports or any(str(p.get("port")) != str(port) for p in ports):
+            if not ports or any(_port(p.get("port")) != port for p in ports):
                 return False
         return not spec.get("egress") and (spec.get("enableDefaultDeny") or {}).get("egress") is True
     if set(spec.get("policyTypes") or []) != {"Ingress", "Egress"} or spec.get("egress"):
@@ -76,9 +76,17 @@ def _peers_only_main(policy: Props, main: Mapping[str, str], port: int) -> bool:
                             != main.get(NAME_LABEL) or peer["podSelector"].get("matchExpressions") for peer in peers):
             return False
         ports = rule.get("ports") or []
-        if not ports or any(str(p.get("port")) != str(port) for p in ports):
+        if not ports or any(_port(p.get("port")) != port for p in ports):
             return False
     return True
+
+
+def _port(value: Any) -> Any:
+    """A port as a number (the engine hands numbers over as floats, Cilium writes them as strings)."""
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return value
 
 
 def rpc_helpers_fenced(resources: list[Props], report: Report, config: Mapping) -> None:
@@ -89,7 +97,7 @@ def rpc_helpers_fenced(resources: list[Props], report: Report, config: Mapping) 
         namespace = (workload.get("metadata") or {}).get("namespace")
         main = {NAME_LABEL: labels[RPC_HELPER_LABEL]}
         containers = ((workload.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []
-        ports = {p.get("containerPort") for c in containers for p in c.get("ports") or []}
+        ports = {_port(p.get("containerPort")) for c in containers for p in c.get("ports") or []}
         selecting = [p for p in policies if (p.get("metadata") or {}).get("namespace") == namespace and selects(p, labels)]
         if not selecting:
             report(f"RPC helper {name}: no network policy selects its pods (its port has no authentication)")

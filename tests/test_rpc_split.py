@@ -1,0 +1,184 @@
+"""One model over several nodes (issue #47): the rendered split (main server, helpers, Services, policies) as the
+objects relate to each other and to llama.cpp's layer assignment; the policy pack's fence around the RPC port;
+the refusals. tests/test_rpc_contract.py runs the rendered split on the real binaries."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from common.constants import NAME_LABEL, RPC_HELPER_LABEL
+from conftest import plain_values, run_values
+from engines.llamacpp_rpc import layers_per_device, output_device
+from policy.rules import run_rules
+
+STACK = "strix-halo-rpc"
+
+
+def manifests(run) -> list[dict]:
+    out = []
+    for r in run.kubernetes():
+        kind = r.type.split(":")[-1]
+        out.append({"kind": kind, **r.inputs})
+    return out
+
+
+def of(objects, kind):
+    return [o for o in objects if o["kind"] == kind]
+
+
+def by_name(objects, kind, name):
+    return next(o for o in of(objects, kind) if o["metadata"]["name"] == name)
+
+
+def flag(args, name):
+    return args[args.index(name) + 1]
+
+
+@pytest.fixture(scope="module")
+def split_run():
+    return run_values(plain_values(STACK), stack=STACK)
+
+
+def test_the_main_server_names_every_helper_service_and_the_planned_split(split_run):
+    objects = manifests(split_run)
+    plan = split_run.outputs["capacity_plan"]["servers"]["big"]
+    main = by_name(objects, "Deployment", "qwen3-235b")
+    pod = main["spec"]["template"]["spec"]
+    server = pod["containers"][0]
+    args = server["args"]
+    endpoints = flag(args, "--rpc").split(",")
+    helpers = [o for o in of(objects, "Deployment") if RPC_HELPER_LABEL in o["spec"]["template"]["metadata"]["labels"]]
+    assert len(endpoints) == len(helpers) == len(plan["split"]["helpers"]) == 1
+    for endpoint, helper in zip(endpoints, helpers):
+        host, port = endpoint.split(":")
+        service = by_name(objects, "Service", host)
+        # The Service selects the helper's pods, on the port ggml-rpc-server listens on.
+        assert service["spec"]["selector"].items() <= helper["spec"]["template"]["metadata"]["labels"].items()
+        assert service["spec"]["type"] == "ClusterIP"
+        container = helper["spec"]["template"]["spec"]["containers"][0]
+        assert int(port) == service["spec"]["ports"][0]["port"] == container["ports"][0]["containerPort"]
+        assert flag(container["args"], "-p") == port and flag(container["args"], "-H") == "0.0.0.0"
+        assert container["image"] == server["image"]  # one llama.cpp build: the RPC protocol's version must match
+    # Every block offloaded, and the tensor split gives each device the blocks the plan holds it to (llama.cpp's own
+    # assignment, RPC devices first, the main server's device last with the output layer).
+    assert flag(args, "--n-gpu-layers") == "999"
+    split = [int(x) for x in flag(args, "--tensor-split").split(",")]
+    blocks = [h["blocks"] for h in plan["split"]["helpers"]] + [plan["split"]["main"]["blocks"]]
+    assert layers_per_device(94, split) == blocks and sum(blocks) == 94
+    assert output_device(94, split) == len(split) - 1 and plan["split"]["main"]["output"]
+    # The main server waits for exactly the helpers it names.
+    wait = next(c for c in pod["initContainers"] if c["name"] == "rpc-wait")
+    env = {e["name"]: e["value"] for e in wait["env"]}
+    assert env["RPC_HELPERS"] == flag(args, "--rpc")
+
+
+def test_the_main_server_and_its_helpers_never_share_a_node(split_run):
+    objects = manifests(split_run)
+    members = [o for o in of(objects, "Deployment") if "inference-plane/split" in o["spec"]["template"]["metadata"]["labels"]]
+    assert len(members) == 2
+    for member in members:
+        labels = member["spec"]["template"]["metadata"]["labels"]
+        term = member["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        # Each repels every member of the split, itself included (one per node).
+        assert all(term["labelSelector"]["matchLabels"].items() <= m["spec"]["template"]["metadata"]["labels"].items()
+                   for m in members)
+    nodes = split_run.outputs["capacity_plan"]["nodes"]
+    placed = [set(node["workloads"]) for node in nodes]
+    assert {"qwen3-235b"} in placed and {"qwen3-235b-rpc-0"} in placed
+
+
+def test_each_helper_admits_only_the_main_server_on_its_port_and_reaches_nothing(split_run):
+    objects = manifests(split_run)
+    helper = by_name(objects, "Deployment", "qwen3-235b-rpc-0")
+    labels = helper["spec"]["template"]["metadata"]["labels"]
+    main_labels = by_name(objects, "Deployment", "qwen3-235b")["spec"]["template"]["metadata"]["labels"]
+    policies = of(objects, "CiliumNetworkPolicy")
+    namespace_policy = by_name(objects, "CiliumNetworkPolicy", "default-deny-ingress")
+    # The namespace's policy does not select the helper (it would admit every pod of the namespace to it)...
+    assert namespace_policy["spec"]["endpointSelector"] == {
+        "matchExpressions": [{"key": RPC_HELPER_LABEL, "operator": "DoesNotExist"}]}
+    # ... but still selects the main server.
+    assert RPC_HELPER_LABEL not in main_labels
+    own = [p for p in policies if p["spec"]["endpointSelector"].get("matchLabels", {}).items() <= labels.items()
+           and "matchLabels" in p["spec"]["endpointSelector"]]
+    assert len(own) == 1
+    spec = own[0]["spec"]
+    assert spec["enableDefaultDeny"] == {"ingress": True, "egress": True} and "egress" not in spec
+    [rule] = spec["ingress"]
+    [peer] = rule["fromEndpoints"]
+    assert peer["matchLabels"] == {NAME_LABEL: main_labels[NAME_LABEL], "k8s:io.kubernetes.pod.namespace": "shikanime"}
+    assert rule["toPorts"] == [{"ports": [{"port": "50052", "protocol": "TCP"}]}]
+    # Nothing routes to it, and the summary says who reaches it.
+    assert not of(objects, "Ingress")
+
+
+def test_the_policy_pack_refuses_a_helper_left_open(split_run):
+    objects = manifests(split_run)
+    assert run_rules([(o["metadata"]["name"], o) for o in objects], {}) == []
+    opened = copy.deepcopy(objects)
+    policy = by_name(opened, "CiliumNetworkPolicy", "qwen3-235b-rpc-0-rpc")
+    policy["spec"]["ingress"][0]["fromEndpoints"] = [{"matchLabels": {"k8s:io.kubernetes.pod.namespace": "shikanime"}}]
+    found = run_rules([(o["metadata"]["name"], o) for o in opened], {})
+    assert any(rule == "rpc-helpers-fenced" for rule, _, _ in found)
+    dropped = [o for o in objects if o["metadata"]["name"] != "qwen3-235b-rpc-0-rpc"]
+    found = {rule for rule, _, _ in run_rules([(o["metadata"]["name"], o) for o in dropped], {})}
+    # Without its own policy the helper is selected by none: both rules say so.
+    assert {"rpc-helpers-fenced", "default-deny"} <= found
+    selected = copy.deepcopy(objects)
+    by_name(selected, "CiliumNetworkPolicy", "default-deny-ingress")["spec"]["endpointSelector"] = {}
+    found = run_rules([(o["metadata"]["name"], o) for o in selected], {})
+    assert any(rule == "rpc-helpers-fenced" for rule, _, _ in found)
+
+
+def test_plain_network_policy_fences_the_helper_the_same_way():
+    values = plain_values(STACK)
+    values["cluster"] = {**values["cluster"], "cni": "networkpolicy"}
+    values["namespace"] = {"name": "shikanime", "model_hub_egress": {"mode": "world", "reason": "plain NetworkPolicy cannot name hosts"}}
+    run = run_values(values, stack="rpc-np")
+    objects = manifests(run)
+    assert run_rules([(o["metadata"]["name"], o) for o in objects], {}) == []
+    policy = by_name(objects, "NetworkPolicy", "qwen3-235b-rpc-0-rpc")["spec"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"] and policy["egress"] == []
+    assert policy["ingress"] == [{"from": [{"podSelector": {"matchLabels": {NAME_LABEL: "qwen3-235b"}}}],
+                                  "ports": [{"port": 50052, "protocol": "TCP"}]}]
+    assert by_name(objects, "NetworkPolicy", "default-deny-ingress")["spec"]["podSelector"] == {
+        "matchExpressions": [{"key": RPC_HELPER_LABEL, "operator": "DoesNotExist"}]}
+
+
+def test_the_plan_fills_each_node_within_what_it_offers_and_warns_for_a_moe_split(split_run):
+    plan = split_run.outputs["capacity_plan"]
+    for node in plan["nodes"]:
+        assert node["planned_gib"] <= node["offers_gib"]
+    split = plan["servers"]["big"]["split"]
+    weights = split["main"]["memory"]["weights_gib"] + sum(h["memory"]["weights_gib"] for h in split["helpers"])
+    # The blocks, the output layer (on the main server) and the input embedding (in its RAM) make the file's
+    # 132.4 GiB, the output layer counted at Q6_K where the file's mean bits are lower.
+    assert weights == pytest.approx(132.4, rel=0.03)
+    assert plan["servers"]["big"]["decode_predicted_tok_s"] is None
+    assert any("mixture of experts split over nodes" in line for line in split_run.logs)
+
+
+def refusal(values, stack="rpc-bad") -> str:
+    import pulumi
+
+    with pytest.raises(pulumi.RunError) as caught:
+        run_values(values, stack=stack)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("edit, where, words", [
+    (lambda m: m.update(image="ghcr.io/ggml-org/llama.cpp:server-rocm-b10731"), "models.big.image", "without GGML_RPC"),
+    (lambda m: m["workload"].update(replicas=2) if "workload" in m else m.update(workload={"replicas": 2}),
+     "models.big.workload.replicas", "replicas: 1"),
+    (lambda m: m["rpc"]["helpers"].append({"node_pool": "ms-s1"}), "node_pools.ms-s1.nodes", "one per node"),
+    (lambda m: m["rpc"]["helpers"][0].update(layers=40) or m["rpc"].update(main_layers=40), "models.big.rpc", "not the model's 94"),
+    (lambda m: m.update(weights="240Gi"), "models.big.rpc.helpers", "add a helper node"),
+])
+def test_a_split_that_cannot_run_is_refused_with_its_path_and_fix(edit, where, words):
+    values = copy.deepcopy(plain_values(STACK))
+    edit(values["models"]["big"])
+    message = refusal(values)
+    assert where in message and words in message, message
