@@ -1,0 +1,151 @@
+"""The rendered split (models.<key>.rpc) on llama.cpp's real binaries (issue #47): two ggml-rpc-servers started with
+the rendered helpers' arguments and llama-server with the rendered main server's, on loopback. What each device
+holds is llama.cpp's own report, held to the plan's figures; then a helper dies and comes back, and the shipped
+wait (incluster/rpc_wait.py) and a restarted main server do what components/rpc.py says they do."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import plain_values, run_values
+from lab.contract.real_shape import expected_weights_bytes, write_real_shape
+from lab.contract.server import free_port, request, stop, without
+
+ROOT = Path(__file__).resolve().parent.parent
+BUFFER = re.compile(r"(?P<device>\S+) (?P<kind>model|KV|compute) buffer size = +(?P<mib>[0-9.]+) MiB")
+TOLERANCE = 0.05
+
+
+def split_values() -> dict:
+    """cpu-cluster's cluster with one Qwen3-1.7B split over two helpers and a main server on a CPU: three nodes."""
+    values = copy.deepcopy(plain_values("cpu-cluster"))
+    values["node_pools"]["minipc"]["nodes"] = 3
+    values["models"] = {"chat": {
+        "role": "chat", "name": "split-chat", "hf_repo": "Qwen/Qwen3-1.7B-GGUF:Q4_K_M",
+        "image": "registry.lan:5000/inference-plane/llama-rpc:b10729-cpu", "backend": "cpu", "node_pool": "minipc",
+        "weights": f"{expected_weights_bytes('qwen3-1.7b', 'Q4_K_M') / 2**20:.2f}Mi", "gpu_layers": 0, "threads": 2,
+        "ctx_size": 4096, "parallel": 1, "cache_ram_mib": 0, "webui": False,
+        "resources": {"cpu_request": "1", "cpu_limit": "2"},
+        "rpc": {"helpers": [{"node_pool": "minipc", "threads": 1}, {"node_pool": "minipc", "threads": 1}],
+                "link": {"rtt_ms": 0.1, "gbps": 10}},
+    }}
+    return values
+
+
+def rendered(run, name: str) -> dict:
+    return next(r.inputs for r in run.kubernetes() if r.type.endswith(":Deployment") and r.inputs["metadata"]["name"] == name)
+
+
+def start_helper(binary_dir: Path, args: list[str], port: int, cache: Path, log: Path) -> subprocess.Popen:
+    local = list(args)
+    local[local.index("-H") + 1] = "127.0.0.1"
+    local[local.index("-p") + 1] = str(port)
+    env = {**os.environ, "LLAMA_CACHE": str(cache)}
+    proc = subprocess.Popen([str(binary_dir / "ggml-rpc-server"), *local], stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env=env)
+    deadline = time.monotonic() + 20
+    import socket
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"ggml-rpc-server did not listen: {log.read_text()[-500:]}")
+
+
+def start_main(binary: Path, args: list[str], model: Path, endpoints: str, port: int, log: Path) -> subprocess.Popen:
+    local = without(args, {"--hf-repo": 1, "--host": 1, "--port": 1, "--rpc": 1})
+    cmd = [str(binary), "-m", str(model), "--rpc", endpoints, *local, "--host", "127.0.0.1", "--port", str(port),
+           "--no-warmup", "-lv", "4"]
+    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def wait_listening(proc: subprocess.Popen, log: Path, seconds: float = 240) -> str:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        text = log.read_text(errors="replace")
+        if "listening on" in text:
+            return text
+        time.sleep(0.3)
+    raise AssertionError(f"llama-server did not come up (exit {proc.poll()}): {log.read_text(errors='replace')[-800:]}")
+
+
+def rpc_wait(endpoints: str, seconds: int) -> subprocess.CompletedProcess:
+    env = {"RPC_HELPERS": endpoints, "RPC_WAIT_SECONDS": str(seconds), "PATH": os.environ.get("PATH", "")}
+    return subprocess.run([sys.executable, "-B", "-E", "-s", str(ROOT / "incluster" / "rpc_wait.py")], env=env,
+                          capture_output=True, text=True, timeout=seconds + 30)
+
+
+def test_the_rendered_split_holds_what_the_plan_says_and_recovers_from_a_helper_restart(binary, tmp_path):
+    run = run_values(split_values(), stack="rpc-cpu")
+    plan = run.outputs["capacity_plan"]["servers"]["chat"]
+    split = plan["split"]
+    main_args = rendered(run, "split-chat")["spec"]["template"]["spec"]["containers"][0]["args"]
+    helper_args = [rendered(run, f"split-chat-rpc-{i}")["spec"]["template"]["spec"]["containers"][0]["args"] for i in range(2)]
+    model = write_real_shape("qwen3-1.7b", tmp_path / "qwen3-1.7b.gguf", "Q4_K_M")
+    ports = [free_port(), free_port()]
+    caches = [tmp_path / f"cache-{i}" for i in range(2)]
+    helpers = [start_helper(binary.parent, helper_args[i], ports[i], caches[i], tmp_path / f"helper-{i}.log") for i in range(2)]
+    endpoints = ",".join(f"127.0.0.1:{p}" for p in ports)
+    main_port = free_port()
+    main = None
+    try:
+        main = start_main(binary, main_args, model, endpoints, main_port, tmp_path / "main.log")
+        text = wait_listening(main, tmp_path / "main.log")
+        reports: dict[str, dict[str, float]] = {}
+        for m in BUFFER.finditer(text):
+            reports.setdefault(m["device"], {}).setdefault(m["kind"], 0.0)
+            reports[m["device"]][m["kind"]] += float(m["mib"])
+        # Each helper, as llama.cpp names its buffers (RPC<index on that server>[host:port]).
+        for index, port in enumerate(ports):
+            device = next(v for k, v in reports.items() if k.endswith(f"[127.0.0.1:{port}]"))
+            planned = split["helpers"][index]["memory"]
+            figures = {"model": planned["weights_gib"] * 1024, "KV": planned["kv_gib"] * 1024,
+                       "compute": planned["overhead_gib"] * 1024}
+            for kind, mib in figures.items():
+                print(f"rpc helper {index} {kind}: plan {mib:.1f} MiB, llama.cpp {device[kind]:.1f} MiB")
+                assert mib == pytest.approx(device[kind], rel=TOLERANCE), (index, kind)
+            assert sum(figures.values()) == pytest.approx(sum(device.values()), rel=TOLERANCE)
+        # The main server on a CPU: the input embedding and its compute buffer.
+        host = reports["CPU_Mapped"]["model"] + reports["CPU"]["compute"]
+        mine = split["main"]["memory"]
+        assert (mine["weights_gib"] + mine["overhead_gib"]) * 1024 == pytest.approx(host, rel=TOLERANCE)
+        answer = request(f"http://127.0.0.1:{main_port}/completion", {"prompt": "hi", "n_predict": 4}, timeout=120)
+        assert answer.status == 200
+        # The tensor cache (-c, rendered): a helper keeps what it was sent by hash, tensors over 10 MiB
+        # (ggml-rpc.cpp), here the output layer on the last helper.
+        assert any((caches[1] / "rpc").iterdir())
+
+        # A helper dies: llama-server aborts at its next use of it (ggml-rpc.cpp RPC_STATUS_ASSERT), so the pod's
+        # container exits and the kubelet restarts it.
+        stop(helpers[0])
+        try:
+            request(f"http://127.0.0.1:{main_port}/completion", {"prompt": "hello", "n_predict": 4}, timeout=30)
+        except OSError:
+            pass
+        main.wait(timeout=120)
+        assert main.returncode != 0
+        # The restarted pod's wait names the helper that does not answer, and fails past its deadline.
+        waited = rpc_wait(endpoints, 4)
+        assert waited.returncode == 1 and f"127.0.0.1:{ports[0]}" in waited.stderr and f"127.0.0.1:{ports[1]}" not in waited.stderr
+        # The helper comes back (same arguments, same cache): the wait passes and the main server serves again.
+        helpers[0] = start_helper(binary.parent, helper_args[0], ports[0], caches[0], tmp_path / "helper-0b.log")
+        assert rpc_wait(endpoints, 30).returncode == 0
+        main = start_main(binary, main_args, model, endpoints, main_port, tmp_path / "main-2.log")
+        wait_listening(main, tmp_path / "main-2.log")
+        assert request(f"http://127.0.0.1:{main_port}/completion", {"prompt": "again", "n_predict": 4}, timeout=120).status == 200
+    finally:
+        if main is not None and main.poll() is None:
+            stop(main)
+        for helper in helpers:
+            if helper.poll() is None:
+                stop(helper)
