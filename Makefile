@@ -66,6 +66,8 @@ bench: $(VENV)/.installed $(CHECKOV_VENV)/.installed
 	@$(BIN)/python -m lab.bench.decode_error --node-figures
 	@echo "==> prefill prediction against every recorded llama-bench pp run (docs/capacity-planning.md: Prefill)"
 	@$(BIN)/python -m lab.bench.prefill_error
+	@echo "==> a model split over RPC: each device's buffers and decode over shaped links, planned and measured (docs/rpc-split.md)"
+	@$(BIN)/python -m lab.bench.rpc_error
 	@echo "==> VRAM plan against every recorded server on a card (docs/capacity-planning.md: VRAM)"
 	@$(BIN)/python -m lab.bench.vram_error
 	@echo "==> what planning a large library of models on demand costs (docs/models-on-demand.md)"
@@ -114,3 +116,18 @@ host-bandwidth:
 # lines into node_pools.<pool>. THREADS="4,16" measures those counts (default: powers of two and all cores).
 host-profile: $(VENV)/.installed
 	$(BIN)/python -m lab.bench.host_profile $(if $(THREADS),--threads $(THREADS))
+
+# The link between two nodes for a split over RPC (models.<key>.rpc.link; docs/rpc-split.md): on the helper's node
+# `make link-profile` (it waits for one client), then on the main server's node `make link-profile HOST=<helper node>`;
+# copy the printed line. Python's standard library only: no venv needed.
+.PHONY: link-profile
+link-profile:
+	@if [ -n "$(HOST)" ]; then python3 tools/link_probe.py measure $(HOST); else python3 tools/link_probe.py serve --once; fi
+
+# An image with llama-server and ggml-rpc-server built with GGML_RPC (llama.cpp's published images have no RPC):
+# make rpc-image BACKEND=rocm|vulkan|cuda|cpu IMAGE=registry.lan:5000/inference-plane/llama-rpc:b10729-rocm
+.PHONY: rpc-image
+rpc-image: $(VENV)/.installed
+	@test -n "$(BACKEND)" -a -n "$(IMAGE)" || { echo "make rpc-image: give BACKEND (rocm, vulkan, cuda, cpu) and IMAGE (registry/name:tag)" >&2; exit 2; }
+	$(BIN)/python -m lab.llama_build --fetch-only .rpc-src
+	docker build --build-arg BACKEND=$(BACKEND) -t $(IMAGE) -f images/llama-rpc/Dockerfile .rpc-src

@@ -162,9 +162,12 @@ def split_memory(model: "ModelServer", facts: "ModelFacts", counts: Sequence[int
 
 
 # llama-quantize's type for the output layer (and a tied embedding, which is the same tensor): Q6_K below 6.5625
-# bits a weight, the file's own type above (Q8_0, F16); a separate input embedding keeps the file's type
-# (lab/contract/real_shape.py writes files by the same rule).
+# bits a weight, the file's own type above (Q8_0, F16); a separate input embedding keeps the file's base type, the
+# K-quant mixes' own (Q4_K for Q4_K_M), not their mean (lab/contract/real_shape.py writes files by the same rules).
 OUTPUT_BITS = 6.5625
+BASE_BITS = {"Q2_K": 2.625, "Q3_K_S": 3.4375, "Q3_K_M": 3.4375, "Q3_K_L": 3.4375, "Q4_K_S": 4.5, "Q4_K_M": 4.5,
+             "Q5_K_S": 5.5, "Q5_K_M": 5.5, "Q6_K": 6.5625, "Q8_0": 8.5, "Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5,
+             "Q5_1": 6.0, "F16": 16.0, "BF16": 16.0, "F32": 32.0}
 
 
 def split_weights(model: "ModelServer", facts: "ModelFacts") -> tuple[float, float, float]:
@@ -173,12 +176,15 @@ def split_weights(model: "ModelServer", facts: "ModelFacts") -> tuple[float, flo
     rather than at the file's mean bits."""
     from .llamacpp_memory import weights_bytes
 
+    from .llamacpp_memory import quant_of
+
     weights = weights_bytes(model, facts)
     if not (facts.vocab_size and facts.embedding_length):
         return 0.0, 0.0, weights / facts.layers
     mean_bits = weights * 8 / (facts.params_b * 1e9)
+    base_bits = BASE_BITS.get(quant_of(model.hf_repo), mean_bits) if model.hf_repo else mean_bits
     cells = facts.vocab_size * facts.embedding_length
-    output = 0.0 if facts.output_layer == "none" else cells * max(mean_bits, OUTPUT_BITS) / 8
-    embedding = output if facts.output_layer == "tied" else cells * mean_bits / 8
+    output = 0.0 if facts.output_layer == "none" else cells * max(base_bits, OUTPUT_BITS) / 8
+    embedding = output if facts.output_layer == "tied" else cells * base_bits / 8
     in_file = embedding + (output if facts.output_layer == "separate" else 0.0)
     return embedding, output, max(weights - in_file, 0.0) / facts.layers

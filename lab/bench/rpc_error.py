@@ -1,0 +1,111 @@
+"""A model split over llama.cpp's RPC backend, planned against what was measured (bench/results-rpc-h200.json, made by
+lab/bench/measure_rpc.py on the GPU machine): each device's buffers against llama.cpp's own report, and decode over
+shaped links against the plan's range (engines/llamacpp_rpc.py). `make bench` prints both tables.
+
+    python -m lab.bench.rpc_error
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from config.catalog import lookup
+from config.types import ModelServer
+from engines.llamacpp_memory import cuda_compute_bytes, layout
+from engines.llamacpp_rpc import RPC_TOKEN_MS, Link, layers_per_device, output_device, split_decode_seconds, split_memory
+from lab.bench.decode_error import GIB, prediction, preset_facts
+from lab.contract.repo_shapes import REPO_SHAPES
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results-rpc-h200.json"
+MIB = 2**20
+DECODE_TOLERANCE = 0.20
+MEMORY_TOLERANCE = 0.05
+
+
+def _server(shape: str, quant: str, ctx: int, weights: float) -> tuple[ModelServer, object]:
+    repo = next(r for r, s in REPO_SHAPES.items() if s == shape)
+    facts = lookup(repo)
+    model = ModelServer.model_validate({
+        "role": "chat", "name": "m", "image": "ghcr.io/ggml-org/llama.cpp:server-cuda-b10729", "node_pool": "p",
+        "hf_repo": f"{repo}:{quant}", "weights": f"{weights / MIB:.2f}Mi", "ctx_size": ctx, "parallel": 1,
+        "gpu_layers": 999, "resources": {"cpu_request": "1", "cpu_limit": "2"}})
+    return model, facts
+
+
+def memory_rows(record: dict) -> list[tuple]:
+    """(shape, device, kind, planned MiB, reported MiB) for each memory run, CUDA devices both sides."""
+    from lab.contract.real_shape import expected_weights_bytes
+
+    out = []
+    for run in record["runs"]:
+        for r in run["rows"]:
+            if r.get("kind") != "memory" or not r.get("buffers"):
+                continue
+            model, facts = _server(r["shape"], r["quant"], r["ctx"], expected_weights_bytes(r["shape"], r["quant"]))
+            split = [float(x) for x in r["split"].split("/")]
+            counts = layers_per_device(facts.layers, split)
+            single = cuda_compute_bytes(model, facts, layout(model, facts)) or 0.0
+            devices, host = split_memory(model, facts, counts, output_device(facts.layers, split), [single] * len(counts))
+            names = [k for k in r["buffers"] if k.startswith("RPC")] + ["CUDA0"]
+            for name, device in zip(names, devices):
+                for kind, planned in (("model", device.model), ("KV", device.kv), ("compute", device.compute)):
+                    out.append((r["shape"], name.split("[")[0], kind, planned / MIB, r["buffers"][name].get(kind, 0.0)))
+            out.append((r["shape"], "host", "model", host.model / MIB, r["buffers"].get("CPU_Mapped", {}).get("model", 0.0)))
+    return out
+
+
+def decode_rows(record: dict) -> list[tuple]:
+    """(shape, link, depth, measured, low, high, mixture of experts) for each decode row."""
+    out = []
+    for run in record["runs"]:
+        for r in run["rows"]:
+            if r.get("kind") != "speed" or r.get("n_prompt"):
+                continue
+            facts = preset_facts(r["shape"])
+            whole = prediction("nvidia-datacenter", "cuda", 4800, True, facts, r["quant"], r["weights_bytes"] / GIB, r["depth"], 1)
+            split = [float(x) for x in r["split"].split("/")]
+            counts = layers_per_device(facts["layers"], split)
+            measured_link = r["link_measured"]
+            link = Link(measured_link["rtt_ms"], measured_link["gbps"])
+            ends = [1 / split_decode_seconds([1 / whole] * 2, counts, [link], facts["layers"], facts["embedding_length"],
+                                             r["depth"], cost, facts["vocab_size"], output_device(facts["layers"], split))
+                    for cost in RPC_TOKEN_MS]
+            out.append((r["shape"], f"{r['link']['name']} ({measured_link['rtt_ms']:.2f} ms, {measured_link['gbps']:.1f} Gbit/s)",
+                        r["depth"], r["tok_s"], min(ends), max(ends), "expert_params_b" in facts))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    record = json.loads(RESULTS.read_text())
+    print("| shape | device | buffer | plan MiB | llama.cpp MiB | error |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    memory = memory_rows(record)
+    for shape, device, kind, planned, reported in memory:
+        error = (planned - reported) / reported if reported else 0.0
+        print(f"| {shape} | {device} | {kind} | {planned:.1f} | {reported:.1f} | {error:+.1%} |")
+    totals = {}
+    for shape, device, _, planned, reported in memory:
+        p, m = totals.get((shape, device), (0.0, 0.0))
+        totals[(shape, device)] = (p + planned, m + reported)
+    within = sum(abs(p - m) / m <= MEMORY_TOLERANCE for p, m in totals.values() if m)
+    print(f"\nrpc memory: {within} of {len(totals)} devices within +-{MEMORY_TOLERANCE:.0%} of llama.cpp's report (CUDA)")
+    print("\n| shape | link | depth | measured t/s | plan range t/s | middle | error |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    rows = decode_rows(record)
+    for shape, link, depth, measured, low, high, moe in rows:
+        middle = (low + high) / 2
+        print(f"| {shape}{' (MoE: no figure)' if moe else ''} | {link} | {depth} | {measured:.1f} | {low:.1f}-{high:.1f} "
+              f"| {middle:.1f} | {(middle - measured) / measured:+.0%} |")
+    dense = [(m, lo, hi) for *_, m, lo, hi, moe in rows if not moe]
+    inside = sum(lo * 0.95 <= m <= hi * 1.05 for m, lo, hi in dense)
+    near = sum(abs((lo + hi) / 2 - m) / m <= DECODE_TOLERANCE for m, lo, hi in dense)
+    print(f"\nrpc decode (dense, in-sample: the range was fitted on these rows): {inside} of {len(dense)} inside the range, "
+          f"{near} of {len(dense)} within +-{DECODE_TOLERANCE:.0%} of its middle; mixture of experts: no figure planned")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
