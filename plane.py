@@ -68,7 +68,8 @@ def plan_capacity(stack: StackConfig, leaving: Optional[Mapping[str, Any]] = Non
     """The capacity plan, each server's memory estimated by its engine; raises CapacityError. ``leaving``: the
     GPU servers this update removes from a router's pool (config.history)."""
     return capacity.plan_stack(
-        stack, lambda model, pool, path: engine_of(model).estimate(model, pool, path, stack.node_pools), leaving)
+        stack, lambda model, pool, path: (engine_of(model).estimate(model, pool, path, stack.node_pools) if model.rpc
+                                          else engine_of(model).estimate(model, pool, path)), leaving)
 
 
 # The stack output that carries config.history.snapshot() from one update to the next.

@@ -17,21 +17,10 @@ from .meta import selector
 from .prefetch import CONTROL_VOLUME, hub_token_env, library_container, library_keeper, prefetch_container
 from .rpc import split_affinity, wait_container
 from .programs import PROGRAMS_DIR, volume_items
-from .security import CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH_ENV, SCRATCH_VOLUME
+from .security import CHECKOV_WAIVERS, CILIUM_WAIVER, CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH_ENV, SCRATCH_VOLUME
 
 RUN_AS = 1000  # any non-root UID; the cache volume is made group-writable for it through fsGroup
-# Checks of the external scanner (checkov) that do not fit these workloads, each with its reason;
-# written on the workload and its pods as checkov.io/skipN annotations, and listed in docs/guardrails.md.
-CHECKOV_WAIVERS = {
-    "CKV_K8S_43": "pinned to a build tag that the config validates; a digest is accepted where wanted",
-    "CKV_K8S_15": "pinned tags never move, so Always would only make every restart depend on the registry",
-    "CKV_K8S_40": "UID 1000 owns the model cache (the seed's CephFS volume); fsGroup, not the UID, grants access",
-}
-CILIUM_WAIVER = {
-    "CKV2_K8S_6": "governed by the namespace's CiliumNetworkPolicy (endpointSelector {}), which checkov does not read",
-}
-
-
+# checkov's waivers (components/security.py) are written on the workload and its pods as checkov.io/skipN annotations.
 KEY_FINGERPRINT_ANNOTATION = "inference-plane/api-key-fingerprint"
 
 

@@ -29,7 +29,7 @@ from planning.capacity import ServerPlan
 
 from .meta import labels, metadata
 from .programs import command
-from .security import CONTAINER_SECURITY
+from .security import CHECKOV_WAIVERS, CILIUM_WAIVER, CONTAINER_SECURITY
 
 # On the main server's and every helper's pods: no two of them share a node (required anti-affinity).
 SPLIT_LABEL = "inference-plane/split"
@@ -41,6 +41,21 @@ TENSOR_CACHE = "/var/cache/ggml-rpc"
 RUN_AS = 1000
 
 
+# checkov's probe checks, waived on a helper with the reason (docs/guardrails.md lists every waiver).
+NO_PROBE_WAIVERS = {
+    "CKV_K8S_8": "ggml-rpc-server answers no health check and serves one client at a time: a liveness probe would "
+                 "queue behind the main server's connection and restart the helper under it (docs/rpc-split.md)",
+    "CKV_K8S_9": "ggml-rpc-server answers no health check; the split's readiness is the main server's, which loads its "
+                 "blocks onto every helper before it answers /health (docs/rpc-split.md)",
+}
+
+
+def helper_waivers(cni: str) -> dict[str, str]:
+    """The model servers' waivers (components/pod.py) and the probe checks'."""
+    waivers = {**CHECKOV_WAIVERS, **NO_PROBE_WAIVERS, **(CILIUM_WAIVER if cni == "cilium" else {})}
+    return {f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(sorted(waivers.items()), 1)}
+
+
 def split_affinity(server_name: str) -> dict:
     return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {SPLIT_LABEL: server_name}}, "topologyKey": "kubernetes.io/hostname"}]}}
@@ -49,7 +64,8 @@ def split_affinity(server_name: str) -> dict:
 def wait_container(model: ModelServer, plan: ServerPlan, mounts: list[dict]) -> dict:
     """The main server's init container: starts the pod once every helper accepts a connection."""
     split = model.rpc
-    assert split is not None and plan.split is not None
+    if not (split is not None and plan.split is not None):
+        raise ValueError("components/rpc.py: a split server without its split plan")
     return {
         "name": "rpc-wait",
         "image": split.programs_image,
@@ -66,7 +82,8 @@ def wait_container(model: ModelServer, plan: ServerPlan, mounts: list[dict]) -> 
 
 def helper_endpoints(model: ModelServer, plan: ServerPlan) -> str:
     """--rpc's value: each helper's Service and port, in llama.cpp's device order."""
-    assert model.rpc is not None and plan.split is not None
+    if not (model.rpc is not None and plan.split is not None):
+        raise ValueError("components/rpc.py: a split server without its split plan")
     return ",".join(f"{plan.helper_name(i)}:{model.rpc.port}" for i in range(len(plan.split.helpers)))
 
 
@@ -83,7 +100,8 @@ def helper_pod(args: HelperArgs, index: int) -> tuple[dict, dict]:
     """(the pod template, the pod's labels) of helper ``index``."""
     model, plan = args.model, args.plan
     split, planned = model.rpc, plan.split
-    assert split is not None and planned is not None
+    if not (split is not None and planned is not None):
+        raise ValueError("components/rpc.py: a split server without its split plan")
     helper, share = split.helpers[index], planned.helpers[index]
     pool = args.pools[helper.node_pool]
     name = plan.helper_name(index)
@@ -166,7 +184,8 @@ class RpcHelpers:
 
     def __init__(self, name: str, args: HelperArgs, main_labels: dict[str, str], parent: pulumi.Resource):
         model, plan = args.model, args.plan
-        assert model.rpc is not None and plan.split is not None
+        if not (model.rpc is not None and plan.split is not None):
+            raise ValueError("components/rpc.py: a split server without its split plan")
         self.workloads: list[k8s.apps.v1.Deployment] = []
         self.services: list[k8s.core.v1.Service] = []
         self.policies: list[pulumi.CustomResource] = []
@@ -175,7 +194,9 @@ class RpcHelpers:
             helper = plan.helper_name(index)
             template, pod_labels = helper_pod(args, index)
             meta = metadata(helper, args.namespace, helper, HELPER_COMPONENT)
-            self.workloads.append(k8s.apps.v1.Deployment(f"{name}-rpc-{index}", metadata=meta, spec={
+            workload_meta = metadata(helper, args.namespace, helper, HELPER_COMPONENT,
+                                     annotations=helper_waivers(args.cluster.cni))
+            self.workloads.append(k8s.apps.v1.Deployment(f"{name}-rpc-{index}", metadata=workload_meta, spec={
                 "replicas": 1,
                 # One helper: a second would hold its blocks again beside the first.
                 "strategy": {"type": "Recreate"},

@@ -128,10 +128,9 @@ RPC_IMAGE_FIX = ("llama.cpp's published images are built without GGML_RPC (.devo
 def rpc_problems(model: ModelServer, path: str, pools: dict[str, NodePool]) -> list[Problem]:
     """A split over nodes (config/rpc.py): one main server, helpers on distinct nodes, images with RPC."""
     split = model.rpc
-    assert split is not None
+    if not (split is not None):
+        raise ValueError("config/checks.py: a split was asked for with no rpc block")
     problems: list[Problem] = []
-    if model.engine != "llamacpp":
-        problems.append((path, f"engine {model.engine} has no RPC backend; only llamacpp splits a model over nodes"))
     if model.on_demand is not None:
         problems.append((path, "a router of models on demand cannot split a model over nodes; serve the split model "
                          "from a server of its own (remove on_demand or rpc)"))

@@ -2,7 +2,7 @@
 
 The main server runs llama-server with --rpc and --tensor-split; each helper node runs ggml-rpc-server, which holds
 some of the layers and computes them when the main server asks. llama.cpp's RPC protocol has no authentication:
-each helper's port is reachable only from the main server's pods (components/rpc.py, policy/checks.py).
+each helper's port is reachable only from the main server's pods (components/rpc.py, policy/rpc.py).
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
                    ) -> tuple[Optional[Split], Optional[dict], list[Problem]]:
     """(the split, its decode by depth {empty, half, full} or None, problems)."""
     split = model.rpc
-    assert split is not None
+    if not (split is not None):
+        raise ValueError("engines/llamacpp_split.py: the split estimate")
     main_pool = pools[model.node_pool]
     members = [(pools[h.node_pool], h.node_pool, h.node, _member_backend(model, pools[h.node_pool], h.backend), h.layers)
                for h in split.helpers]
@@ -106,7 +107,8 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
         return None, None, problems
     tensor_split = split_for_layers(counts)
     out = output_device(facts.layers, tensor_split)
-    assert layers_per_device(facts.layers, tensor_split) == counts and out == len(counts) - 1
+    if not (layers_per_device(facts.layers, tensor_split) == counts and out == len(counts) - 1):
+        raise ValueError("engines/llamacpp_split.py: the split estimate")
     buffers, host_buffers = split_memory(model, facts, counts, out, [compute] * len(counts))
     made: list[SplitMember] = []
     for index, ((pool, key, node, backend, _), device, room) in enumerate(zip(devices, buffers, rooms)):

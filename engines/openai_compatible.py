@@ -40,6 +40,9 @@ class OpenAICompatible(Engine):
                                  "list item, without line breaks"))
         if model.openai is None:
             problems.append((f"{path}.openai", "required for engine openai: served_model, resident_memory, args"))
+        if model.rpc is not None:
+            problems.append((f"{path}.rpc", "engine openai has no RPC backend; only llama.cpp splits a model over "
+                             "nodes (remove rpc)"))
         for field in LLAMACPP_SETTINGS:
             if field in model.model_fields_set:
                 problems.append((

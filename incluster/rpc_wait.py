@@ -4,7 +4,7 @@ ggml-rpc-server accepts a connection.
 Why: llama-server connects to each --rpc endpoint as it parses its arguments and aborts when one does not answer
 ("Failed to connect", ggml-rpc.cpp), so a main server that starts before its helpers crash-loops into the kubelet's
 back-off, which reaches five minutes. ggml-rpc-server has no health endpoint: a TCP connection it accepts is what
-upstream's own test waits for (tests/test-rpc-multi-server.sh). It serves one client at a time, so this connects
+upstream's own test of several helpers waits for. It serves one client at a time, so this connects
 and closes at once, sending nothing.
 
 What it reads: RPC_HELPERS, the helpers' host:port list (comma separated, as --rpc takes it); RPC_WAIT_SECONDS,

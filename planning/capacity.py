@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
 from common.errors import CapacityError
 from common.quantity import Quantity, gib
 
+from .split import helper_name
 from .memory import VRAM_PLAN_MOST_UNDER_GIB, Estimate, MemoryEstimate, OnRequest, Split, VramEstimate
 from .residency import ADMISSION_MEMORY_REQUEST, KEEPER_MEMORY_REQUEST, Residency, ResidentModel, limit_gib, plan_residency, summed_estimate, summed_vram
 from .startup import StartupBudget, startup_budget, swap_seconds
@@ -101,13 +102,13 @@ class ServerPlan:
     split: Optional[Split] = None
 
     def helper_name(self, index: int) -> str:
-        """The workload, Service and pod name of helper ``index`` of a split."""
-        return f"{self.name}-rpc-{index}"
+        return helper_name(self.name, index)
 
-    def helper_memory(self, index: int) -> str:
+    def helper_memory(self, index: int) -> Quantity:
         """Helper ``index``'s memory request and limit: its estimate and the derived limit's headroom."""
-        assert self.split is not None
-        return f"{ceil_gib(self.split.helpers[index].memory.total_gib * (1 + LIMIT_HEADROOM))}Gi"
+        if not (self.split is not None):
+            raise ValueError("planning/capacity.py: helper memory asked of a server with no split")
+        return Quantity(f"{ceil_gib(self.split.helpers[index].memory.total_gib * (1 + LIMIT_HEADROOM))}Gi")
 
     @property
     def need_gib(self) -> float:

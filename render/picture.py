@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from html import escape
 
+from planning.split import estimates_by_workload
+
 PARTS = (  # (part, estimate fields, colour)
     ("weights", ("weights_gib",), "#4e79a7"),
     ("kv+state", ("kv_gib", "recurrent_gib"), "#f28e2b"),
@@ -34,6 +36,7 @@ def node_label(node: dict) -> str:
 def plan_svg(plan: dict) -> str:
     nodes = plan["nodes"]
     servers = {s["name"]: s for s in plan["servers"].values()}
+    estimates = estimates_by_workload(plan)
     scale = (WIDTH - LABEL - 20) / max([n["offers_gib"] for n in nodes] + [g["vram_gib"] for n in nodes for g in n.get("gpus", [])] or [1])
     gpu_rows = [(node, gpu) for node in nodes for gpu in node.get("gpus", [])]
     # A router's full resident sets, one row each (what the admission proxy can leave loaded together).
@@ -50,7 +53,7 @@ def plan_svg(plan: dict) -> str:
         out.append(f'<text x="10" y="{y + BAR / 2 + 4}">{escape(where)}</text>')
         x = float(LABEL)
         for name, limit in node["workloads"].items():
-            estimate = servers[name]["estimate"] if name in servers else {}
+            estimate = estimates.get(name, {})
             sizes = [(part, sum(estimate.get(f, 0.0) for f in fields), colour) for part, fields, colour in PARTS[:-1]]
             sizes.append((PARTS[-1][0], max(limit - sum(s for _, s, _ in sizes), 0.0), PARTS[-1][2]))
             for part, gib, colour in sizes:

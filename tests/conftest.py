@@ -97,6 +97,7 @@ def strix_run() -> ProgramRun:
 RTX_SECRETS = {"chat_api_key": "chat-key-1b7f", "embed_api_key": "embed-key-6c02",
                "gateway_master_key": "master-0d9e", "openrouter_api_key": "or-key-2a44"}
 CPU_SECRETS = {"chat_api_key": "chat-key-1b7f"}
+TEST_SECRETS.update({"big_api_key": "big-key-5d31"})
 
 
 

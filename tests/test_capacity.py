@@ -295,7 +295,7 @@ def test_a_chat_server_slower_than_people_read_is_said_so():
     assert predicted["half"] < USABLE_DECODE_TOK_S
     (note,) = [line for line in run.logs if "slower than people read" in line]
     assert note.startswith(f"models.chat: decode is predicted at {predicted['half']:.1f} tok/s at half context "
-                           f"({predicted['full']:.1f} full), up to {high:.1f} if this node's CPU reads faster")
+                           f"({predicted['full']:.1f} full), up to {high:.1f} (this node's CPU not measured, make host-profile)")
     assert noted_slow(run) == predicted_slow(run) == {("chat", None)}
 
 

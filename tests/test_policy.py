@@ -73,7 +73,7 @@ def test_pack_has_every_policy_mandatory():
         "pod-security-restricted", "images-pinned", "model-server-budgets", "narrow-egress", "exposure-lan-only",
         "no-inline-credentials", "default-deny", "embeddings-not-exposed", "gateway-requires-auth",
         "hf-cache-on-weights-volume", "tailnet-name-resolves", "idle-outlasts-request", "no-runtime-installs",
-        "router-management-not-exposed", "affinity-keeps-fallback",
+        "router-management-not-exposed", "affinity-keeps-fallback", "rpc-helpers-fenced",
     }
     assert all(p.enforcement_level.value == "mandatory" for p in POLICIES)
 

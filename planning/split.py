@@ -1,0 +1,17 @@
+"""A model split over nodes, as the plan names and reads it (the split itself is its engine's: Estimate.split)."""
+
+from __future__ import annotations
+
+
+def helper_name(server: str, index: int) -> str:
+    """The workload, Service and pod name of helper ``index`` of a split's main server ``server``."""
+    return f"{server}-rpc-{index}"
+
+
+def estimates_by_workload(plan: dict) -> dict[str, dict]:
+    """Each workload's memory estimate in a plan's dict (CapacityPlan.to_dict): the servers' and their split helpers'."""
+    out = {s["name"]: s["estimate"] for s in plan["servers"].values()}
+    for server in plan["servers"].values():
+        for index, helper in enumerate((server.get("split") or {}).get("helpers") or []):
+            out[helper_name(server["name"], index)] = helper["memory"]
+    return out
