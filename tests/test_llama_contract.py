@@ -53,6 +53,8 @@ def servers() -> list[tuple[str, str, dict, dict | None, str, str | None]]:
         for key, model in run.config.models.items():
             if model.engine != "llamacpp" or model.on_demand is not None:
                 continue  # a router's models run as these servers' flags: tests/test_router_contract.py
+            if model.rpc is not None:
+                continue  # a split needs its helpers running: tests/test_rpc_contract.py starts them
             (workload,) = [m for m in files if m["kind"] in ("Deployment", "StatefulSet") and m["metadata"]["name"] == model.workload_name]
             (container,) = [c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == model.name]
             container = {**container, POD_SECURITY: workload["spec"]["template"]["spec"].get("securityContext")}
@@ -210,7 +212,8 @@ def test_the_suite_covers_every_llamacpp_server_of_the_stack(stack):
     from render.offline import run_stack
 
     models = run_stack(stack).config.models.items()
-    expected = {(stack, k) for k, m in models if m.engine == "llamacpp" and m.on_demand is None}
+    # A split (models.<key>.rpc) needs its helpers: tests/test_rpc_contract.py runs a rendered one on the real binaries.
+    expected = {(stack, k) for k, m in models if m.engine == "llamacpp" and m.on_demand is None and m.rpc is None}
     assert {(c[0], c[1]) for c in servers() if c[0] == stack} == expected
     # Routers (models on demand) are run by tests/test_router_contract.py, on their rendered preset.
     from test_router_contract import CASES

@@ -201,9 +201,10 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
                            on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
                            threads, host, cost, cache=cache)
     key = (r["shape"], r["quant"], threads, r["depth"])
-    cal = r.get("cal", (r["shape"], r["quant"], r["depth"]) in H200_CALIBRATION and profile == "nvidia-datacenter"
-                and "host" not in run) or (
-        r["shape"], r["quant"], threads, r.get("ngl") if r.get("ngl") != 99 else None, cpu_moe, r["depth"]) in SPEED_CALIBRATION
+    # The profiles were solved on f16 caches: a quantized cache's row is never one of theirs.
+    cal = cache == "f16" and (r.get("cal", (r["shape"], r["quant"], r["depth"]) in H200_CALIBRATION
+                                     and profile == "nvidia-datacenter" and "host" not in run) or (
+        r["shape"], r["quant"], threads, r.get("ngl") if r.get("ngl") != 99 else None, cpu_moe, r["depth"]) in SPEED_CALIBRATION)
     if not on_card and key in cost_rows:
         cal = "node figures"  # the host's decode figures were solved from this row (make host-profile's)
     if PRESETS[r["shape"]].n_expert and r.get("routing") != "token":
