@@ -42,7 +42,8 @@ case "$MODE" in
         --out "$OUT/kvcache-2.json" --max-seconds "${3:-150}"
     fi
     LEFT=$(( 575 - ($(date +%s) - T0) ))
-    python3 -m lab.bench.measure_rpc --bin "$BIN" --jobs bench/jobs-rpc-h200.json --out "$OUT/rpc.json" --max-seconds "$LEFT" ;;
+    python3 -m lab.bench.measure_rpc --bin "$BIN" --jobs "${RPC_JOBS:-bench/jobs-rpc-h200.json}" --out "$OUT/rpc.json" \
+      --max-seconds "${RPC_SECONDS:-$LEFT}" ;;
   speed|profile)
     # The host first: its read bandwidth (speed), or make host-profile's figures, bandwidth included (profile).
     if [ "$MODE" = speed ]; then

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import plain_values, run_values
 from lab.contract.real_shape import expected_weights_bytes, write_real_shape
+from lab.bench.measure_rpc import wait_port
 from lab.contract.server import free_port, request, stop, without
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,15 +52,9 @@ def start_helper(binary_dir: Path, args: list[str], port: int, cache: Path, log:
     env = {**os.environ, "LLAMA_CACHE": str(cache)}
     proc = subprocess.Popen([str(binary_dir / "ggml-rpc-server"), *local], stdout=log.open("w"), stderr=subprocess.STDOUT,
                             env=env)
-    deadline = time.monotonic() + 20
-    import socket
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"ggml-rpc-server did not listen: {log.read_text()[-500:]}")
+    if not wait_port(port, time.monotonic() + 20):
+        raise AssertionError(f"ggml-rpc-server did not listen: {log.read_text()[-500:]}")
+    return proc
 
 
 def start_main(binary: Path, args: list[str], model: Path, endpoints: str, port: int, log: Path) -> subprocess.Popen:

@@ -35,7 +35,7 @@ RPC_PORT, RELAY_PORT, PROBE_PORT, PROBE_RELAY_PORT, SERVER_PORT = 50052, 50060, 
 BUFFER_LINE = re.compile(r"(?:load_tensors|llama_kv_cache|sched_reserve|llama_context)?:?\s*(\S+)\s+(model|KV|compute) buffer size =\s*([\d.]+) MiB")
 
 
-def _wait_port(port: int, deadline: float) -> bool:
+def wait_port(port: int, deadline: float) -> bool:
     while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -62,7 +62,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def relay(port: int, to: int, link: dict, log: Path) -> subprocess.Popen:
     proc = _start([sys.executable, "-m", "lab.bench.link_relay", "--listen", f"127.0.0.1:{port}", "--to", f"127.0.0.1:{to}",
                    "--gbps", str(link.get("gbps", 0)), "--delay-ms", str(link.get("delay_ms", 0))], log)
-    _wait_port(port, time.monotonic() + 10)
+    wait_port(port, time.monotonic() + 10)
     return proc
 
 
@@ -70,7 +70,7 @@ def probe(link: dict, tmp: Path) -> dict:
     """What tools/link_probe.py measures through a relay of the same settings."""
     server = _start([sys.executable, str(ROOT / "tools" / "link_probe.py"), "serve", "--port", str(PROBE_PORT),
                      "--host", "127.0.0.1"], tmp / "probe.log")
-    _wait_port(PROBE_PORT, time.monotonic() + 10)
+    wait_port(PROBE_PORT, time.monotonic() + 10)
     shaped = relay(PROBE_RELAY_PORT, PROBE_PORT, link, tmp / "probe-relay.log")
     try:
         mib = 64 if (link.get("gbps") or 100) <= 3 else 256
@@ -114,7 +114,7 @@ def run(bin_dir: Path, jobs: list[dict], out_path: Path, max_seconds: float) -> 
         os.environ["LLAMA_CACHE"] = str(cache)  # the helper's tensor cache (-c): $LLAMA_CACHE/rpc/
         helper = _start([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(RPC_PORT), "-c"],
                         tmp / "rpc-server.log")
-        if not _wait_port(RPC_PORT, time.monotonic() + 30):
+        if not wait_port(RPC_PORT, time.monotonic() + 30):
             raise RuntimeError("ggml-rpc-server did not listen: " + (tmp / "rpc-server.log").read_text()[-400:])
         try:
             for job in jobs:
