@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from common.constants import TAILSCALE_CLASS
+from common.constants import RPC_HELPER_LABEL, TAILSCALE_CLASS
 from policy.rules import containers, pod_spec
 
 SCHEMAS_README = Path(__file__).resolve().parent.parent / "schemas" / "README.md"
@@ -122,6 +122,12 @@ def prerequisites(objects: list[dict[str, Any]]) -> list[tuple[str, str, list[st
                     need(f"Secret {secret} in namespace {namespace}", _label(m), f"yours, key {key}" if key else "yours")
             if pod.get("runtimeClassName"):
                 need(f"RuntimeClass {pod['runtimeClassName']}", _label(m))
+            labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+            if RPC_HELPER_LABEL in labels:
+                # llama.cpp's published images have no RPC (built without GGML_RPC): the split's image is the user's.
+                image = (pod.get("containers") or [{}])[0].get("image")
+                need(f"image {image} with ggml-rpc-server and llama-server built with GGML_RPC", _label(m),
+                     "make rpc-image (images/llama-rpc/Dockerfile), pushed where the nodes pull from; docs/rpc-split.md")
             for container in pod.get("containers") or []:
                 for resource in (container.get("resources") or {}).get("limits") or {}:
                     plugin = next((p for prefix, p in DEVICE_PLUGINS.items() if resource.startswith(prefix)), None)

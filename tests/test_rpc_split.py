@@ -182,3 +182,12 @@ def test_a_split_that_cannot_run_is_refused_with_its_path_and_fix(edit, where, w
     edit(values["models"]["big"])
     message = refusal(values)
     assert where in message and words in message, message
+
+
+def test_the_prerequisites_name_the_image_built_with_rpc(split_run):
+    from render.manifests import manifests as rendered_manifests
+    from render.prerequisites import prerequisites
+
+    needs = {what: who for what, _, who in prerequisites(list(rendered_manifests(split_run).values()))}
+    image = by_name(manifests(split_run), "Deployment", "qwen3-235b-rpc-0")["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert needs[f"image {image} with ggml-rpc-server and llama-server built with GGML_RPC"] == ["Deployment qwen3-235b-rpc-0"]
