@@ -1,0 +1,70 @@
+"""The link tools of a split over RPC (issue #47): tools/link_probe.py (make link-profile) measures what
+lab/bench/link_relay.py shapes, on real sockets; incluster/rpc_wait.py reads only host:port lists."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lab.contract.server import free_port
+from lab.bench.measure_rpc import wait_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_probe_measures_the_rate_and_delay_the_relay_gives(tmp_path):
+    server_port, relay_port = free_port(), free_port()
+    server = subprocess.Popen([sys.executable, str(ROOT / "tools" / "link_probe.py"), "serve", "--host", "127.0.0.1",
+                               "--port", str(server_port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    relay = subprocess.Popen([sys.executable, "-m", "lab.bench.link_relay", "--listen", f"127.0.0.1:{relay_port}",
+                              "--to", f"127.0.0.1:{server_port}", "--gbps", "0.4", "--delay-ms", "2"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        # (Each wait connects and closes: the server answers one client at a time and drops a silent one.)
+        assert wait_port(server_port, time.monotonic() + 10) and wait_port(relay_port, time.monotonic() + 10)
+        out = subprocess.run([sys.executable, str(ROOT / "tools" / "link_probe.py"), "measure", "127.0.0.1", "--port",
+                              str(relay_port), "--pings", "20", "--mib", "16", "--json"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        figures = json.loads(out.stdout)
+        # 2 ms each way: a round trip no shorter than 4 ms; the wire's 0.4 Gbit/s, never more.
+        assert figures["rtt_ms"] >= 4.0
+        assert 0.2 <= figures["gbps"] <= 0.42
+    finally:
+        for proc in (relay, server):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_the_probe_says_what_to_run_when_nothing_listens():
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "link_probe.py"), "measure", "127.0.0.1", "--port",
+                          str(free_port()), "--json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "is `link_probe.py serve` running there?" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("helpers", ["", "host", "host:", "host:0", "host:70000", "a:1,b", ",".join(["h:1"] * 17)])
+def test_the_wait_refuses_anything_but_a_host_port_list(helpers):
+    sys.path.insert(0, str(ROOT / "incluster"))
+    try:
+        import rpc_wait
+    finally:
+        sys.path.pop(0)
+    with pytest.raises(ValueError):
+        rpc_wait.endpoints(helpers)
+    assert rpc_wait.endpoints("qwen3-235b-rpc-0:50052, x.ns.svc:1") == [("qwen3-235b-rpc-0", 50052), ("x.ns.svc", 1)]
+
+
+def test_the_wait_gives_up_past_its_deadline_naming_the_silent_helper():
+    port = free_port()
+    env = {"RPC_HELPERS": f"127.0.0.1:{port}", "RPC_WAIT_SECONDS": "1", "PATH": os.environ.get("PATH", "")}
+    out = subprocess.run([sys.executable, "-B", "-E", "-s", str(ROOT / "incluster" / "rpc_wait.py")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and f"127.0.0.1:{port}" in out.stderr
