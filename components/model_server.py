@@ -26,7 +26,8 @@ from planning.startup import StartupBudget
 from .meta import VALUE_NOTES_ANNOTATION, labels, metadata, selector, token, value_notes
 from .namespace import clients_policy
 from .admission_proxy import room_files
-from .pod import (KEY_FINGERPRINT_ANNOTATION, checkov_waivers, config_map_name, key_fingerprint, pod_programs, pod_spec,
+from .security import checkov_waivers
+from .pod import (KEY_FINGERPRINT_ANNOTATION, config_map_name, key_fingerprint, pod_programs, pod_spec,
                   programs_config_map_name)
 from .programs import PROGRAMS_ANNOTATION, code_hash, config_map_data, program_files
 from .rpc import SPLIT_LABEL, HelperArgs, RpcHelpers

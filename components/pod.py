@@ -17,10 +17,9 @@ from .meta import selector
 from .prefetch import CONTROL_VOLUME, hub_token_env, library_container, library_keeper, prefetch_container
 from .rpc import split_affinity, wait_container
 from .programs import PROGRAMS_DIR, volume_items
-from .security import CHECKOV_WAIVERS, CILIUM_WAIVER, CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH_ENV, SCRATCH_VOLUME
+from .security import (CONTAINER_SECURITY, HF_CACHE, HF_HOME_DIR, SCRATCH_EMPTY_DIR, SCRATCH_ENV, SCRATCH_VOLUME,
+                       pod_security, pool_nodes)
 
-RUN_AS = 1000  # any non-root UID; the cache volume is made group-writable for it through fsGroup
-# checkov's waivers (components/security.py) are written on the workload and its pods as checkov.io/skipN annotations.
 KEY_FINGERPRINT_ANNOTATION = "inference-plane/api-key-fingerprint"
 
 
@@ -32,15 +31,6 @@ def key_fingerprint(key: str) -> str:
     if key == OFFLINE_SECRET_PLACEHOLDER:
         return "offline-render"
     return hashlib.scrypt(key.encode(), salt=b"inference-plane/api-key", n=2**14, r=8, p=1, dklen=8).hex()
-
-
-def checkov_waivers(cni: str, pod: bool = False) -> dict[str, str]:
-    """The skip annotations: on the workload all of them, on its pods only the network-policy one
-    (checkov judges that check on the pod; fewer pod annotations, fewer rollouts when one changes)."""
-    waivers = {} if pod else dict(CHECKOV_WAIVERS)
-    if cni == "cilium":
-        waivers.update(CILIUM_WAIVER)
-    return {f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(sorted(waivers.items()), 1)}
 
 
 def _probe(path: str, period: int, **extra: int) -> dict:
@@ -156,17 +146,7 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
     ConfigMap), and ``programs`` the files of the in-cluster programs it runs (by path, mounted from its
     programs ConfigMap), each computed once by the component that also writes the ConfigMaps."""
     files = built.files
-    security: dict = {
-        "runAsNonRoot": True,
-        "runAsUser": RUN_AS,
-        "runAsGroup": RUN_AS,
-        # Makes the cache volume group-writable so the weights can be cached.
-        "fsGroup": RUN_AS,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-    if pool.supplemental_groups:
-        # The device nodes are root:render and root:video; a non-root process needs the groups.
-        security["supplementalGroups"] = list(pool.supplemental_groups)
+    security = pod_security(pool.supplemental_groups)
     volumes: list[dict] = []
     if model.workload.cache_volume is None:
         volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": cache.claim_name}})
@@ -214,7 +194,7 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         # template's programs annotation brings when their code changes (components/programs.py).
         volumes.append({"name": "programs", "configMap": {
             "name": programs_config_map_name(model), "items": volume_items(programs), "defaultMode": 0o444}})
-    volumes.append({"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}})
+    volumes.append(dict(SCRATCH_EMPTY_DIR))
     if admission is not None:
         volumes.append(dict(CONTROL_VOLUME))
     spec["volumes"] = volumes
@@ -222,16 +202,12 @@ def pod_spec(model: ModelServer, pool: NodePool, cache: ModelCacheConfig, plan: 
         # The NVIDIA container runtime is not every node's default (k3s, RKE2): without the class the
         # container starts without the driver's libraries and falls back to the CPU.
         spec["runtimeClassName"] = pool.runtime_class
-    nodes = dict(pool.node_labels)
-    if pool.instance_type:
-        nodes["node.kubernetes.io/instance-type"] = pool.instance_type
+    nodes = pool_nodes(pool, model.rpc.node if model.rpc is not None and plan.split is not None else None)
     if nodes:
         spec["nodeSelector"] = nodes
     if plan.split is not None:
         # The main server and its helpers each on a node of their own: the plan gave each a node's memory.
         spec["affinity"] = split_affinity(model.name)
-        if model.rpc is not None and model.rpc.node:
-            spec["nodeSelector"] = {**spec.get("nodeSelector", {}), "kubernetes.io/hostname": model.rpc.node}
     elif model.workload.one_per_node:
         # One engine per node: two would fight over one GPU and one pool of unified memory.
         spec["affinity"] = {

@@ -29,7 +29,8 @@ from planning.capacity import ServerPlan
 
 from .meta import labels, metadata
 from .programs import command
-from .security import CHECKOV_WAIVERS, CILIUM_WAIVER, CONTAINER_SECURITY
+from .security import (CONTAINER_SECURITY, SCRATCH_EMPTY_DIR, SCRATCH_ENV, SCRATCH_VOLUME, checkov_waivers, pod_security,
+                       pool_nodes)
 
 # On the main server's and every helper's pods: no two of them share a node (required anti-affinity).
 SPLIT_LABEL = "inference-plane/split"
@@ -38,7 +39,6 @@ HELPER_COMPONENT = RPC_HELPER_COMPONENT
 # own images do).
 RPC_SERVER_BINARY = "/app/ggml-rpc-server"
 TENSOR_CACHE = "/var/cache/ggml-rpc"
-RUN_AS = 1000
 
 
 # checkov's probe checks, waived on a helper with the reason (docs/guardrails.md lists every waiver).
@@ -48,12 +48,6 @@ NO_PROBE_WAIVERS = {
     "CKV_K8S_9": "ggml-rpc-server answers no health check; the split's readiness is the main server's, which loads its "
                  "blocks onto every helper before it answers /health (docs/rpc-split.md)",
 }
-
-
-def helper_waivers(cni: str) -> dict[str, str]:
-    """The model servers' waivers (components/pod.py) and the probe checks'."""
-    waivers = {**CHECKOV_WAIVERS, **NO_PROBE_WAIVERS, **(CILIUM_WAIVER if cni == "cilium" else {})}
-    return {f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(sorted(waivers.items()), 1)}
 
 
 def split_affinity(server_name: str) -> dict:
@@ -71,20 +65,13 @@ def wait_container(model: ModelServer, plan: ServerPlan, mounts: list[dict]) -> 
         "image": split.programs_image,
         "command": command("rpc_wait"),
         "env": [
-            {"name": "RPC_HELPERS", "value": helper_endpoints(model, plan)},
+            {"name": "RPC_HELPERS", "value": plan.helper_endpoints(split.port)},
             {"name": "RPC_WAIT_SECONDS", "value": str(split.wait_seconds)},
         ],
         "securityContext": dict(CONTAINER_SECURITY),
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
         "volumeMounts": mounts,
     }
-
-
-def helper_endpoints(model: ModelServer, plan: ServerPlan) -> str:
-    """--rpc's value: each helper's Service and port, in llama.cpp's device order."""
-    if not (model.rpc is not None and plan.split is not None):
-        raise ValueError("components/rpc.py: a split server without its split plan")
-    return ",".join(f"{plan.helper_name(i)}:{model.rpc.port}" for i in range(len(plan.split.helpers)))
 
 
 @dataclass(frozen=True)
@@ -112,9 +99,9 @@ def helper_pod(args: HelperArgs, index: int) -> tuple[dict, dict]:
     if share.backend != "cpu" and pool.gpu_resource:
         resources["requests"][pool.gpu_resource] = resources["limits"][pool.gpu_resource] = "1"
     server_args = ["-H", "0.0.0.0", "-p", str(split.port), "-t", str(helper.threads)]
-    mounts: list[dict] = [{"name": "scratch", "mountPath": "/tmp"}]
-    volumes: list[dict] = [{"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}]
-    env = [{"name": "XDG_CACHE_HOME", "value": "/tmp/cache"}]
+    mounts: list[dict] = [dict(SCRATCH_VOLUME)]
+    volumes: list[dict] = [dict(SCRATCH_EMPTY_DIR)]
+    env = list(SCRATCH_ENV)
     if split.tensor_cache:
         # -c: what the main server sends is kept by hash ($LLAMA_CACHE/rpc/), so its restart sends hashes, not
         # the helper's blocks, over the link. Sized for the blocks it holds.
@@ -123,10 +110,7 @@ def helper_pod(args: HelperArgs, index: int) -> tuple[dict, dict]:
         mounts.append({"name": "tensor-cache", "mountPath": TENSOR_CACHE})
         volumes.append({"name": "tensor-cache",
                         "emptyDir": {"sizeLimit": f"{math.ceil(share.memory.weights_gib * 1.05) + 1}Gi"}})
-    security: dict = {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
-                      "seccompProfile": {"type": "RuntimeDefault"}}
-    if pool.supplemental_groups and share.backend != "cpu":
-        security["supplementalGroups"] = list(pool.supplemental_groups)
+    security = pod_security(pool.supplemental_groups if share.backend != "cpu" else ())
     spec: dict = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -145,11 +129,7 @@ def helper_pod(args: HelperArgs, index: int) -> tuple[dict, dict]:
         "volumes": volumes,
         "affinity": split_affinity(model.name),
     }
-    nodes = dict(pool.node_labels)
-    if pool.instance_type:
-        nodes["node.kubernetes.io/instance-type"] = pool.instance_type
-    if helper.node:
-        nodes["kubernetes.io/hostname"] = helper.node
+    nodes = pool_nodes(pool, helper.node)
     if nodes:
         spec["nodeSelector"] = nodes
     if pool.runtime_class and share.backend != "cpu":
@@ -195,7 +175,7 @@ class RpcHelpers:
             template, pod_labels = helper_pod(args, index)
             meta = metadata(helper, args.namespace, helper, HELPER_COMPONENT)
             workload_meta = metadata(helper, args.namespace, helper, HELPER_COMPONENT,
-                                     annotations=helper_waivers(args.cluster.cni))
+                                     annotations=checkov_waivers(args.cluster.cni, extra=NO_PROBE_WAIVERS))
             self.workloads.append(k8s.apps.v1.Deployment(f"{name}-rpc-{index}", metadata=workload_meta, spec={
                 "replicas": 1,
                 # One helper: a second would hold its blocks again beside the first.

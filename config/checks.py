@@ -116,7 +116,7 @@ def model_problems(model: ModelServer, path: str, pools: dict[str, NodePool]) ->
     problems += workload_problems(model.workload, f"{path}.workload", model.node_pool, pool)
     problems += resources_problems(model.resources, f"{path}.resources")
     if model.rpc is not None:
-        problems += rpc_problems(model, f"{path}.rpc", pools)
+        problems += rpc_problems(model, path, pools)
     return problems
 
 
@@ -125,25 +125,27 @@ RPC_IMAGE_FIX = ("llama.cpp's published images are built without GGML_RPC (.devo
                  "BACKEND=...; docs/rpc-split.md) and set the image it pushes, pinned")
 
 
-def rpc_problems(model: ModelServer, path: str, pools: dict[str, NodePool]) -> list[Problem]:
-    """A split over nodes (config/rpc.py): one main server, helpers on distinct nodes, images with RPC."""
+def rpc_problems(model: ModelServer, server: str, pools: dict[str, NodePool]) -> list[Problem]:
+    """A split over nodes (config/rpc.py): one main server, helpers on distinct nodes, images with RPC. ``server``:
+    the server's config path."""
     split = model.rpc
     if not (split is not None):
         raise ValueError("config/checks.py: a split was asked for with no rpc block")
+    path = f"{server}.rpc"
     problems: list[Problem] = []
     if model.on_demand is not None:
         problems.append((path, "a router of models on demand cannot split a model over nodes; serve the split model "
                          "from a server of its own (remove on_demand or rpc)"))
     if model.workload.replicas != 1:
-        problems.append((f"{path[:-4]}.workload.replicas", "a split model runs one main server (its helpers serve one "
+        problems.append((f"{server}.workload.replicas", "a split model runs one main server (its helpers serve one "
                          "client at a time); set replicas: 1"))
     if model.gpus != 1:
-        problems.append((f"{path[:-4]}.gpus", "a split puts one device per node; set gpus: 1"))
+        problems.append((f"{server}.gpus", "a split puts one device per node; set gpus: 1"))
     if model.cpu_moe_layers is not None:
-        problems.append((f"{path[:-4]}.cpu_moe_layers", "experts in RAM and a split over nodes are not planned together; "
+        problems.append((f"{server}.cpu_moe_layers", "experts in RAM and a split over nodes are not planned together; "
                          "remove cpu_moe_layers (the split gives each node what fits in its memory)"))
     if backend_of_image(model.image) is not None:
-        problems.append((f"{path[:-4]}.image", RPC_IMAGE_FIX))
+        problems.append((f"{server}.image", RPC_IMAGE_FIX))
     members: dict[str, int] = {model.node_pool: 1}
     named: dict[str, str] = {split.node: path + ".node"} if split.node else {}
     for index, helper in enumerate(split.helpers):

@@ -246,12 +246,13 @@ class LlamaCpp(Engine):
         problems = problems + found
         if split is None:
             return None, problems
-        warnings = () if decode is not None or model.rpc is None or model.rpc.link is None else (
-            f"{path}.rpc: {MOE_SPLIT_UNPREDICTED}" if facts.expert_params_b or facts.active_params_b else
-            f"{path}.rpc: no decode figure (a node's decode is not modelled for its backend)",)
+        warnings: tuple[str, ...] = ()
         if model.rpc is not None and model.rpc.link is None:
             warnings = (f"{path}.rpc.link: not given, so the split's decode is not predicted; measure the link between "
                         "the nodes (make link-profile) and set rtt_ms and gbps",)
+        elif decode is None:
+            warnings = (f"{path}.rpc: {MOE_SPLIT_UNPREDICTED}" if facts.expert_params_b or facts.active_params_b else
+                        f"{path}.rpc: no decode figure (a node's decode is not modelled for its backend)",)
         return Estimate(
             memory=split.main.memory, vram=None, weights=model.weights or weights_quantity(weights_bytes(model, facts)),
             read_per_token=None, decode_predicted_tok_s={k: low for k, (low, _) in decode.items()} if decode else None,
@@ -355,7 +356,7 @@ class LlamaCpp(Engine):
             # The helpers' Services, in llama.cpp's device order, and the blocks each holds (the main server's own
             # device last, with the output layer: engines/llamacpp_rpc.py split_for_layers). Explicit, so llama.cpp's
             # --fit (on by default) keeps them.
-            args += ["--rpc", ",".join(f"{plan.helper_name(i)}:{model.rpc.port}" for i in range(len(split.helpers))),
+            args += ["--rpc", plan.helper_endpoints(model.rpc.port),
                      "--split-mode", "layer", "--tensor-split", ",".join(map(str, split.tensor_split))]
         if model.cpu_moe_layers:
             args += ["--n-cpu-moe", str(model.cpu_moe_layers)]

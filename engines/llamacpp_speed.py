@@ -348,9 +348,7 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
 def quantized_kv_type(model: "ModelServer") -> Optional[str]:
     """The server's cache type where it is quantized (K and V of one type: engines/llamacpp.py refuses a pair on
     CUDA), else None."""
-    kind = model.cache_type_k or model.cache_type_v
-    quantized = [t for t in (model.cache_type_k, model.cache_type_v) if t not in (None, "f16", "bf16", "f32")]
-    return (quantized[0] if quantized else None) if kind else None
+    return next((t for t in (model.cache_type_k, model.cache_type_v) if t not in (None, "f16", "bf16", "f32")), None)
 
 
 def quantized_kv_terms(model: "ModelServer", facts: "ModelFacts", main: Optional[DecodeProfile],

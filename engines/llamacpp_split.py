@@ -13,7 +13,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Optional
 
-from common.quantity import GIB, MIB
+from common.quantity import GIB
 from config.gpus import BACKEND_OVERHEAD
 from planning.capacity import node_offers_gib
 from planning.memory import MemoryEstimate, Split, SplitMember
@@ -76,7 +76,7 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
     compute = compute_bytes(model, facts) or 0.0
     # What each device holds before its blocks, with the output layer on the last (a probe split: the pipeline's
     # copies depend only on there being more than one device).
-    probe, fixed_host = split_memory(model, facts, [0] * len(devices), len(devices) - 1, [compute] * len(devices))
+    probe, fixed_host = split_memory(model, facts, [0] * len(devices), len(devices) - 1, compute)
     fixed = [d.compute + (output_bytes if i == len(devices) - 1 else 0.0) for i, d in enumerate(probe)]
     host = fixed_host.model + fixed_host.compute + host_caches
     rooms = [node_offers_gib(pool) * GIB for pool, *_ in devices]
@@ -109,7 +109,7 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
     out = output_device(facts.layers, tensor_split)
     if not (layers_per_device(facts.layers, tensor_split) == counts and out == len(counts) - 1):
         raise ValueError("engines/llamacpp_split.py: the split estimate")
-    buffers, host_buffers = split_memory(model, facts, counts, out, [compute] * len(counts))
+    buffers, host_buffers = split_memory(model, facts, counts, out, compute)
     made: list[SplitMember] = []
     for index, ((pool, key, node, backend, _), device, room) in enumerate(zip(devices, buffers, rooms)):
         overhead = _overhead(backend, device.model, device.compute)

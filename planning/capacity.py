@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
 from common.errors import CapacityError
 from common.quantity import Quantity, gib
 
-from .split import helper_name
+from .split import helper_endpoints, helper_name
 from .memory import VRAM_PLAN_MOST_UNDER_GIB, Estimate, MemoryEstimate, OnRequest, Split, VramEstimate
 from .residency import ADMISSION_MEMORY_REQUEST, KEEPER_MEMORY_REQUEST, Residency, ResidentModel, limit_gib, plan_residency, summed_estimate, summed_vram
 from .startup import StartupBudget, startup_budget, swap_seconds
@@ -103,6 +103,9 @@ class ServerPlan:
 
     def helper_name(self, index: int) -> str:
         return helper_name(self.name, index)
+
+    def helper_endpoints(self, port: int) -> str:
+        return helper_endpoints(self.name, len(self.split.helpers) if self.split is not None else 0, port)
 
     def helper_memory(self, index: int) -> Quantity:
         """Helper ``index``'s memory request and limit: its estimate and the derived limit's headroom."""

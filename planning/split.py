@@ -8,6 +8,12 @@ def helper_name(server: str, index: int) -> str:
     return f"{server}-rpc-{index}"
 
 
+def helper_endpoints(server: str, helpers: int, port: int) -> str:
+    """llama-server's --rpc value: each helper's Service and port, in llama.cpp's device order (the main server's flag
+    and its wait for the helpers name the same)."""
+    return ",".join(f"{helper_name(server, i)}:{port}" for i in range(helpers))
+
+
 def estimates_by_workload(plan: dict) -> dict[str, dict]:
     """Each workload's memory estimate in a plan's dict (CapacityPlan.to_dict): the servers' and their split helpers'."""
     out = {s["name"]: s["estimate"] for s in plan["servers"].values()}

@@ -35,7 +35,6 @@ def node_label(node: dict) -> str:
 
 def plan_svg(plan: dict) -> str:
     nodes = plan["nodes"]
-    servers = {s["name"]: s for s in plan["servers"].values()}
     estimates = estimates_by_workload(plan)
     scale = (WIDTH - LABEL - 20) / max([n["offers_gib"] for n in nodes] + [g["vram_gib"] for n in nodes for g in n.get("gpus", [])] or [1])
     gpu_rows = [(node, gpu) for node in nodes for gpu in node.get("gpus", [])]

@@ -79,7 +79,6 @@ def test_the_main_server_and_its_helpers_never_share_a_node(split_run):
     members = [o for o in of(objects, "Deployment") if "inference-plane/split" in o["spec"]["template"]["metadata"]["labels"]]
     assert len(members) == 2
     for member in members:
-        labels = member["spec"]["template"]["metadata"]["labels"]
         term = member["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
         assert term["topologyKey"] == "kubernetes.io/hostname"
         # Each repels every member of the split, itself included (one per node).

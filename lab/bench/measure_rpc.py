@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 from lab.contract.real_shape import expected_weights_bytes, write_real_shape
+from lab.contract.server import stop
 
 RPC_PORT, RELAY_PORT, PROBE_PORT, PROBE_RELAY_PORT, SERVER_PORT = 50052, 50060, 50070, 50071, 50080
 # llama.cpp's load report, one line per buffer: "<device> model buffer size = X MiB", "<device> KV buffer size =
@@ -50,13 +50,7 @@ def _start(cmd: list[str], log: Path) -> subprocess.Popen:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    stop(proc, group=True)
 
 
 def relay(port: int, to: int, link: dict, log: Path) -> subprocess.Popen:

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 from lab.contract.repo_shapes import REPO_PROJECTORS, REPO_SHAPES
+from lab.contract.server import stop
 
 # Beyond the shipped servers: (case, the shipped server it varies, the settings changed). Chosen to vary
 # what the VRAM plan depends on: tied and untied embeddings, width and depth, quant, context and
@@ -209,12 +208,7 @@ def measure(spec: dict, binary: str, folder: Path, deadline: float) -> dict:
             row["request_status"] = post(f"http://127.0.0.1:{port}/completion", {"prompt": words, "n_predict": 8})
         row["smi_after_request_mib"] = smi_process_mib(proc.pid)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop(proc, 30, group=True)
     text = log.read_text(errors="replace")
     row["buffers"] = [[m["buft"], m["kind"], float(m["mib"])] for m in BUFFER.finditer(text)]
     row["buffer_lines"] = [line.strip()[-160:] for line in text.splitlines() if "buffer size" in line][:40]

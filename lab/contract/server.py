@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -114,13 +115,22 @@ def local_args(args: list[str], model: Optional[Path], port: int, key_file: Opti
     return out
 
 
-def stop(proc: subprocess.Popen, seconds: float = 10) -> None:
-    """SIGTERM, and SIGKILL if it has not exited within ``seconds``; reaped either way."""
-    proc.terminate()
+def stop(proc: subprocess.Popen, seconds: float = 10, group: bool = False) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within ``seconds``; reaped either way. ``group``: the signals go
+    to its whole process group (a program started with start_new_session, and what it started), while it runs."""
+    def send(sig: int) -> None:
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+
+    if group and proc.poll() is not None:
+        return  # exited and reaped: its group may be gone with it
+    send(signal.SIGTERM)
     try:
         proc.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        send(signal.SIGKILL)
         proc.wait()
 
 
