@@ -68,3 +68,43 @@ def test_the_wait_gives_up_past_its_deadline_naming_the_silent_helper():
     out = subprocess.run([sys.executable, "-B", "-E", "-s", str(ROOT / "incluster" / "rpc_wait.py")], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and f"127.0.0.1:{port}" in out.stderr
+
+
+def test_the_probe_server_drops_a_stalled_an_oversized_and_a_garbled_client_and_keeps_serving(monkeypatch):
+    """tools/link_probe.py serve faces whatever connects to its port on a node: a client that sends nothing is
+    dropped after TIMEOUT_S, an announced transfer over MAX_BULK and an unknown opcode at once, and the next client
+    is measured as usual."""
+    import socket
+    import struct
+    import threading
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import link_probe
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setattr(link_probe, "TIMEOUT_S", 0.5)
+    port = free_port()
+    threading.Thread(target=link_probe.serve, args=(port, False, "127.0.0.1"), daemon=True).start()
+    assert wait_port(port, time.monotonic() + 10)
+
+    def closed_by_server(sock: socket.socket, seconds: float) -> bool:
+        sock.settimeout(seconds)
+        try:
+            return sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    stalled = socket.create_connection(("127.0.0.1", port))
+    started = time.monotonic()
+    assert closed_by_server(stalled, 5) and time.monotonic() - started < 3
+    # From here a silent client would be kept 30 s: what closes these within 2 s is the check each one fails.
+    monkeypatch.setattr(link_probe, "TIMEOUT_S", 30)
+    oversized = socket.create_connection(("127.0.0.1", port))
+    oversized.sendall(link_probe.BULK + struct.pack("!Q", link_probe.MAX_BULK + 1))
+    assert closed_by_server(oversized, 2)
+    garbled = socket.create_connection(("127.0.0.1", port))
+    garbled.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    assert closed_by_server(garbled, 2)
+    figures = link_probe.measure("127.0.0.1", port, 5, 1)
+    assert figures["rtt_ms"] > 0 and figures["gbps"] > 0
