@@ -52,11 +52,7 @@ def test_the_probe_says_what_to_run_when_nothing_listens():
 
 @pytest.mark.parametrize("helpers", ["", "host", "host:", "host:0", "host:70000", "a:1,b", ",".join(["h:1"] * 17)])
 def test_the_wait_refuses_anything_but_a_host_port_list(helpers):
-    sys.path.insert(0, str(ROOT / "incluster"))
-    try:
-        import rpc_wait
-    finally:
-        sys.path.pop(0)
+    from incluster import rpc_wait  # standard library alone: importable as the program's module too
     with pytest.raises(ValueError):
         rpc_wait.endpoints(helpers)
     assert rpc_wait.endpoints("qwen3-235b-rpc-0:50052, x.ns.svc:1") == [("qwen3-235b-rpc-0", 50052), ("x.ns.svc", 1)]
@@ -78,11 +74,7 @@ def test_the_probe_server_drops_a_stalled_an_oversized_and_a_garbled_client_and_
     import struct
     import threading
 
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import link_probe
-    finally:
-        sys.path.pop(0)
+    from tools import link_probe
     monkeypatch.setattr(link_probe, "TIMEOUT_S", 0.5)
     port = free_port()
     threading.Thread(target=link_probe.serve, args=(port, False, "127.0.0.1"), daemon=True).start()
