@@ -69,9 +69,16 @@ def split_for_layers(counts: Sequence[int]) -> list[int]:
 # Qwen3-30B-A3B against the plan's whole-model figure). A per-block cost, the model frozen before that lease, did not
 # hold there (Llama-3.1-8B split 1/3 paid as much as Qwen3-14B split 1/1): it is per token, and it is the host's.
 RPC_TOKEN_MS = (0.7, 2.1)
-# Bytes of framing per tensor sent (a serialised rpc_tensor and the command's header) and tensors sent per token.
-RPC_FRAMING_BYTES = 313
-RPC_INPUTS_PER_TOKEN = 4  # hidden state, mask, KV indices, positions (ggml-rpc.cpp: set_tensor per graph input)
+# What a token's requests to one RPC device carry beyond their data (ggml-rpc.cpp b10729: a command is 1 byte and
+# an 8-byte size before its data; a serialised rpc_tensor is 296 bytes). Counted on the real split by
+# tests/test_rpc_contract.py (lab/bench/link_relay.py reads the commands): per token and device, 5 SET_TENSOR (the
+# hidden state, the mask, the K and V cell indices, the positions; a sixth, the rows to output, where the output
+# layer is), one GRAPH_RECOMPUTE (the graph is re-sent only
+# when the mask's cells change, every 256 positions) and one GET_TENSOR, whose answer the main server waits for.
+RPC_SET_FRAMING = 9 + 296 + 8       # header, tensor, offset
+RPC_GET_REQUEST = 9 + 296 + 8 + 8   # header, tensor, offset, size
+RPC_RECOMPUTE_REQUEST = 9 + 4       # header, device
+RPC_INPUTS_PER_TOKEN = 5
 
 
 @dataclass(frozen=True)
@@ -86,8 +93,11 @@ class Link:
 def token_bytes(n_embd: int, depth: int, logits: int = 0) -> tuple[float, float]:
     """(to the helper, back) per generated token for one RPC device at this context depth (flash attention on);
     logits: the vocabulary, where this device holds the output layer (its logits come back, 4 bytes each)."""
-    cells = -(-(depth + 1) // 256) * 256  # the mask covers the KV cells in use, padded to 256
-    up = n_embd * 4 + cells * 2 + 3 * 8 + RPC_INPUTS_PER_TOKEN * RPC_FRAMING_BYTES
+    cells = -(-(depth + 1) // 256) * 256  # the mask covers the KV cells in use, padded to 256 (f16, 2 bytes a cell)
+    data = n_embd * 4 + cells * 2 + 2 * 8 + 4  # hidden state (f32), mask, K and V cell indices (i64), position (i32)
+    up = data + RPC_INPUTS_PER_TOKEN * RPC_SET_FRAMING + RPC_RECOMPUTE_REQUEST + RPC_GET_REQUEST
+    if logits:
+        up += RPC_SET_FRAMING + 4  # the output layer's device also gets the rows to output (i32 each)
     down = (logits if logits else n_embd) * 4 + 8
     return float(up), float(down)
 

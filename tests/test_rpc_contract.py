@@ -144,3 +144,70 @@ def test_the_rendered_split_holds_what_the_plan_says_and_recovers_from_a_helper_
         for helper in helpers:
             if helper.poll() is None:
                 stop(helper)
+
+
+def test_what_crosses_the_link_per_generated_token_is_what_the_plan_counts(binary, tmp_path):
+    """The link term of the split's decode (engines/llamacpp_rpc.py token_bytes: per token and RPC device, the
+    hidden state and the mask up, the device's output back, one answer waited for) held to what the rendered split
+    really sends: each helper behind lab/bench/link_relay.py, which counts bytes and reads the RPC commands. Three
+    requests with the same 300-token prompt, 1, 4 and 36 tokens generated; the later two find the prompt in the
+    slot's cache, so the difference between them is 32 tokens of decode at a depth of 300-336 (KV cells 0-335 in use:
+    a mask of 512 cells, llama-kv-cache.cpp get_n_kv pads to 256)."""
+    import json
+    import threading
+
+    from engines.llamacpp_rpc import token_bytes
+    from lab.bench.link_relay import Traffic, serve
+
+    run = run_values(split_values(), stack="rpc-cpu")
+    main_args = rendered(run, "split-chat")["spec"]["template"]["spec"]["containers"][0]["args"]
+    helper_args = [rendered(run, f"split-chat-rpc-{i}")["spec"]["template"]["spec"]["containers"][0]["args"] for i in range(2)]
+    split = run.outputs["capacity_plan"]["servers"]["chat"]["split"]
+    # No GPU on the main server: every block and the output layer are on the helpers, the output on the last.
+    assert split["main"]["blocks"] == 0 and [h["output"] for h in split["helpers"]] == [False, True]
+    model = write_real_shape("qwen3-1.7b", tmp_path / "qwen3-1.7b.gguf", "Q4_K_M")
+    ports, relays, traffic = [free_port(), free_port()], [free_port(), free_port()], [Traffic(), Traffic()]
+    helpers = [start_helper(binary.parent, helper_args[i], ports[i], tmp_path / f"cache-{i}", tmp_path / f"helper-{i}.log")
+               for i in range(2)]
+    for i in range(2):
+        listening = threading.Event()
+        threading.Thread(target=serve, args=(("127.0.0.1", relays[i]), ("127.0.0.1", ports[i]), 0, 0, traffic[i], listening),
+                         daemon=True).start()
+        assert listening.wait(10)
+    main_port, main = free_port(), None
+    try:
+        main = start_main(binary, main_args, model, ",".join(f"127.0.0.1:{p}" for p in relays), main_port, tmp_path / "main.log")
+        wait_listening(main, tmp_path / "main.log")
+        prompt = [100] * 300
+
+        def generate(n: int) -> list[list[dict]]:
+            """Each helper's rounds (what the main server sent until it had an answer, and the answer) on the
+            connection that computes: the one with the most rounds."""
+            marks = [t.mark() for t in traffic]
+            answer = request(f"http://127.0.0.1:{main_port}/completion",
+                             {"prompt": prompt, "n_predict": n, "ignore_eos": True, "cache_prompt": False}, timeout=300)
+            assert answer.status == 200 and json.loads(answer.body)["timings"]["predicted_n"] == n
+            return [max(t.since(m).values(), key=len) for t, m in zip(traffic, marks)]
+
+        generate(1)  # the first request at a prompt length; not counted
+        for device, rounds in enumerate(generate(36)):
+            # The last 32 rounds are 32 tokens of decode at depths 304-335 (the first tokens' rounds follow the
+            # prompt's); each is one answer waited for (GET_TENSOR) after a graph computed.
+            decode = rounds[-32:]
+            assert all(r["commands"].get("GET_TENSOR") == 1 for r in decode), decode
+            assert all(r["commands"].get("GRAPH_RECOMPUTE", 0) + r["commands"].get("GRAPH_COMPUTE", 0) == 1 for r in decode)
+            # The graph is reused (recomputed by id, not re-sent) while the mask's cells stay the same.
+            resent = [r for r in decode if r["commands"].get("GRAPH_COMPUTE")]
+            assert len(resent) <= 1, resent
+            up, down = token_bytes(2048, 320, 151936 if split["helpers"][device]["output"] else 0)
+            sent = sorted(r["up"] for r in decode if not r["commands"].get("GRAPH_COMPUTE"))
+            received = sorted(r["down"] for r in decode)
+            print(f"rpc helper {device} per token: plan up {up:.0f} down {down:.0f} B, relay up {sent[0]}-{sent[-1]} "
+                  f"down {received[0]}-{received[-1]} B; graph re-sent {[r['up'] for r in resent]}")
+            assert all(x == pytest.approx(up, rel=0.01) for x in sent), (device, sent)
+            assert all(x == pytest.approx(down, rel=0.01) for x in received), (device, received)
+    finally:
+        if main is not None and main.poll() is None:
+            stop(main)
+        for helper in helpers:
+            stop(helper)

@@ -7,18 +7,119 @@ measured over 1, 2.5 and 10 GbE and USB4-like links (issue #47). tools/link_prob
 
 One thread per direction per connection: the shaping is timed with perf_counter, and a write is made when its
 bytes have arrived; chunks are at most 64 KiB, so a chunk's own time on a 1 GbE wire is about 0.5 ms.
+
+It also counts what crosses it (Traffic; --stats writes the counts as JSON): bytes each way; exchanges, the
+times the far side answered after the near side had sent (a round trip the near side may wait on), each kept as a
+round (what went up, what came back); and, where the near side speaks llama.cpp's RPC protocol, its commands by name (each request is | command, 1 byte | size, 8 bytes
+little-endian | data |, ggml/src/ggml-rpc/ggml-rpc.cpp b10729). That is what engines/llamacpp_rpc.py's per-token
+bytes and round trips are held to (tests/test_rpc_contract.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
+import os
 import socket
 import sys
 import threading
 import time
 
 CHUNK = 64 << 10
+# enum rpc_cmd, ggml-rpc.cpp b10729, in order (RPC_CMD_HELLO must be 14 there).
+RPC_COMMANDS = ("ALLOC_BUFFER", "GET_ALIGNMENT", "GET_MAX_SIZE", "BUFFER_GET_BASE", "FREE_BUFFER", "BUFFER_CLEAR",
+                "SET_TENSOR", "SET_TENSOR_HASH", "GET_TENSOR", "COPY_TENSOR", "GRAPH_COMPUTE", "GET_DEVICE_MEMORY",
+                "INIT_TENSOR", "GET_ALLOC_SIZE", "HELLO", "DEVICE_COUNT", "GRAPH_RECOMPUTE", "MEMSET_TENSOR")
+
+
+ROUNDS_KEPT = 4096  # per connection, the latest
+
+
+class _Requests:
+    """Reads one connection's request stream as RPC commands, counting each command and its data bytes."""
+
+    def __init__(self) -> None:
+        self.header = b""
+        self.left = 0
+
+    def feed(self, data: bytes) -> list[tuple[str, int]]:
+        """The commands whose headers complete in this chunk: (name, data bytes)."""
+        found = []
+        view = memoryview(data)
+        while view:
+            if self.left:
+                take = min(self.left, len(view))
+                self.left -= take
+                view = view[take:]
+                continue
+            need = 9 - len(self.header)
+            self.header += bytes(view[:need])
+            view = view[need:]
+            if len(self.header) == 9:
+                code, size = self.header[0], int.from_bytes(self.header[1:], "little")
+                found.append((RPC_COMMANDS[code] if code < len(RPC_COMMANDS) else f"unknown-{code}", size))
+                self.header, self.left = b"", size
+        return found
+
+
+class Traffic:
+    """Bytes each way (up: from the side that connects, down: back) and exchanges (down after up) over all
+    connections, as the relay received them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.up = self.down = self.exchanges = self.connections = 0
+        self.commands: collections.Counter = collections.Counter()
+        self.command_bytes: collections.Counter = collections.Counter()
+        self._last: dict[int, str] = {}
+        self._requests: dict[int, _Requests] = collections.defaultdict(_Requests)
+        # connection -> its rounds: {"up": bytes, "down": bytes, "commands": {name: count}}, a new one begun
+        # whenever the near side sends after an answer.
+        self.rounds: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=ROUNDS_KEPT))
+        self._begun: collections.Counter = collections.Counter()
+
+    def count(self, connection: int, direction: str, data: bytes) -> None:
+        size = len(data)
+        with self.lock:
+            rounds = self.rounds[connection]
+            if direction == "up":
+                if not rounds or self._last.get(connection) == "down":
+                    rounds.append({"up": 0, "down": 0, "commands": collections.Counter()})
+                    self._begun[connection] += 1
+                self.up += size
+                rounds[-1]["up"] += size
+                for name, nbytes in self._requests[connection].feed(data):
+                    self.commands[name] += 1
+                    self.command_bytes[name] += nbytes
+                    rounds[-1]["commands"][name] += 1
+            else:
+                self.down += size
+                if rounds:
+                    rounds[-1]["down"] += size
+                if self._last.get(connection) == "up":
+                    self.exchanges += 1
+            self._last[connection] = direction
+
+    def mark(self) -> dict[int, int]:
+        """Where each connection's rounds stand, for since()."""
+        with self.lock:
+            return dict(self._begun)
+
+    def since(self, mark: dict[int, int]) -> dict[int, list[dict]]:
+        """Each connection's rounds begun after the mark (at most ROUNDS_KEPT), oldest first."""
+        with self.lock:
+            out = {}
+            for connection, begun in self._begun.items():
+                new = min(begun - mark.get(connection, 0), len(self.rounds[connection]))
+                if new > 0:
+                    out[connection] = [dict(r, commands=dict(r["commands"])) for r in list(self.rounds[connection])[-new:]]
+            return out
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return {"up": self.up, "down": self.down, "exchanges": self.exchanges, "connections": self.connections,
+                    "commands": dict(self.commands), "command_bytes": dict(self.command_bytes)}
 
 
 def _sleep_until(when: float) -> None:
@@ -29,7 +130,8 @@ def _sleep_until(when: float) -> None:
         time.sleep(left if left > 0.002 else 0)  # spin the last 2 ms: sleep() overshoots by ~0.1 ms
 
 
-def _pump(src: socket.socket, dst: socket.socket, bytes_per_s: float, delay_s: float) -> None:
+def _pump(src: socket.socket, dst: socket.socket, bytes_per_s: float, delay_s: float,
+          count=lambda data: None) -> None:
     """src -> dst through the shaped wire: a reader stamps each chunk with its arrival, a writer waits for it."""
     queue: collections.deque = collections.deque()
     ready = threading.Condition()
@@ -42,6 +144,7 @@ def _pump(src: socket.socket, dst: socket.socket, bytes_per_s: float, delay_s: f
                 data = src.recv(CHUNK)
                 if not data:
                     break
+                count(data)
                 now = time.perf_counter()
                 start = max(now, wire_free)
                 wire_free = start + (len(data) / bytes_per_s if bytes_per_s else 0.0)
@@ -80,18 +183,39 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def serve(listen: tuple[str, int], target: tuple[str, int], gbps: float, delay_ms: float) -> None:
+def serve(listen: tuple[str, int], target: tuple[str, int], gbps: float, delay_ms: float,
+          traffic: Traffic | None = None, listening: threading.Event | None = None) -> None:
     rate = gbps * 1e9 / 8 if gbps > 0 else 0.0
+    traffic = traffic or Traffic()
     with socket.create_server(listen) as server:
         print(f"link_relay: {listen[0]}:{listen[1]} -> {target[0]}:{target[1]} at {gbps or 'unlimited'} Gbit/s, "
               f"{delay_ms} ms each way", flush=True)
+        if listening is not None:
+            listening.set()
         while True:
             client, _ = server.accept()
             upstream = socket.create_connection(target)
             for sock in (client, upstream):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(a, b, rate, delay_ms / 1e3), daemon=True).start()
+            with traffic.lock:
+                traffic.connections += 1
+                connection = traffic.connections
+            for a, b, direction in ((client, upstream, "up"), (upstream, client, "down")):
+                def count(data: bytes, direction: str = direction) -> None:
+                    traffic.count(connection, direction, data)
+                threading.Thread(target=_pump, args=(a, b, rate, delay_ms / 1e3, count), daemon=True).start()
+
+
+def _write_stats(traffic: Traffic, path: str) -> None:
+    last = None
+    while True:
+        now = traffic.snapshot()
+        if now != last:
+            with open(path + ".tmp", "w") as out:
+                json.dump(now, out)
+            os.replace(path + ".tmp", path)
+            last = now
+        time.sleep(0.2)
 
 
 def main(argv: list[str]) -> int:
@@ -100,8 +224,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--to", required=True)
     parser.add_argument("--gbps", type=float, default=0.0, help="0: no rate limit")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="one way")
+    parser.add_argument("--stats", help="a file to keep the traffic counts in (JSON, rewritten as they change)")
     args = parser.parse_args(argv)
-    serve(_address(args.listen), _address(args.to), args.gbps, args.delay_ms)
+    traffic = Traffic()
+    if args.stats:
+        threading.Thread(target=_write_stats, args=(traffic, args.stats), daemon=True).start()
+    serve(_address(args.listen), _address(args.to), args.gbps, args.delay_ms, traffic)
     return 0
 
 

@@ -53,9 +53,10 @@ def _stop(proc: subprocess.Popen) -> None:
     stop(proc, group=True)
 
 
-def relay(port: int, to: int, link: dict, log: Path) -> subprocess.Popen:
+def relay(port: int, to: int, link: dict, log: Path, stats: Path | None = None) -> subprocess.Popen:
     proc = _start([sys.executable, "-m", "lab.bench.link_relay", "--listen", f"127.0.0.1:{port}", "--to", f"127.0.0.1:{to}",
-                   "--gbps", str(link.get("gbps", 0)), "--delay-ms", str(link.get("delay_ms", 0))], log)
+                   "--gbps", str(link.get("gbps", 0)), "--delay-ms", str(link.get("delay_ms", 0)),
+                   *(["--stats", str(stats)] if stats else [])], log)
     wait_port(port, time.monotonic() + 10)
     return proc
 
@@ -98,6 +99,30 @@ def memory_report(bin_dir: Path, model: Path, endpoint: str, split: str, ctx: in
     return {"buffers": buffers, "log_tail": text.splitlines()[-5:] if not buffers else []}
 
 
+def _per_depth(args: list[str]) -> list[list[str]]:
+    """llama-bench arguments split into one list per depth of "-d a,b,...": ["-d", "a"], ["-d", "b"], ..."""
+    if "-d" not in args:
+        return [args]
+    i = args.index("-d")
+    return [args[:i] + ["-d", depth] + args[i + 2:] for depth in args[i + 1].split(",")]
+
+
+def _read_stats(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _stats_delta(before: dict, after: dict) -> dict:
+    """What crossed the relay between two of its counts: bytes each way, exchanges, commands (and their bytes)."""
+    out = {key: after.get(key, 0) - before.get(key, 0) for key in ("up", "down", "exchanges")}
+    for key in ("commands", "command_bytes"):
+        was = before.get(key, {})
+        out[key] = {name: n - was.get(name, 0) for name, n in after.get(key, {}).items() if n != was.get(name, 0)}
+    return out
+
+
 def run(bin_dir: Path, jobs: list[dict], out_path: Path, max_seconds: float) -> list[dict]:
     deadline = time.monotonic() + max_seconds
     rows: list[dict] = []
@@ -126,16 +151,28 @@ def run(bin_dir: Path, jobs: list[dict], out_path: Path, max_seconds: float) -> 
                         rows.append({"job": job["shape"], "link": link, "error": "out of time"})
                         continue
                     figures = probe(link, tmp)
-                    shaped = relay(RELAY_PORT, RPC_PORT, link, tmp / "relay.log")
+                    stats = tmp / "relay-stats.json"
+                    shaped = relay(RELAY_PORT, RPC_PORT, link, tmp / "relay.log", stats)
                     started = time.monotonic()
-                    cmd = [str(bin_dir / "llama-bench"), "-m", str(path), "--rpc", f"127.0.0.1:{RELAY_PORT}",
-                           "-ts", job["split"], "-r", str(job.get("repetitions", 2)), "-o", "json", *job["args"]]
+                    results, error, traffic = [], None, {}
                     try:
-                        out = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10, deadline - time.monotonic()))
-                        results = json.loads(out.stdout) if out.returncode == 0 else []
-                        error = None if out.returncode == 0 else out.stderr.strip().splitlines()[-3:]
+                        # One llama-bench per depth, so what crossed the link (the relay's counts: bytes, and
+                        # GRAPH_COMPUTE against GRAPH_RECOMPUTE, whether the graph is re-sent) is known per depth.
+                        for args in _per_depth(job["args"]):
+                            before = _read_stats(stats)
+                            cmd = [str(bin_dir / "llama-bench"), "-m", str(path), "--rpc", f"127.0.0.1:{RELAY_PORT}",
+                                   "-ts", job["split"], "-r", str(job.get("repetitions", 2)), "-o", "json", *args]
+                            out = subprocess.run(cmd, capture_output=True, text=True,
+                                                 timeout=max(10, deadline - time.monotonic()))
+                            time.sleep(0.5)  # the relay writes its counts every 0.2 s
+                            depth = int(args[args.index("-d") + 1]) if "-d" in args else 0
+                            traffic[depth] = _stats_delta(before, _read_stats(stats))
+                            if out.returncode != 0:
+                                error = out.stderr.strip().splitlines()[-3:]
+                                break
+                            results += json.loads(out.stdout)
                     except subprocess.TimeoutExpired:
-                        results, error = [], "timed out"
+                        error = "timed out"
                     finally:
                         _stop(shaped)
                     for r in results:
@@ -145,7 +182,7 @@ def run(bin_dir: Path, jobs: list[dict], out_path: Path, max_seconds: float) -> 
                                      "n_gen": r.get("n_gen"), "depth": r.get("n_depth", 0), "tok_s": r.get("avg_ts"),
                                      "stddev": r.get("stddev_ts"), "ngl": r.get("n_gpu_layers"), "devices": r.get("devices"),
                                      "type_k": r.get("type_k"), "flash_attn": r.get("flash_attn"), "backend": r.get("backends"),
-                                     "build": r.get("build_number")})
+                                     "build": r.get("build_number"), "traffic": traffic.get(r.get("n_depth", 0))})
                         print(f"{job['shape']:16} {link['name']:8} {figures.get('rtt_ms')} ms {figures.get('gbps')} Gbit/s "
                               f"pp {r.get('n_prompt'):5} tg {r.get('n_gen'):3} d {r.get('n_depth', 0):5} {r.get('avg_ts'):9.2f} tok/s",
                               flush=True)
