@@ -100,3 +100,29 @@ def test_the_probe_server_drops_a_stalled_an_oversized_and_a_garbled_client_and_
     assert closed_by_server(garbled, 2)
     figures = link_probe.measure("127.0.0.1", port, 5, 1)
     assert figures["rtt_ms"] > 0 and figures["gbps"] > 0
+
+
+def test_the_relay_reads_rpc_commands_across_chunk_edges_and_ignores_other_streams():
+    """The relay's counts are what tests/test_rpc_contract.py holds the plan's per-token bytes to: commands whose
+    header or data straddle chunks are counted once each, with their data bytes; a stream that does not begin with
+    HELLO (the link probe's bulk bytes) is not read as commands at all."""
+    from lab.bench.link_relay import RPC_COMMANDS, Traffic
+
+    def command(name: str, data: bytes) -> bytes:
+        return bytes([RPC_COMMANDS.index(name)]) + len(data).to_bytes(8, "little") + data
+
+    stream = command("HELLO", b"\0" * 24) + command("SET_TENSOR", b"x" * 1000) + command("GRAPH_RECOMPUTE", b"\0" * 4) \
+        + command("GET_TENSOR", b"\0" * 312)
+    traffic = Traffic()
+    for at in range(0, len(stream), 7):  # 7-byte chunks: every header is cut somewhere
+        traffic.count(1, "up", stream[at:at + 7])
+    traffic.count(1, "down", b"\0" * 100)
+    traffic.count(1, "up", command("SET_TENSOR", b"y" * 10))
+    counts = traffic.snapshot()
+    assert counts["commands"] == {"HELLO": 1, "SET_TENSOR": 2, "GRAPH_RECOMPUTE": 1, "GET_TENSOR": 1}
+    assert counts["command_bytes"]["SET_TENSOR"] == 1010 and counts["exchanges"] == 1
+    rounds = traffic.since({})[1]
+    assert [r["up"] for r in rounds] == [len(stream), 19] and [r["down"] for r in rounds] == [100, 0]
+    other = Traffic()
+    other.count(2, "up", bytes(64 << 10))
+    assert other.snapshot()["commands"] == {} and other.snapshot()["up"] == 64 << 10

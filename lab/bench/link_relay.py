@@ -42,12 +42,14 @@ class _Requests:
     def __init__(self) -> None:
         self.header = b""
         self.left = 0
+        self.rpc: bool | None = None  # known once the first command is read: a client always begins with HELLO
 
     def feed(self, data: bytes) -> list[tuple[str, int]]:
-        """The commands whose headers complete in this chunk: (name, data bytes)."""
+        """The commands whose headers complete in this chunk: (name, data bytes); none for a stream that is not
+        llama.cpp's RPC (its first command is not HELLO, or a later one is unknown)."""
         found = []
         view = memoryview(data)
-        while view:
+        while view and self.rpc is not False:
             if self.left:
                 take = min(self.left, len(view))
                 self.left -= take
@@ -58,7 +60,10 @@ class _Requests:
             view = view[need:]
             if len(self.header) == 9:
                 code, size = self.header[0], int.from_bytes(self.header[1:], "little")
-                found.append((RPC_COMMANDS[code] if code < len(RPC_COMMANDS) else f"unknown-{code}", size))
+                self.rpc = code < len(RPC_COMMANDS) and (self.rpc or RPC_COMMANDS[code] == "HELLO")
+                if not self.rpc:
+                    return []
+                found.append((RPC_COMMANDS[code], size))
                 self.header, self.left = b"", size
         return found
 
