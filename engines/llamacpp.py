@@ -242,7 +242,7 @@ class LlamaCpp(Engine):
     def _split(model: "ModelServer", facts: "ModelFacts", pools: dict, path: str,
                problems: list[Problem]) -> tuple[Optional[Estimate], list[Problem]]:
         """A model over several nodes (engines/llamacpp_split.py): the main server's share is its memory."""
-        split, decode, found = split_estimate(model, facts, pools, path)
+        split, decode, prompt, found = split_estimate(model, facts, pools, path)
         problems = problems + found
         if split is None:
             return None, problems
@@ -257,6 +257,8 @@ class LlamaCpp(Engine):
             memory=split.main.memory, vram=None, weights=model.weights or weights_quantity(weights_bytes(model, facts)),
             read_per_token=None, decode_predicted_tok_s={k: low for k, (low, _) in decode.items()} if decode else None,
             decode_range_tok_s=decode, decode_range_why=(RPC_RANGE_WHY,) if decode else (), split=split, warnings=warnings,
+            prefill_tok_s=round(prompt[0], 1) if prompt else None,
+            first_token_full_s=round(prompt[1], 2) if prompt else None,
         ), problems
 
     def _plan_problems(self, path: str, model: "ModelServer", facts: Optional["ModelFacts"]) -> list[Problem]:

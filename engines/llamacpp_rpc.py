@@ -90,16 +90,23 @@ class Link:
     gbps: float
 
 
-def token_bytes(n_embd: int, depth: int, logits: int = 0) -> tuple[float, float]:
-    """(to the helper, back) per generated token for one RPC device at this context depth (flash attention on);
-    logits: the vocabulary, where this device holds the output layer (its logits come back, 4 bytes each)."""
-    cells = -(-(depth + 1) // 256) * 256  # the mask covers the KV cells in use, padded to 256 (f16, 2 bytes a cell)
-    data = n_embd * 4 + cells * 2 + 2 * 8 + 4  # hidden state (f32), mask, K and V cell indices (i64), position (i32)
+def ubatch_bytes(n_embd: int, tokens: int, depth: int, logits: int = 0) -> tuple[float, float]:
+    """(to the helper, back) for one RPC device and one micro-batch of `tokens` after `depth` in the cache (flash
+    attention on); logits: the vocabulary, where this device holds the output layer (one row of logits comes back,
+    4 bytes each, the batch's last)."""
+    cells = -(-(depth + tokens) // 256) * 256  # the mask covers the KV cells in use, padded to 256 (f16, 2 bytes a cell)
+    # Per token: hidden state (f32), its mask row, K and V cell indices (i64), position (i32).
+    data = tokens * (n_embd * 4 + cells * 2 + 2 * 8 + 4)
     up = data + RPC_INPUTS_PER_TOKEN * RPC_SET_FRAMING + RPC_RECOMPUTE_REQUEST + RPC_GET_REQUEST
     if logits:
         up += RPC_SET_FRAMING + 4  # the output layer's device also gets the rows to output (i32 each)
-    down = (logits if logits else n_embd) * 4 + 8
+    down = (logits if logits else tokens * n_embd) * 4 + 8
     return float(up), float(down)
+
+
+def token_bytes(n_embd: int, depth: int, logits: int = 0) -> tuple[float, float]:
+    """(to the helper, back) per generated token for one RPC device at this context depth."""
+    return ubatch_bytes(n_embd, 1, depth, logits)
 
 
 def link_seconds(link: Link, n_embd: int, depth: int, logits: int = 0) -> float:
@@ -120,6 +127,26 @@ def split_decode_seconds(whole_seconds: Sequence[float], counts: Sequence[int], 
     for i, (link, count) in enumerate(zip(links, counts)):
         if count or i == output:
             seconds += link_seconds(link, n_embd, depth, n_vocab if i == output else 0) + token_ms / 1e3
+    return seconds
+
+
+def split_prefill_seconds(whole_seconds: Sequence, counts: Sequence[int], links: Sequence[Link], n_layer: int,
+                          n_embd: int, tokens: int, depth: int, ubatch: int, n_vocab: int = 0, output: int = -1) -> float:
+    """Seconds to process a prompt of `tokens` after `depth` in the cache, split: each device's share of the time its
+    node takes for the whole model (whole_seconds: per device, seconds(tokens, depth) from the plan's prefill model)
+    and, per micro-batch and RPC device, a round trip and the batch's bytes at the link's rate. The link's time is
+    added to the compute, not overlapped with it (llama.cpp's pipeline can overlap some; bench/results-rpc-h200.json's
+    dense rows over 1 and 2.5 GbE lie within 5 % of this sum where the loopback figure is steady)."""
+    seconds = sum(whole(tokens, depth) * count / n_layer for whole, count in zip(whole_seconds, counts))
+    output = output % len(counts)
+    done = 0
+    while done < tokens:
+        batch = min(ubatch, tokens - done)
+        for i, (link, count) in enumerate(zip(links, counts)):
+            if count or i == output:
+                up, down = ubatch_bytes(n_embd, batch, depth + done, n_vocab if i == output else 0)
+                seconds += link.rtt_ms / 1e3 + (up + down) * 8 / (link.gbps * 1e9)
+        done += batch
     return seconds
 
 

@@ -19,8 +19,9 @@ from planning.capacity import node_offers_gib
 from planning.memory import MemoryEstimate, Split, SplitMember
 
 from .llamacpp_memory import compute_bytes, kv_bytes, llamacpp_estimate, slots, DEFAULT_UBATCH
-from .llamacpp_rpc import RPC_TOKEN_MS, Link, layers_per_device, output_device, split_decode_seconds, split_for_layers, split_memory, split_weights
-from .llamacpp_speed import predict_range_tok_s
+from .llamacpp_rpc import (RPC_TOKEN_MS, Link, layers_per_device, output_device, split_decode_seconds, split_for_layers,
+                           split_memory, split_prefill_seconds, split_weights)
+from .llamacpp_speed import PROMPT_TOKENS, predict_range_tok_s, prompt_seconds
 
 if TYPE_CHECKING:
     from config.types import ModelFacts, ModelServer, NodePool
@@ -39,8 +40,9 @@ def _overhead(backend: str, weights: float, compute: float) -> float:
 
 
 def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "NodePool"], path: str
-                   ) -> tuple[Optional[Split], Optional[dict], list[Problem]]:
-    """(the split, its decode by depth {empty, half, full} or None, problems)."""
+                   ) -> tuple[Optional[Split], Optional[dict], Optional[tuple[float, float]], list[Problem]]:
+    """(the split, its decode by depth {empty, half, full} or None, its prefill (tokens/s at PROMPT_TOKENS, seconds
+    to the first token of a full context) or None, problems)."""
     split = model.rpc
     if not (split is not None):
         raise ValueError("engines/llamacpp_split.py: the split estimate")
@@ -59,7 +61,7 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
         problems.append((f"{path}.node_pool", f"node pool {model.node_pool} has discrete GPUs: a split is planned on "
                          "unified-memory and CPU nodes; use a unified-memory or CPU pool"))
     if problems:
-        return None, None, problems
+        return None, None, None, problems
     # The devices in llama.cpp's order: the helpers, then the main server's own (none on a CPU: llama.cpp
     # offloads to GPU and RPC devices only, so a CPU main server holds no block and the output layer goes to
     # the last helper).
@@ -67,7 +69,7 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
     if not on_card and split.main_layers:
         problems.append((f"{path}.rpc.main_layers", "a main server on a CPU holds no blocks (llama.cpp offloads to its "
                          "GPU and RPC devices only); remove main_layers or give the main server a GPU"))
-        return None, None, problems
+        return None, None, None, problems
     embedding, output_bytes, per_block = split_weights(model, facts)
     per_block_kv = kv_bytes(facts, model.ctx_size, model.cache_type_k, model.cache_type_v, slots(model),
                             model.ubatch_size or DEFAULT_UBATCH) / facts.layers
@@ -104,7 +106,7 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
                              f"devices ({per_block_total / GIB:.2f} GiB a block with its KV, for {facts.layers}) but they "
                              f"offer {sum(rooms) / GIB:.1f} GiB ({offers}); add a helper node, a smaller quant or a "
                              "shorter ctx_size"))
-        return None, None, problems
+        return None, None, None, problems
     tensor_split = split_for_layers(counts)
     out = output_device(facts.layers, tensor_split)
     if not (layers_per_device(facts.layers, tensor_split) == counts and out == len(counts) - 1):
@@ -134,7 +136,7 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
     upload_seconds = math.ceil(upload * 8 / (split.link.gbps * 1e9)) if split.link else 0
     result = Split(helpers=tuple(made), main=main, tensor_split=tuple(tensor_split), upload_gib=upload / GIB,
                    upload_seconds=upload_seconds)
-    return result, _decode(model, facts, pools, devices, counts, out), problems
+    return result, _decode(model, facts, devices, counts, out), _prefill(model, facts, devices, counts, out), problems
 
 
 def _plus(a: MemoryEstimate, b: MemoryEstimate) -> MemoryEstimate:
@@ -165,18 +167,55 @@ def _plan_blocks(layers: int, given: list[Optional[int]], capacity: list[float])
     return counts
 
 
-def _decode(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "NodePool"], devices: list, counts: list[int],
+def _members(model: "ModelServer", devices: list) -> list["ModelServer"]:
+    """Each device's node serving the whole model alone, as the plan's speed models take it: its backend, every
+    layer on it, a helper's own threads."""
+    threads = [h.threads for h in model.rpc.helpers] if model.rpc else []
+    return [model.model_copy(update={"rpc": None, "backend": backend, "gpu_layers": 0 if backend == "cpu" else 999,
+                                     "threads": threads[i] if i < len(threads) else model.threads})
+            for i, (_, _, _, backend, _) in enumerate(devices)]
+
+
+def _predictable(model: "ModelServer", facts: "ModelFacts") -> bool:
+    """A split's speed is planned with link figures, and for a dense model (MOE_SPLIT_UNPREDICTED)."""
+    return bool(model.rpc and model.rpc.link) and not (facts.expert_params_b or facts.active_params_b)
+
+
+def _prefill(model: "ModelServer", facts: "ModelFacts", devices: list, counts: list[int],
+             output: int) -> Optional[tuple[float, float]]:
+    """(tokens/s for a prompt of PROMPT_TOKENS or the context, seconds to the first token of a prompt that fills the
+    context) over the link (split_prefill_seconds); None where decode is not planned or a member's backend has no
+    prefill model."""
+    if not _predictable(model, facts):
+        return None
+    per_device = []
+    for member, (pool, _, _, backend, _) in zip(_members(model, devices), devices):
+        seconds = prompt_seconds(member, facts, pool, backend, False)
+        if seconds is None:
+            return None
+        per_device.append(seconds)
+    link = Link(rtt_ms=float(model.rpc.link.rtt_ms), gbps=float(model.rpc.link.gbps))
+    helpers = len(model.rpc.helpers)
+
+    def prompt(tokens: int) -> float:
+        return split_prefill_seconds(per_device, counts, [link] * helpers, facts.layers, facts.embedding_length or 0,
+                                     tokens, 0, model.ubatch_size or DEFAULT_UBATCH, facts.vocab_size or 0, output)
+
+    tokens = min(PROMPT_TOKENS, model.ctx_size)
+    return tokens / prompt(tokens), prompt(model.ctx_size)
+
+
+def _decode(model: "ModelServer", facts: "ModelFacts", devices: list, counts: list[int],
             output: int) -> Optional[dict]:
     """Decode by depth over the link, (low, high) per depth: each device's blocks at its node's speed for the whole
     model, per helper a round trip, the token's bytes and RPC_TOKEN_MS; None without link figures, without a decode
     model for a member, or for a mixture of experts (MOE_SPLIT_UNPREDICTED)."""
-    link = model.rpc.link if model.rpc else None
-    if link is None or facts.expert_params_b or facts.active_params_b:
+    if not _predictable(model, facts):
         return None
+    link = model.rpc.link
     depths = {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size}
     per_device: list[dict[str, float]] = []
-    for pool, _, _, backend, _ in devices:
-        member = model.model_copy(update={"rpc": None, "backend": backend, "gpu_layers": 0 if backend == "cpu" else 999})
+    for member, (pool, _, _, backend, _) in zip(_members(model, devices), devices):
         rates = predict_range_tok_s(member, facts, pool, backend, False, depths)
         if rates is None:
             return None
@@ -200,5 +239,5 @@ RPC_RANGE_WHY = (f"what RPC costs a token beyond the link, {RPC_TOKEN_MS[0]:g}-{
 # repeat, 197-201 at depth 0): the plan gives it no decode figure, and says so.
 MOE_SPLIT_UNPREDICTED = ("a mixture of experts split over nodes decodes far slower at depth than its link and nodes "
                          "explain, and not reproducibly (measured on an H200 over a shaped 1 GbE link: 197 tok/s at an "
-                         "empty context, 10-84 at 8k; bench/results-rpc-h200.json), so the plan gives no decode figure: "
-                         "measure it (docs/rpc-split.md)")
+                         "empty context, 10-84 at 8k; its prefill at 8k 42-46 % below what its nodes and link explain), so the plan gives "
+                         "no decode or prefill figure: measure it (docs/rpc-split.md)")

@@ -190,3 +190,45 @@ def test_the_prerequisites_name_the_image_built_with_rpc(split_run):
     needs = {what: who for what, _, who in prerequisites(list(rendered_manifests(split_run).values()))}
     image = by_name(manifests(split_run), "Deployment", "qwen3-235b-rpc-0")["spec"]["template"]["spec"]["containers"][0]["image"]
     assert needs[f"image {image} with ggml-rpc-server and llama-server built with GGML_RPC"] == ["Deployment qwen3-235b-rpc-0"]
+
+
+def test_split_prefill_adds_each_micro_batch_round_trip_and_bytes_to_the_nodes_share():
+    """split_prefill_seconds, worked by hand for a 600-token prompt in micro-batches of 512: the first batch's mask
+    covers 512 cells, the second's (88 tokens after 512) 768; each batch pays the round trip and its bytes at the
+    link's rate, per RPC device that holds blocks."""
+    from engines.llamacpp_rpc import Link, split_prefill_seconds
+
+    n_embd, vocab, link = 2048, 151936, Link(rtt_ms=2.0, gbps=0.5)
+    framing = 5 * 313 + 13 + 321
+
+    def batch(tokens, cells, logits):
+        up = tokens * (n_embd * 4 + cells * 2 + 20) + framing + (317 if logits else 0)
+        down = (vocab if logits else tokens * n_embd) * 4 + 8
+        return 2e-3 + (up + down) * 8 / 0.5e9
+
+    link_seconds = sum(batch(t, c, last) for t, c in ((512, 512), (88, 768)) for last in (False, True))
+    whole = [lambda tokens, depth: 3.0, lambda tokens, depth: 5.0]  # each node's seconds for the whole model
+    seconds = split_prefill_seconds(whole, [14, 14], [link, link], 28, n_embd, 600, 0, 512, vocab, 1)
+    assert seconds == pytest.approx(3.0 / 2 + 5.0 / 2 + link_seconds, rel=1e-9)
+
+
+def test_a_dense_split_plans_prefill_slower_over_a_slower_link_and_a_moe_split_none(split_run):
+    """The summary's prefill and first-token figures for a split: planned for a dense model (the contract test's CPU
+    split), lower over a slower link, and the full context's first token pays each micro-batch's growing mask;
+    none for a mixture of experts (the shipped strix-halo-rpc, MOE_SPLIT_UNPREDICTED)."""
+    from tests.test_rpc_contract import split_values
+
+    def plan(gbps: float) -> dict:
+        values = split_values()
+        values["models"]["chat"]["rpc"]["link"] = {"rtt_ms": 0.3, "gbps": gbps}
+        return run_values(values, stack="rpc-cpu")
+
+    fast, slow = (plan(g).outputs["capacity_plan"]["servers"]["chat"] for g in (10, 0.1))
+    assert fast["prefill_tok_s"] and slow["prefill_tok_s"] < fast["prefill_tok_s"]
+    assert slow["first_token_full_s"] > fast["first_token_full_s"]
+    # The 4096-token context's 8 micro-batches carry to each helper 33.6 MB of hidden states and 18.9 MB of masks
+    # (0.5 MB for the first batch, 4.2 MB for the last); 33.6 MB of hidden states come back from the first and
+    # 4.9 MB of logits (a row a batch) from the last: 143.4 MB, 11.47 s at 0.1 Gbit/s against 0.11 s at 10.
+    assert slow["first_token_full_s"] - fast["first_token_full_s"] == pytest.approx(11.36, abs=0.05)
+    big = split_run.outputs["capacity_plan"]["servers"]["big"]
+    assert big["prefill_tok_s"] is None and big["first_token_full_s"] is None

@@ -5,7 +5,9 @@ own report of what each device holds. The rows are what engines/llamacpp_rpc.py 
     python -m lab.bench.measure_rpc --bin DIR --jobs bench/jobs-rpc-h200.json --out results.json [--max-seconds N]
 
 Each job: {"shape", "quant", "routing"?, "split": "remote/local" (llama.cpp's --tensor-split: RPC devices come first),
-"links": [{"name", "gbps", "delay_ms"}], "args": [more llama-bench arguments], "server_ctx": N (0: no memory run)}.
+"links": [{"name", "gbps", "delay_ms"}], "args": [more llama-bench arguments], "server_ctx": N (0: no memory run),
+"baseline": true to also run the model whole without RPC ("baseline_args": its own extra arguments), "per_depth":
+false to run every depth in one llama-bench (one upload of the model over a slow link; the traffic not per depth)}.
 For each link the relay is started, tools/link_probe.py measures it (what a user's `make link-profile` gives the
 plan), then llama-bench runs through it. The rpc-server keeps a tensor cache (-c), so only the first load of a
 shape crosses the shaped wire.
@@ -123,7 +125,10 @@ def _stats_delta(before: dict, after: dict) -> dict:
     return out
 
 
-def run(bin_dir: Path, jobs: list[dict], out_path: Path, max_seconds: float) -> list[dict]:
+def run(bin_dir: Path, jobs: list[dict], out_path: Path, max_seconds: float, helpers: int = 1,
+        helper_threads: int = 0) -> list[dict]:
+    """helpers: ggml-rpc-servers, each behind its own relay of the job's link (a CPU build has no device of its own:
+    its split needs two to be one); helper_threads: their -t (0: theirs)."""
     deadline = time.monotonic() + max_seconds
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="rpc-") as name:
@@ -131,42 +136,58 @@ def run(bin_dir: Path, jobs: list[dict], out_path: Path, max_seconds: float) -> 
         cache = tmp / "rpc-cache"
         cache.mkdir()
         os.environ["LLAMA_CACHE"] = str(cache)  # the helper's tensor cache (-c): $LLAMA_CACHE/rpc/
-        helper = _start([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(RPC_PORT), "-c"],
-                        tmp / "rpc-server.log")
-        if not wait_port(RPC_PORT, time.monotonic() + 30):
-            raise RuntimeError("ggml-rpc-server did not listen: " + (tmp / "rpc-server.log").read_text()[-400:])
+        servers = []
+        for i in range(helpers):
+            servers.append(_start([str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(RPC_PORT + i), "-c",
+                                   *(["-t", str(helper_threads)] if helper_threads else [])], tmp / f"rpc-server-{i}.log"))
+            if not wait_port(RPC_PORT + i, time.monotonic() + 30):
+                raise RuntimeError("ggml-rpc-server did not listen: " + (tmp / f"rpc-server-{i}.log").read_text()[-400:])
+        endpoints = ",".join(f"127.0.0.1:{RPC_PORT + i}" for i in range(helpers))
+        relayed = ",".join(f"127.0.0.1:{RELAY_PORT + i}" for i in range(helpers))
         try:
             for job in jobs:
                 routing = job.get("routing", "zero")
                 extra = {"routing": routing} if routing != "zero" else {}
                 path = write_real_shape(job["shape"], tmp / f"{job['shape']}-{job['quant']}.gguf", job["quant"], **extra)
                 if job.get("server_ctx") and time.monotonic() < deadline:
-                    report = memory_report(bin_dir, path, f"127.0.0.1:{RPC_PORT}", job["split"], job["server_ctx"],
+                    report = memory_report(bin_dir, path, endpoints, job["split"], job["server_ctx"],
                                            job.get("server_args", []), tmp, min(deadline, time.monotonic() + 120))
                     rows.append({"kind": "memory", "shape": job["shape"], "quant": job["quant"], "split": job["split"],
                                  "ctx": job["server_ctx"], **report})
                     print(f"{job['shape']} memory: {report['buffers'] or report['log_tail']}", flush=True)
+                if job.get("baseline") and time.monotonic() < deadline:
+                    # The same model whole on this host, no RPC: what each node's share of the split is taken from.
+                    for args in _per_depth(job["args"]):
+                        cmd = [str(bin_dir / "llama-bench"), "-m", str(path), "-r", str(job.get("repetitions", 2)),
+                               "-o", "json", *job.get("baseline_args", []), *args]
+                        out = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10, deadline - time.monotonic()))
+                        for r in json.loads(out.stdout) if out.returncode == 0 else []:
+                            rows.append({"kind": "baseline", "shape": job["shape"], "quant": job["quant"],
+                                         "n_prompt": r.get("n_prompt"), "n_gen": r.get("n_gen"), "depth": r.get("n_depth", 0),
+                                         "tok_s": r.get("avg_ts"), "stddev": r.get("stddev_ts"), "threads": r.get("n_threads"),
+                                         "backend": r.get("backends"), "build": r.get("build_number")})
+                            print(f"{job['shape']:16} whole    d {r.get('n_depth', 0):5} {r.get('avg_ts'):9.2f} tok/s", flush=True)
                 for link in job["links"]:
                     if time.monotonic() > deadline:
                         rows.append({"job": job["shape"], "link": link, "error": "out of time"})
                         continue
                     figures = probe(link, tmp)
-                    stats = tmp / "relay-stats.json"
-                    shaped = relay(RELAY_PORT, RPC_PORT, link, tmp / "relay.log", stats)
+                    stats = [tmp / f"relay-stats-{i}.json" for i in range(helpers)]
+                    shaped = [relay(RELAY_PORT + i, RPC_PORT + i, link, tmp / f"relay-{i}.log", stats[i]) for i in range(helpers)]
                     started = time.monotonic()
                     results, error, traffic = [], None, {}
                     try:
                         # One llama-bench per depth, so what crossed the link (the relay's counts: bytes, and
                         # GRAPH_COMPUTE against GRAPH_RECOMPUTE, whether the graph is re-sent) is known per depth.
-                        for args in _per_depth(job["args"]):
-                            before = _read_stats(stats)
-                            cmd = [str(bin_dir / "llama-bench"), "-m", str(path), "--rpc", f"127.0.0.1:{RELAY_PORT}",
+                        for args in (_per_depth(job["args"]) if job.get("per_depth", True) else [job["args"]]):
+                            before = [_read_stats(f) for f in stats]
+                            cmd = [str(bin_dir / "llama-bench"), "-m", str(path), "--rpc", relayed,
                                    "-ts", job["split"], "-r", str(job.get("repetitions", 2)), "-o", "json", *args]
                             out = subprocess.run(cmd, capture_output=True, text=True,
                                                  timeout=max(10, deadline - time.monotonic()))
                             time.sleep(0.5)  # the relay writes its counts every 0.2 s
-                            depth = int(args[args.index("-d") + 1]) if "-d" in args else 0
-                            traffic[depth] = _stats_delta(before, _read_stats(stats))
+                            depth = args[args.index("-d") + 1] if "-d" in args else "0"
+                            traffic[depth] = [_stats_delta(b, _read_stats(f)) for b, f in zip(before, stats)]
                             if out.returncode != 0:
                                 error = out.stderr.strip().splitlines()[-3:]
                                 break
@@ -174,7 +195,8 @@ def run(bin_dir: Path, jobs: list[dict], out_path: Path, max_seconds: float) -> 
                     except subprocess.TimeoutExpired:
                         error = "timed out"
                     finally:
-                        _stop(shaped)
+                        for proc in shaped:
+                            _stop(proc)
                     for r in results:
                         rows.append({"kind": "speed", "shape": job["shape"], "quant": job["quant"], "routing": routing,
                                      "weights_bytes": expected_weights_bytes(job["shape"], job["quant"]), "split": job["split"],
@@ -182,7 +204,8 @@ def run(bin_dir: Path, jobs: list[dict], out_path: Path, max_seconds: float) -> 
                                      "n_gen": r.get("n_gen"), "depth": r.get("n_depth", 0), "tok_s": r.get("avg_ts"),
                                      "stddev": r.get("stddev_ts"), "ngl": r.get("n_gpu_layers"), "devices": r.get("devices"),
                                      "type_k": r.get("type_k"), "flash_attn": r.get("flash_attn"), "backend": r.get("backends"),
-                                     "build": r.get("build_number"), "traffic": traffic.get(r.get("n_depth", 0))})
+                                     "build": r.get("build_number"), "helpers": helpers,
+                                     "traffic": traffic.get(str(r.get("n_depth", 0)))})
                         print(f"{job['shape']:16} {link['name']:8} {figures.get('rtt_ms')} ms {figures.get('gbps')} Gbit/s "
                               f"pp {r.get('n_prompt'):5} tg {r.get('n_gen'):3} d {r.get('n_depth', 0):5} {r.get('avg_ts'):9.2f} tok/s",
                               flush=True)
@@ -193,8 +216,10 @@ def run(bin_dir: Path, jobs: list[dict], out_path: Path, max_seconds: float) -> 
                     out_path.write_text(json.dumps(rows, indent=1))
                 path.unlink()
         finally:
-            _stop(helper)
-            rows.append({"kind": "rpc-server log", "tail": (tmp / "rpc-server.log").read_text(errors="replace").splitlines()[-30:]})
+            for i, server in enumerate(servers):
+                _stop(server)
+                rows.append({"kind": "rpc-server log",
+                             "tail": (tmp / f"rpc-server-{i}.log").read_text(errors="replace").splitlines()[-30:]})
             out_path.write_text(json.dumps(rows, indent=1))
     return rows
 
@@ -205,8 +230,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jobs", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--max-seconds", type=float, default=3600)
+    parser.add_argument("--helpers", type=int, default=1, help="ggml-rpc-servers (a CPU build needs two for a split)")
+    parser.add_argument("--helper-threads", type=int, default=0)
     args = parser.parse_args(argv)
-    run(Path(args.bin), json.loads(Path(args.jobs).read_text()), Path(args.out), args.max_seconds)
+    run(Path(args.bin), json.loads(Path(args.jobs).read_text()), Path(args.out), args.max_seconds, args.helpers,
+        args.helper_threads)
     return 0
 
 

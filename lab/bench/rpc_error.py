@@ -14,15 +14,19 @@ from pathlib import Path
 from config.catalog import lookup
 from config.types import ModelServer
 from engines.llamacpp_memory import cuda_compute_bytes, layout
-from engines.llamacpp_rpc import RPC_TOKEN_MS, Link, layers_per_device, output_device, split_decode_seconds, split_memory
-from lab.bench.decode_error import GIB, prediction, preset_facts
+from engines.llamacpp_rpc import (RPC_TOKEN_MS, Link, layers_per_device, output_device, split_decode_seconds, split_memory,
+                                  split_prefill_seconds)
+from engines.llamacpp_speed import prompt_seconds
+from lab.bench.decode_error import GIB, prediction, preset_facts, server_and_pool
 from lab.contract.repo_shapes import REPO_SHAPES
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results-rpc-h200.json"
+CPU_RESULTS = ROOT / "bench" / "results-rpc-cpu.json"
 MIB = 2**20
 DECODE_TOLERANCE = 0.20
 MEMORY_TOLERANCE = 0.05
+PREFILL_TOLERANCE = 0.25
 
 
 def _server(shape: str, quant: str, ctx: int, weights: float) -> tuple[ModelServer, object]:
@@ -78,6 +82,65 @@ def decode_rows(record: dict) -> list[tuple]:
     return out
 
 
+def prefill_rows(record: dict) -> list[tuple]:
+    """(shape, link, depth, measured, planned, mixture of experts) for each prefill row on the GPU machine: the plan's
+    whole-model prefill on the H200 shared by blocks, plus per micro-batch the link's round trip and bytes."""
+    out = []
+    for run in record["runs"]:
+        for r in run["rows"]:
+            if r.get("kind") != "speed" or not r.get("n_prompt"):
+                continue
+            facts = preset_facts(r["shape"])
+            model, model_facts, pool = server_and_pool("nvidia-datacenter", "cuda", 4800, True, facts, r["quant"],
+                                                       r["weights_bytes"] / GIB, r["depth"], 1,
+                                                       ctx_size=r["n_prompt"] + r["depth"] + 512)
+            whole = prompt_seconds(model, model_facts, pool, "cuda", True)
+            split = [float(x) for x in r["split"].split("/")]
+            counts = layers_per_device(facts["layers"], split)
+            measured_link = r["link_measured"]
+            seconds = split_prefill_seconds([whole] * 2, counts, [Link(measured_link["rtt_ms"], measured_link["gbps"])],
+                                            facts["layers"], facts["embedding_length"], r["n_prompt"], r["depth"], 512,
+                                            facts["vocab_size"], output_device(facts["layers"], split))
+            out.append((r["shape"], f"{r['link']['name']} ({measured_link['rtt_ms']:.2f} ms, {measured_link['gbps']:.1f} Gbit/s)",
+                        r["depth"], r["tok_s"], r["n_prompt"] / seconds, "expert_params_b" in facts))
+    return out
+
+
+def cpu_rows(rows: list[dict], prompt: bool) -> list[tuple]:
+    """(shape, link, depth, measured, low, high) for each decode (prompt False) or prefill row of a CPU split over
+    two ggml-rpc-servers (lab/bench/measure_rpc.py --helpers 2): each helper's share is taken from the same model
+    measured whole on that host with the helpers' thread count (the baseline rows), so what is checked is what the
+    split adds: the link's round trips and bytes (counted exactly by tests/test_rpc_contract.py) and, for decode,
+    RPC_TOKEN_MS (low and high: its ends)."""
+    def kind(r: dict) -> bool:
+        return bool(r.get("n_prompt")) == prompt
+
+    whole = {(r["shape"], r["depth"]): r["tok_s"] for r in rows if r.get("kind") == "baseline" and kind(r)}
+    out = []
+    for r in rows:
+        if r.get("kind") != "speed" or not kind(r) or (r["shape"], r["depth"]) not in whole:
+            continue
+        facts = preset_facts(r["shape"])
+        split = [float(x) for x in r["split"].split("/")]
+        counts = layers_per_device(facts["layers"], split)
+        measured_link = r["link_measured"]
+        links = [Link(measured_link["rtt_ms"], measured_link["gbps"])] * len(counts)
+        rate = whole[(r["shape"], r["depth"])]
+        output = output_device(facts["layers"], split)
+        if prompt:
+            seconds = split_prefill_seconds([lambda tokens, depth: tokens / rate] * len(counts), counts, links,
+                                            facts["layers"], facts["embedding_length"], r["n_prompt"], r["depth"], 512,
+                                            facts["vocab_size"], output)
+            ends = [r["n_prompt"] / seconds] * 2
+        else:
+            ends = [1 / split_decode_seconds([1 / rate] * len(counts), counts, links, facts["layers"],
+                                             facts["embedding_length"], r["depth"], cost, facts["vocab_size"], output)
+                    for cost in RPC_TOKEN_MS]
+        out.append((r["shape"], f"{r['link']['name']} ({measured_link['rtt_ms']:.2f} ms, {measured_link['gbps']:.3f} Gbit/s)",
+                    r["depth"], r["tok_s"], min(ends), max(ends)))
+    return out
+
+
 def main(argv: list[str]) -> int:
     record = json.loads(RESULTS.read_text())
     print("| shape | device | buffer | plan MiB | llama.cpp MiB | error |")
@@ -104,6 +167,30 @@ def main(argv: list[str]) -> int:
     near = sum(abs((lo + hi) / 2 - m) / m <= DECODE_TOLERANCE for m, lo, hi in dense)
     print(f"\nrpc decode (dense, in-sample: the range was fitted on these rows): {inside} of {len(dense)} inside the range, "
           f"{near} of {len(dense)} within +-{DECODE_TOLERANCE:.0%} of its middle; mixture of experts: no figure planned")
+    print("\n| shape | link | depth | measured prefill t/s | plan t/s | error |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    prefill = prefill_rows(record)
+    for shape, link, depth, measured, planned, moe in prefill:
+        print(f"| {shape}{' (MoE: no figure)' if moe else ''} | {link} | {depth} | {measured:.0f} | {planned:.0f} "
+              f"| {(planned - measured) / measured:+.0%} |")
+    dense = [(m, p) for *_, m, p, moe in prefill if not moe]
+    print(f"\nrpc prefill on the GPU machine (dense; the model was written after these rows were seen): "
+          f"{sum(abs(p - m) / m <= PREFILL_TOLERANCE for m, p in dense)} of {len(dense)} within +-{PREFILL_TOLERANCE:.0%}; "
+          "mixture of experts: no figure planned")
+    if CPU_RESULTS.exists():
+        record_cpu = json.loads(CPU_RESULTS.read_text())
+        for prompt, tolerance in ((False, DECODE_TOLERANCE), (True, PREFILL_TOLERANCE)):
+            cpu = cpu_rows(record_cpu["rows"], prompt)
+            what = "prefill" if prompt else "decode"
+            print(f"\n| shape (CPU, two helpers) | link | depth | measured {what} t/s | plan t/s | error |")
+            print("| --- | --- | --- | --- | --- | --- |")
+            for shape, link, depth, measured, low, high in cpu:
+                middle = (low + high) / 2
+                figure = f"{low:.2f}-{high:.2f}" if high > low * 1.001 else f"{low:.2f}"
+                print(f"| {shape} | {link} | {depth} | {measured:.2f} | {figure} | {(middle - measured) / measured:+.0%} |")
+            near = sum(abs((lo + hi) / 2 - m) / m <= tolerance for *_, m, lo, hi in cpu)
+            print(f"\nrpc {what} on a CPU (out of sample: the model was set before these runs): {near} of {len(cpu)} "
+                  f"within +-{tolerance:.0%}{' of the range middle' if not prompt else ''}")
     return 0
 
 
