@@ -177,8 +177,8 @@ def _members(model: "ModelServer", devices: list) -> list["ModelServer"]:
 
 
 def _predictable(model: "ModelServer", facts: "ModelFacts") -> bool:
-    """A split's speed is planned with link figures, and for a dense model (MOE_SPLIT_UNPREDICTED)."""
-    return bool(model.rpc and model.rpc.link) and not (facts.expert_params_b or facts.active_params_b)
+    """A split's speed is planned with link figures."""
+    return bool(model.rpc and model.rpc.link)
 
 
 def _prefill(model: "ModelServer", facts: "ModelFacts", devices: list, counts: list[int],
@@ -209,7 +209,7 @@ def _decode(model: "ModelServer", facts: "ModelFacts", devices: list, counts: li
             output: int) -> Optional[dict]:
     """Decode by depth over the link, (low, high) per depth: each device's blocks at its node's speed for the whole
     model, per helper a round trip, the token's bytes and RPC_TOKEN_MS; None without link figures, without a decode
-    model for a member, or for a mixture of experts (MOE_SPLIT_UNPREDICTED)."""
+    model for a member."""
     if not _predictable(model, facts):
         return None
     link = model.rpc.link
@@ -234,10 +234,4 @@ def _decode(model: "ModelServer", facts: "ModelFacts", devices: list, counts: li
 
 RPC_RANGE_WHY = (f"what RPC costs a token beyond the link, {RPC_TOKEN_MS[0]:g}-{RPC_TOKEN_MS[1]:g} ms a helper, differs "
                  "from host to host (engines/llamacpp_rpc.py)")
-# A mixture of experts split over a link decoded far below any such figure at depth, and not the same twice
-# (bench/results-rpc-h200.json: Qwen3-30B-A3B split 1/1 at depth 8192 over 1 GbE 9.7 tok/s in one run and 83.6 in a
-# repeat, 197-201 at depth 0): the plan gives it no decode figure, and says so.
-MOE_SPLIT_UNPREDICTED = ("a mixture of experts split over nodes decodes far slower at depth than its link and nodes "
-                         "explain, and not reproducibly (measured on an H200 over a shaped 1 GbE link: 197 tok/s at an "
-                         "empty context, 10-84 at 8k; its prefill at 8k 42-46 % below what its nodes and link explain), so the plan gives "
-                         "no decode or prefill figure: measure it (docs/rpc-split.md)")
+

@@ -27,6 +27,11 @@ import threading
 import time
 
 CHUNK = 64 << 10
+# What the wire takes from a sender beyond what is in flight on it (a switch's and a NIC's buffers), and the
+# kernel's receive buffer on the relay's sockets: together about what a sender has queued on a real link beyond its
+# own send buffer.
+WIRE_SLACK = 256 << 10
+RECEIVE_BUFFER = 128 << 10
 # enum rpc_cmd, ggml-rpc.cpp b10729, in order (RPC_CMD_HELLO must be 14 there).
 RPC_COMMANDS = ("ALLOC_BUFFER", "GET_ALIGNMENT", "GET_MAX_SIZE", "BUFFER_GET_BASE", "FREE_BUFFER", "BUFFER_CLEAR",
                 "SET_TENSOR", "SET_TENSOR_HASH", "GET_TENSOR", "COPY_TENSOR", "GRAPH_COMPUTE", "GET_DEVICE_MEMORY",
@@ -137,15 +142,23 @@ def _sleep_until(when: float) -> None:
 
 def _pump(src: socket.socket, dst: socket.socket, bytes_per_s: float, delay_s: float,
           count=lambda data: None) -> None:
-    """src -> dst through the shaped wire: a reader stamps each chunk with its arrival, a writer waits for it."""
+    """src -> dst through the shaped wire: a reader stamps each chunk with its arrival, a writer waits for it. The
+    reader takes no more than the wire holds (WIRE_SLACK beyond its rate x delay) ahead of the writer, so a sender
+    is held back as a real link's TCP holds it: without that, a burst (llama-bench restoring a cached KV state
+    before its timer starts) was taken at once and delivered during the timed tokens."""
     queue: collections.deque = collections.deque()
     ready = threading.Condition()
     done = []
+    held = [0]  # bytes read and not yet delivered
+    capacity = WIRE_SLACK + bytes_per_s * delay_s
 
     def reader() -> None:
         wire_free = 0.0
         try:
             while True:
+                with ready:
+                    while held[0] >= capacity and not done:
+                        ready.wait()
                 data = src.recv(CHUNK)
                 if not data:
                     break
@@ -155,7 +168,8 @@ def _pump(src: socket.socket, dst: socket.socket, bytes_per_s: float, delay_s: f
                 wire_free = start + (len(data) / bytes_per_s if bytes_per_s else 0.0)
                 with ready:
                     queue.append((wire_free + delay_s, data))
-                    ready.notify()
+                    held[0] += len(data)
+                    ready.notify_all()
         except OSError:
             pass
         with ready:
@@ -174,8 +188,14 @@ def _pump(src: socket.socket, dst: socket.socket, bytes_per_s: float, delay_s: f
                 arrive, data = queue.popleft()
             _sleep_until(arrive)
             dst.sendall(data)
+            with ready:
+                held[0] -= len(data)
+                ready.notify_all()
     except OSError:
         pass
+    with ready:
+        done.append(True)
+        ready.notify_all()
     for sock in (dst, src):
         try:
             sock.shutdown(socket.SHUT_RDWR)
@@ -192,14 +212,20 @@ def serve(listen: tuple[str, int], target: tuple[str, int], gbps: float, delay_m
           traffic: Traffic | None = None, listening: threading.Event | None = None) -> None:
     rate = gbps * 1e9 / 8 if gbps > 0 else 0.0
     traffic = traffic or Traffic()
-    with socket.create_server(listen) as server:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)  # inherited by each client's socket
+        server.bind(listen)
+        server.listen()
         print(f"link_relay: {listen[0]}:{listen[1]} -> {target[0]}:{target[1]} at {gbps or 'unlimited'} Gbit/s, "
               f"{delay_ms} ms each way", flush=True)
         if listening is not None:
             listening.set()
         while True:
             client, _ = server.accept()
-            upstream = socket.create_connection(target)
+            upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            upstream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+            upstream.connect(target)
             for sock in (client, upstream):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with traffic.lock:
