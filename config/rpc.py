@@ -56,7 +56,7 @@ class RpcSplit(Strict):
         "Transformer blocks the main server holds; null: planned by memory.", default=None)
     port: Annotated[int, Field(ge=1024, le=65535)] = doc("Each helper's ggml-rpc-server port.", default=RPC_PORT)
     link: Optional[LinkFigures] = doc(
-        "The link between the nodes (make link-profile); null: the plan gives no decode figure for the split.",
+        "The link between the nodes (make link-profile); null: the plan gives no decode or prefill figure for the split.",
         default=None)
     programs_image: PinnedImage = doc(
         "The image that runs the main server's wait for its helpers (incluster/rpc_wait.py; needs python3).",

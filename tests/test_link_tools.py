@@ -126,3 +126,45 @@ def test_the_relay_reads_rpc_commands_across_chunk_edges_and_ignores_other_strea
     other = Traffic()
     other.count(2, "up", bytes(64 << 10))
     assert other.snapshot()["commands"] == {} and other.snapshot()["up"] == 64 << 10
+
+
+def test_the_relay_holds_a_sender_back_as_a_link_does():
+    """A burst written into the relay is not taken at once: the writer waits about as long as the shaped wire needs
+    for it, less what the wire and the sockets' buffers hold (WIRE_SLACK, RECEIVE_BUFFER and the kernel's own send
+    buffer). A relay that took it at once let llama-bench's pre-timer restore cross the wire during its timed tokens
+    (bench/results-rpc-cpu.json, run 1)."""
+    import socket
+    import threading
+
+    from lab.bench.link_relay import serve
+
+    sink_port, relay_port = free_port(), free_port()
+    received = []
+
+    def sink() -> None:
+        with socket.create_server(("127.0.0.1", sink_port)) as server:
+            while True:  # the port wait's connection first, then the relay's
+                conn, _ = server.accept()
+                with conn:
+                    while data := conn.recv(1 << 16):
+                        received.append(len(data))
+
+    threading.Thread(target=sink, daemon=True).start()
+    assert wait_port(sink_port, time.monotonic() + 10)
+    listening = threading.Event()
+    threading.Thread(target=serve, args=(("127.0.0.1", relay_port), ("127.0.0.1", sink_port), 0.16, 0.0, None, listening),
+                     daemon=True).start()
+    assert listening.wait(10)
+    burst = 16 << 20  # 0.84 s on a 0.16 Gbit/s wire
+    with socket.create_connection(("127.0.0.1", relay_port)) as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 256 << 10)
+        started = time.monotonic()
+        client.settimeout(30)
+        client.sendall(bytes(burst))
+        waited = time.monotonic() - started
+    # The sender is released once all but the buffers' worth (well under 4 MiB here) has crossed the wire.
+    assert waited >= (burst - (4 << 20)) * 8 / 0.16e9, waited
+    deadline = time.monotonic() + 10
+    while sum(received) < burst and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sum(received) == burst
