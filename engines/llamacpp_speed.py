@@ -50,6 +50,13 @@ class DecodeProfile:
 # cache's bytes: the kernel dequantizes for each query head. Solved by least squares on those 28 points (in-sample:
 # within 2.2 %), frozen before the out-of-sample grid (bench/results-kvcache-h200-2.json).
 H200_QUANTIZED_KV = {"q8_0": (12.0, 0.75), "q4_0": (12.5, 0.92)}
+# On a CPU a quantized cache is not cheaper for its fewer bytes: its attention took this many times what an f16
+# cache of the same shape takes per position on the project's CI machine (2-core EPYC, 2 threads; llama-bench
+# b10729, Qwen3-1.7B Q4_K_M at depths 0 and 4096: bench/results-decode-cpu.json, the KV cache run; Llama-3.2-3B of
+# that run, not used, lies within 7 %). On the GPU lease's 16-thread host the partial-offload rows with a quantized
+# cache (bench/results-kvcache-h200-2.json) paid about f16's time. So a CPU's part of a quantized cache is a range:
+# this ratio at the slow end, f16's time at the fast end (QUANTIZED_KV_CPU says so in the plan).
+CPU_QUANTIZED_KV = {"q8_0": 2.37, "q4_0": 2.60}
 
 PROFILES: dict[str, DecodeProfile] = {
     # Published llama-bench runs (tg512, CUDA, build 2824, XiongjieDai/GPU-Benchmarks-on-LLM-Inference
@@ -281,10 +288,14 @@ class DecodeTerms:
     # A quantized cache on the card's side: (seconds per token, seconds per position already in the context),
     # at the slow end and at the fast end (equal where the backend's cost is measured: DecodeProfile.quantized_kv).
     kv_quantized: tuple[tuple[float, float], tuple[float, float]] = ((0.0, 0.0), (0.0, 0.0))
+    # The CPU's time for its part of the cache against its bytes, (slow end, fast end): 1 for f16; for a quantized
+    # cache CPU_QUANTIZED_KV's ratio and f16's time (cpu_kv_scale).
+    cpu_kv_scale: tuple[float, float] = (1.0, 1.0)
 
-    def cpu_kv_work(self, depth: int) -> float:
-        """The CPU's KV cache at this depth in bytes as HostCost.kv_gbs is stated (4 query heads per KV head)."""
-        return self.kv_per_position * depth * (1 - self.kv_layers_share) * (1 + self.group / HOST_KV_GROUP) / 2
+    def cpu_kv_work(self, depth: int, end: int = 0) -> float:
+        """The CPU's KV cache at this depth in bytes as HostCost.kv_gbs is stated (4 query heads per KV head, f16)."""
+        return (self.kv_per_position * depth * (1 - self.kv_layers_share) * (1 + self.group / HOST_KV_GROUP) / 2
+                * self.cpu_kv_scale[end])
 
     def seconds(self, depth: int, read_gbs: float, cost: HostCost, end: int = 0) -> float:
         """At one end of the range: 0 the slow end, 1 the fast end."""
@@ -297,7 +308,7 @@ class DecodeTerms:
             ceiling = self.threads * HOST.thread_gbs * 1e9
             seconds += self.dense / min(read_gbs * 1e9 * HOST.weight_share, ceiling)
             seconds += self.experts / min(read_gbs * 1e9 * HOST.expert_share, ceiling)
-        return seconds + self.cpu_kv_work(depth) / (self.threads * cost.kv_gbs * 1e9)
+        return seconds + self.cpu_kv_work(depth, end) / (self.threads * cost.kv_gbs * 1e9)
 
 
 def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
@@ -342,7 +353,19 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
         dense=cpu_read - expert_read, experts=expert_read, kv_per_position=kv_bytes_per_position(model, facts),
         kv_layers_share=kv_layers_share,
         group=(facts.attention_heads / facts.kv_heads) if facts.attention_heads else HOST_KV_GROUP,
-        threads=model.threads)
+        threads=model.threads, cpu_kv_scale=cpu_kv_scale(model))
+
+
+def cpu_kv_scale(model: "ModelServer") -> tuple[float, float]:
+    """What a CPU's part of the cache costs per byte against f16's, (slow end, fast end): a quantized cache's time
+    is CPU_QUANTIZED_KV times an f16 cache's of the same shape at the slow end (a type not measured: the slowest
+    measured), f16's time at the fast end; both over its own bytes."""
+    kind = quantized_kv_type(model)
+    if kind is None:
+        return 1.0, 1.0
+    ratio = CPU_QUANTIZED_KV.get(kind, max(CPU_QUANTIZED_KV.values()))
+    per_byte = 2 * KV_TYPE_BYTES["f16"] / (KV_TYPE_BYTES[model.cache_type_k or "f16"] + KV_TYPE_BYTES[model.cache_type_v or "f16"])
+    return ratio * per_byte, per_byte
 
 
 def quantized_kv_type(model: "ModelServer") -> Optional[str]:
@@ -368,6 +391,8 @@ def quantized_kv_terms(model: "ModelServer", facts: "ModelFacts", main: Optional
     return slow, (slow if measured else (0.0, 0.0))
 
 
+QUANTIZED_KV_CPU = ("its {kind} KV cache on the CPU: from {ratio:g} times an f16 cache's time (a 2-core EPYC) to "
+                    "f16's time (a 16-thread host), not measured on this node")
 QUANTIZED_KV_UNMEASURED = ("its {kind} KV cache's decode not measured on this backend: from the cost measured on an "
                            "H200 to its bytes alone (llama.cpp PR #16208: q4_0 faster than f16 on an RTX 4090)")
 
@@ -384,6 +409,9 @@ def range_reasons(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", b
         reasons.append("this node's CPU not measured, make host-profile")
     if terms.kv_quantized[0] != terms.kv_quantized[1]:
         reasons.append(QUANTIZED_KV_UNMEASURED.format(kind=quantized_kv_type(model)))
+    if terms.cpu_kv_scale[0] != terms.cpu_kv_scale[1] and terms.kv_layers_share < 1:
+        kind = quantized_kv_type(model)
+        reasons.append(QUANTIZED_KV_CPU.format(kind=kind, ratio=CPU_QUANTIZED_KV.get(kind, max(CPU_QUANTIZED_KV.values()))))
     return reasons
 
 

@@ -209,6 +209,8 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
         cal = "node figures"  # the host's decode figures were solved from this row (make host-profile's)
     if PRESETS[r["shape"]].n_expert and r.get("routing") != "token":
         cal = "zero routing"  # every token routed alike (issue #33 item 7): shown, not counted
+    if isinstance(r.get("cal"), str):
+        cal = r["cal"]  # what the row calibrated, recorded with it
     if run.get("not_counted"):
         cal = "not reproduced"
     where = placement(on_card, ngl, cpu_moe)
