@@ -58,7 +58,7 @@ def split_affinity(server_name: str) -> dict:
 def wait_container(model: ModelServer, plan: ServerPlan, mounts: list[dict]) -> dict:
     """The main server's init container: starts the pod once every helper accepts a connection."""
     split = model.rpc
-    if not (split is not None and plan.split is not None):
+    if split is None or plan.split is None:
         raise ValueError("components/rpc.py: a split server without its split plan")
     return {
         "name": "rpc-wait",
@@ -87,7 +87,7 @@ def helper_pod(args: HelperArgs, index: int) -> tuple[dict, dict]:
     """(the pod template, the pod's labels) of helper ``index``."""
     model, plan = args.model, args.plan
     split, planned = model.rpc, plan.split
-    if not (split is not None and planned is not None):
+    if split is None or planned is None:
         raise ValueError("components/rpc.py: a split server without its split plan")
     helper, share = split.helpers[index], planned.helpers[index]
     pool = args.pools[helper.node_pool]
@@ -164,7 +164,7 @@ class RpcHelpers:
 
     def __init__(self, name: str, args: HelperArgs, main_labels: dict[str, str], parent: pulumi.Resource):
         model, plan = args.model, args.plan
-        if not (model.rpc is not None and plan.split is not None):
+        if model.rpc is None or plan.split is None:
             raise ValueError("components/rpc.py: a split server without its split plan")
         self.workloads: list[k8s.apps.v1.Deployment] = []
         self.services: list[k8s.core.v1.Service] = []

@@ -129,7 +129,7 @@ def rpc_problems(model: ModelServer, server: str, pools: dict[str, NodePool]) ->
     """A split over nodes (config/rpc.py): one main server, helpers on distinct nodes, images with RPC. ``server``:
     the server's config path."""
     split = model.rpc
-    if not (split is not None):
+    if split is None:
         raise ValueError("config/checks.py: a split was asked for with no rpc block")
     path = f"{server}.rpc"
     problems: list[Problem] = []

@@ -73,8 +73,8 @@ RPC_TOKEN_MS = (0.7, 2.1)
 # an 8-byte size before its data; a serialised rpc_tensor is 296 bytes). Counted on the real split by
 # tests/test_rpc_contract.py (lab/bench/link_relay.py reads the commands): per token and device, 5 SET_TENSOR (the
 # hidden state, the mask, the K and V cell indices, the positions; a sixth, the rows to output, where the output
-# layer is), one GRAPH_RECOMPUTE (the graph is re-sent only
-# when the mask's cells change, every 256 positions) and one GET_TENSOR, whose answer the main server waits for.
+# layer is), one GRAPH_RECOMPUTE (the graph is re-sent only when the mask's cells change, every 256 positions) and
+# one GET_TENSOR, whose answer the main server waits for.
 RPC_SET_FRAMING = 9 + 296 + 8       # header, tensor, offset
 RPC_GET_REQUEST = 9 + 296 + 8 + 8   # header, tensor, offset, size
 RPC_RECOMPUTE_REQUEST = 9 + 4       # header, device
@@ -109,9 +109,10 @@ def token_bytes(n_embd: int, depth: int, logits: int = 0) -> tuple[float, float]
     return ubatch_bytes(n_embd, 1, depth, logits)
 
 
-def link_seconds(link: Link, n_embd: int, depth: int, logits: int = 0) -> float:
-    """What one RPC device's hop costs a token: one round trip and its bytes both ways."""
-    up, down = token_bytes(n_embd, depth, logits)
+def link_seconds(link: Link, n_embd: int, depth: int, logits: int = 0, tokens: int = 1) -> float:
+    """What one RPC device's hop costs a token (or a micro-batch of `tokens`): one round trip and its bytes both
+    ways."""
+    up, down = ubatch_bytes(n_embd, tokens, depth, logits)
     return link.rtt_ms / 1e3 + (up + down) * 8 / (link.gbps * 1e9)
 
 
@@ -144,8 +145,7 @@ def split_prefill_seconds(whole_seconds: Sequence, counts: Sequence[int], links:
         batch = min(ubatch, tokens - done)
         for i, (link, count) in enumerate(zip(links, counts)):
             if count or i == output:
-                up, down = ubatch_bytes(n_embd, batch, depth + done, n_vocab if i == output else 0)
-                seconds += link.rtt_ms / 1e3 + (up + down) * 8 / (link.gbps * 1e9)
+                seconds += link_seconds(link, n_embd, depth + done, n_vocab if i == output else 0, batch)
         done += batch
     return seconds
 

@@ -356,6 +356,11 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
         threads=model.threads, cpu_kv_scale=cpu_kv_scale(model))
 
 
+def cpu_quantized_ratio(kind: str) -> float:
+    """CPU_QUANTIZED_KV's ratio for a cache type; a type not measured: the slowest measured."""
+    return CPU_QUANTIZED_KV.get(kind, max(CPU_QUANTIZED_KV.values()))
+
+
 def cpu_kv_scale(model: "ModelServer") -> tuple[float, float]:
     """What a CPU's part of the cache costs per byte against f16's, (slow end, fast end): a quantized cache's time
     is CPU_QUANTIZED_KV times an f16 cache's of the same shape at the slow end (a type not measured: the slowest
@@ -363,7 +368,7 @@ def cpu_kv_scale(model: "ModelServer") -> tuple[float, float]:
     kind = quantized_kv_type(model)
     if kind is None:
         return 1.0, 1.0
-    ratio = CPU_QUANTIZED_KV.get(kind, max(CPU_QUANTIZED_KV.values()))
+    ratio = cpu_quantized_ratio(kind)
     per_byte = 2 * KV_TYPE_BYTES["f16"] / (KV_TYPE_BYTES[model.cache_type_k or "f16"] + KV_TYPE_BYTES[model.cache_type_v or "f16"])
     return ratio * per_byte, per_byte
 
@@ -411,7 +416,7 @@ def range_reasons(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", b
         reasons.append(QUANTIZED_KV_UNMEASURED.format(kind=quantized_kv_type(model)))
     if terms.cpu_kv_scale[0] != terms.cpu_kv_scale[1] and terms.kv_layers_share < 1:
         kind = quantized_kv_type(model)
-        reasons.append(QUANTIZED_KV_CPU.format(kind=kind, ratio=CPU_QUANTIZED_KV.get(kind, max(CPU_QUANTIZED_KV.values()))))
+        reasons.append(QUANTIZED_KV_CPU.format(kind=kind, ratio=cpu_quantized_ratio(kind)))
     return reasons
 
 

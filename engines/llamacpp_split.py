@@ -44,7 +44,7 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
     """(the split, its decode by depth {empty, half, full} or None, its prefill (tokens/s at PROMPT_TOKENS, seconds
     to the first token of a full context) or None, problems)."""
     split = model.rpc
-    if not (split is not None):
+    if split is None:
         raise ValueError("engines/llamacpp_split.py: the split estimate")
     main_pool = pools[model.node_pool]
     members = [(pools[h.node_pool], h.node_pool, h.node, _member_backend(model, pools[h.node_pool], h.backend), h.layers)
@@ -176,7 +176,7 @@ def _members(model: "ModelServer", devices: list) -> list["ModelServer"]:
             for i, (_, _, _, backend, _) in enumerate(devices)]
 
 
-def _predictable(model: "ModelServer", facts: "ModelFacts") -> bool:
+def _predictable(model: "ModelServer") -> bool:
     """A split's speed is planned with link figures."""
     return bool(model.rpc and model.rpc.link)
 
@@ -186,7 +186,7 @@ def _prefill(model: "ModelServer", facts: "ModelFacts", devices: list, counts: l
     """(tokens/s for a prompt of PROMPT_TOKENS or the context, seconds to the first token of a prompt that fills the
     context) over the link (split_prefill_seconds); None where decode is not planned or a member's backend has no
     prefill model."""
-    if not _predictable(model, facts):
+    if not _predictable(model):
         return None
     per_device = []
     for member, (pool, _, _, backend, _) in zip(_members(model, devices), devices):
@@ -210,7 +210,7 @@ def _decode(model: "ModelServer", facts: "ModelFacts", devices: list, counts: li
     """Decode by depth over the link, (low, high) per depth: each device's blocks at its node's speed for the whole
     model, per helper a round trip, the token's bytes and RPC_TOKEN_MS; None without link figures, without a decode
     model for a member."""
-    if not _predictable(model, facts):
+    if not _predictable(model):
         return None
     link = model.rpc.link
     depths = {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size}

@@ -109,7 +109,7 @@ class ServerPlan:
 
     def helper_memory(self, index: int) -> Quantity:
         """Helper ``index``'s memory request and limit: its estimate and the derived limit's headroom."""
-        if not (self.split is not None):
+        if self.split is None:
             raise ValueError("planning/capacity.py: helper memory asked of a server with no split")
         return Quantity(f"{ceil_gib(self.split.helpers[index].memory.total_gib * (1 + LIMIT_HEADROOM))}Gi")
 

@@ -25,6 +25,8 @@ RESULTS = ROOT / "bench" / "results-rpc-h200.json"
 CPU_RESULTS = ROOT / "bench" / "results-rpc-cpu.json"
 MIB = 2**20
 DECODE_TOLERANCE = 0.20
+MEMORY_TOLERANCE = 0.05
+PREFILL_TOLERANCE = 0.25
 HASH_THRESHOLD = 10 << 20  # ggml-rpc.cpp: a tensor above this is offered by hash first, and a helper with -c keeps it
 
 
@@ -36,8 +38,16 @@ def restored_in_timing(facts: dict, depth: int) -> bool:
     its tensor cache answered each by hash. Reproduced and removed on the CPU (bench/results-rpc-cpu.json, runs 1
     and 2); the relay now holds a sender back."""
     return depth > 0 and facts["kv_heads"] * facts["head_dim"] * depth * 2 < HASH_THRESHOLD
-MEMORY_TOLERANCE = 0.05
-PREFILL_TOLERANCE = 0.25
+
+
+def _split_row(r: dict, facts: dict, gbps_digits: int = 1) -> tuple[list[int], int, Link, str]:
+    """A measured row's split: blocks per device (llama.cpp's rule), the output layer's device, the link as
+    tools/link_probe.py measured it, and the link's label."""
+    split = [float(x) for x in r["split"].split("/")]
+    measured = r["link_measured"]
+    label = f"{r['link']['name']} ({measured['rtt_ms']:.2f} ms, {measured['gbps']:.{gbps_digits}f} Gbit/s)"
+    return (layers_per_device(facts["layers"], split), output_device(facts["layers"], split),
+            Link(measured["rtt_ms"], measured["gbps"]), label)
 
 
 def _server(shape: str, quant: str, ctx: int, weights: float) -> tuple[ModelServer, object]:
@@ -81,15 +91,11 @@ def decode_rows(record: dict) -> list[tuple]:
                 continue
             facts = preset_facts(r["shape"])
             whole = prediction("nvidia-datacenter", "cuda", 4800, True, facts, r["quant"], r["weights_bytes"] / GIB, r["depth"], 1)
-            split = [float(x) for x in r["split"].split("/")]
-            counts = layers_per_device(facts["layers"], split)
-            measured_link = r["link_measured"]
-            link = Link(measured_link["rtt_ms"], measured_link["gbps"])
+            counts, output, link, label = _split_row(r, facts)
             ends = [1 / split_decode_seconds([1 / whole] * 2, counts, [link], facts["layers"], facts["embedding_length"],
-                                             r["depth"], cost, facts["vocab_size"], output_device(facts["layers"], split))
+                                             r["depth"], cost, facts["vocab_size"], output)
                     for cost in RPC_TOKEN_MS]
-            out.append((r["shape"], f"{r['link']['name']} ({measured_link['rtt_ms']:.2f} ms, {measured_link['gbps']:.1f} Gbit/s)",
-                        r["depth"], r["tok_s"], min(ends), max(ends), restored_in_timing(facts, r["depth"])))
+            out.append((r["shape"], label, r["depth"], r["tok_s"], min(ends), max(ends), restored_in_timing(facts, r["depth"])))
     return out
 
 
@@ -106,14 +112,11 @@ def prefill_rows(record: dict) -> list[tuple]:
                                                        r["weights_bytes"] / GIB, r["depth"], 1,
                                                        ctx_size=r["n_prompt"] + r["depth"] + 512)
             whole = prompt_seconds(model, model_facts, pool, "cuda", True)
-            split = [float(x) for x in r["split"].split("/")]
-            counts = layers_per_device(facts["layers"], split)
-            measured_link = r["link_measured"]
-            seconds = split_prefill_seconds([whole] * 2, counts, [Link(measured_link["rtt_ms"], measured_link["gbps"])],
-                                            facts["layers"], facts["embedding_length"], r["n_prompt"], r["depth"], 512,
-                                            facts["vocab_size"], output_device(facts["layers"], split))
-            out.append((r["shape"], f"{r['link']['name']} ({measured_link['rtt_ms']:.2f} ms, {measured_link['gbps']:.1f} Gbit/s)",
-                        r["depth"], r["tok_s"], r["n_prompt"] / seconds, restored_in_timing(facts, r["depth"])))
+            counts, output, link, label = _split_row(r, facts)
+            seconds = split_prefill_seconds([whole] * 2, counts, [link], facts["layers"], facts["embedding_length"],
+                                            r["n_prompt"], r["depth"], 512, facts["vocab_size"], output)
+            out.append((r["shape"], label, r["depth"], r["tok_s"], r["n_prompt"] / seconds,
+                        restored_in_timing(facts, r["depth"])))
     return out
 
 
@@ -132,12 +135,9 @@ def cpu_rows(rows: list[dict], prompt: bool) -> list[tuple]:
         if r.get("kind") != "speed" or not kind(r) or (r["shape"], r["depth"]) not in whole:
             continue
         facts = preset_facts(r["shape"])
-        split = [float(x) for x in r["split"].split("/")]
-        counts = layers_per_device(facts["layers"], split)
-        measured_link = r["link_measured"]
-        links = [Link(measured_link["rtt_ms"], measured_link["gbps"])] * len(counts)
+        counts, output, link, label = _split_row(r, facts, gbps_digits=3)
+        links = [link] * len(counts)
         rate = whole[(r["shape"], r["depth"])]
-        output = output_device(facts["layers"], split)
         if prompt:
             seconds = split_prefill_seconds([lambda tokens, depth: tokens / rate] * len(counts), counts, links,
                                             facts["layers"], facts["embedding_length"], r["n_prompt"], r["depth"], 512,
@@ -147,8 +147,7 @@ def cpu_rows(rows: list[dict], prompt: bool) -> list[tuple]:
             ends = [1 / split_decode_seconds([1 / rate] * len(counts), counts, links, facts["layers"],
                                              facts["embedding_length"], r["depth"], cost, facts["vocab_size"], output)
                     for cost in RPC_TOKEN_MS]
-        out.append((r["shape"], f"{r['link']['name']} ({measured_link['rtt_ms']:.2f} ms, {measured_link['gbps']:.3f} Gbit/s)",
-                    r["depth"], r["tok_s"], min(ends), max(ends)))
+        out.append((r["shape"], label, r["depth"], r["tok_s"], min(ends), max(ends)))
     return out
 
 
