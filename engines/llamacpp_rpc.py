@@ -81,6 +81,32 @@ RPC_RECOMPUTE_REQUEST = 9 + 4       # header, device
 RPC_INPUTS_PER_TOKEN = 5
 
 
+# A ggml-rpc-server offers its device's plain buffer type only, so a CPU helper never repacks the weights it holds
+# into the interleaved layout a CPU llama-server's matrix products read faster (ggml-cpu/repack.cpp b10729, x86-64:
+# Q4_0, Q4_K, IQ4_NL and MXFP4 with AVX2, Q2_K with AVX-512; the load report shows no CPU_REPACK buffer on an RPC
+# device), while a node's prefill figure is a CPU server's, repacked. Prompt tokens/s without it over with it,
+# measured on the CI machine (llama-server b10729 --no-repack against its default, Qwen3-1.7B at 1 and 2 threads:
+# bench/results-repack-cpu.json): Q4_K_M 0.73, Q4_K_S 0.68, Q8_0 1.00 (not repacked on x86); Llama-3.2-3B Q4_K_M,
+# not used to set them, 0.73 / 0.71. Decode moved -11 to +1 % for the Q4_K mixes and +3 / +16 % for Q8_0, which
+# repacks nothing: this machine's noise at two threads, so only prefill pays it. x86-64 only: on ARM more types
+# repack.
+CPU_HELPER_PREFILL = {"Q4_K_M": 0.73, "Q4_K_S": 0.68}
+# Types whose tensors repack on x86-64 (the file types named by them, and unsloth's UD- mixes of them); a file type
+# among them that is not measured takes the most-repacked measured mix's figure.
+REPACKED_ON_X86 = ("Q4_0", "Q4_K", "IQ4_NL", "MXFP4", "Q2_K")
+
+
+def cpu_helper_prefill(quant: str | None) -> float:
+    """A CPU helper's prompt speed over the same node's whole-model figure (CPU_HELPER_PREFILL): 1.0 for a file type
+    x86-64 does not repack, or with no quant known."""
+    if quant is None:
+        return 1.0
+    quant = {"Q4_K": "Q4_K_M"}.get(quant, quant)  # llama-quantize's alias
+    if quant in CPU_HELPER_PREFILL:
+        return CPU_HELPER_PREFILL[quant]
+    return min(CPU_HELPER_PREFILL.values()) if any(t in quant for t in REPACKED_ON_X86) else 1.0
+
+
 @dataclass(frozen=True)
 class Link:
     """A link between the main server's node and a helper's: round trip and bandwidth, as tools/link_probe.py

@@ -18,9 +18,9 @@ from config.gpus import BACKEND_OVERHEAD
 from planning.capacity import node_offers_gib
 from planning.memory import MemoryEstimate, Split, SplitMember
 
-from .llamacpp_memory import compute_bytes, kv_bytes, llamacpp_estimate, slots, DEFAULT_UBATCH
-from .llamacpp_rpc import (RPC_TOKEN_MS, Link, layers_per_device, output_device, split_decode_seconds, split_for_layers,
-                           split_memory, split_prefill_seconds, split_weights)
+from .llamacpp_memory import compute_bytes, kv_bytes, llamacpp_estimate, quant_of, slots, DEFAULT_UBATCH
+from .llamacpp_rpc import (RPC_TOKEN_MS, Link, cpu_helper_prefill, layers_per_device, output_device,
+                           split_decode_seconds, split_for_layers, split_memory, split_prefill_seconds, split_weights)
 from .llamacpp_speed import PROMPT_TOKENS, predict_range_tok_s, prompt_seconds
 
 if TYPE_CHECKING:
@@ -188,12 +188,15 @@ def _prefill(model: "ModelServer", facts: "ModelFacts", devices: list, counts: l
     prefill model."""
     if not _predictable(model):
         return None
+    # Every CPU device of a split is a helper (a CPU main server holds no block), and a helper does not repack.
+    slower = cpu_helper_prefill(quant_of(model.hf_repo) if model.hf_repo else None)
     per_device = []
     for member, (pool, _, _, backend, _) in zip(_members(model, devices), devices):
         seconds = prompt_seconds(member, facts, pool, backend, False)
         if seconds is None:
             return None
-        per_device.append(seconds)
+        per_device.append(seconds if backend != "cpu" else
+                          lambda tokens, depth, whole=seconds: whole(tokens, depth) / slower)
     link = Link(rtt_ms=float(model.rpc.link.rtt_ms), gbps=float(model.rpc.link.gbps))
     helpers = len(model.rpc.helpers)
 
@@ -219,17 +222,18 @@ def _decode(model: "ModelServer", facts: "ModelFacts", devices: list, counts: li
         rates = predict_range_tok_s(member, facts, pool, backend, False, depths)
         if rates is None:
             return None
-        per_device.append({name: (1 / low, 1 / high) for name, (low, high) in rates.items()})
+        per_device.append({name: (1 / low, 1 / high) for name, (low, high) in rates.items()})  # (slow, fast) seconds
     links = [Link(rtt_ms=float(link.rtt_ms), gbps=float(link.gbps))] * len(devices)
     helpers = len(model.rpc.helpers) if model.rpc else 0
 
-    def rate(name: str, depth: int, end: int) -> float:
-        seconds = split_decode_seconds([d[name][end] for d in per_device], counts, links[:helpers], facts.layers,
-                                       facts.embedding_length or 0, depth, RPC_TOKEN_MS[end], facts.vocab_size or 0,
-                                       output)
+    def rate(name: str, depth: int, slow: bool) -> float:
+        """The slow end pairs each node's slow figure with RPC_TOKEN_MS's dearer end; the fast end, the other two."""
+        seconds = split_decode_seconds([d[name][0 if slow else 1] for d in per_device], counts, links[:helpers],
+                                       facts.layers, facts.embedding_length or 0, depth, RPC_TOKEN_MS[1 if slow else 0],
+                                       facts.vocab_size or 0, output)
         return 1 / seconds
 
-    return {name: (rate(name, depth, 1), rate(name, depth, 0)) for name, depth in depths.items()}
+    return {name: (rate(name, depth, True), rate(name, depth, False)) for name, depth in depths.items()}
 
 
 RPC_RANGE_WHY = (f"what RPC costs a token beyond the link, {RPC_TOKEN_MS[0]:g}-{RPC_TOKEN_MS[1]:g} ms a helper, differs "

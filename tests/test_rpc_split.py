@@ -242,3 +242,37 @@ def test_a_dense_split_plans_prefill_slower_over_a_slower_link_and_a_moe_split_n
     assert slow["first_token_full_s"] - fast["first_token_full_s"] == pytest.approx(11.36, abs=0.05)
     big = split_run.outputs["capacity_plan"]["servers"]["big"]
     assert big["prefill_tok_s"] is None and big["first_token_full_s"] is None
+
+
+@pytest.mark.parametrize("quant, slower", [("Q4_K_M", 0.73), ("Q4_K_S", 0.68), ("Q8_0", 1.0)])
+def test_a_cpu_helper_prefills_at_its_unrepacked_rate_and_decodes_at_its_nodes(quant, slower):
+    """A ggml-rpc-server does not repack what it holds (tests/test_rpc_contract.py holds the binary to it), so a CPU
+    split's prefill is each helper's share of the model at CPU_HELPER_PREFILL of the node's whole-model rate: over a
+    link that costs nothing, the split of one model over two one-thread helpers prefills at that share of what one
+    one-thread CPU server of the same model does. Decode is not slowed (its measured change was within noise)."""
+    from engines.llamacpp_rpc import RPC_TOKEN_MS, cpu_helper_prefill
+    from lab.contract.real_shape import expected_weights_bytes
+    from tests.test_rpc_contract import split_values
+
+    assert cpu_helper_prefill(quant) == slower
+    values = split_values()
+    chat = values["models"]["chat"]
+    chat.update(hf_repo=f"Qwen/Qwen3-1.7B-GGUF:{quant}",
+                weights=f"{expected_weights_bytes('qwen3-1.7b', quant) / 2**20:.2f}Mi")
+    chat["rpc"]["link"] = {"rtt_ms": 0.01, "gbps": 800}  # the fastest link the config takes: next to nothing
+    split = run_values(values, stack="rpc-cpu").outputs["capacity_plan"]["servers"]["chat"]
+    whole_values = copy.deepcopy(values)
+    whole_chat = whole_values["models"]["chat"]
+    del whole_chat["rpc"]
+    whole_chat["threads"] = 1
+    whole = run_values(whole_values, stack="rpc-cpu").outputs["capacity_plan"]["servers"]["chat"]
+    assert split["prefill_tok_s"] == pytest.approx(whole["prefill_tok_s"] * slower, rel=0.01)
+    # Decode: the node's whole-model time and, per helper, only RPC_TOKEN_MS (the link costs nothing here), end for
+    # end: this node's CPU is not profiled, so its figure is a range, and the split's slow end (the one printed) is
+    # the node's slow end with RPC's dearer cost, never the node's fast end.
+    for name, (low, high) in split["decode_range_tok_s"].items():
+        whole_low, whole_high = whole["decode_range_tok_s"][name]
+        assert whole_low < whole_high / 2 and low < high
+        assert 1 / low == pytest.approx(1 / whole_low + 2 * RPC_TOKEN_MS[1] / 1e3, rel=0.01)
+        assert 1 / high == pytest.approx(1 / whole_high + 2 * RPC_TOKEN_MS[0] / 1e3, rel=0.01)
+        assert split["decode_predicted_tok_s"][name] == low
