@@ -16,7 +16,7 @@ from planning.memory import Estimate, weights_quantity
 from .base import Credentials, Engine, Problem
 from .llamacpp_flags import extra_args_problems
 from .llamacpp_speed import predict_range_tok_s, prefill, range_reasons
-from .llamacpp_split import RPC_RANGE_WHY, split_estimate
+from .llamacpp_split import RPC_RANGE_WHY, one_node_instead, split_estimate
 from .llamacpp_memory import (
     BITS_PER_WEIGHT,
     DEFAULT_BATCH,
@@ -252,6 +252,9 @@ class LlamaCpp(Engine):
                         "the nodes (make link-profile) and set rtt_ms and gbps",)
         elif decode is None:
             warnings = (f"{path}.rpc: no decode figure (a node's decode is not modelled for its backend)",)
+        else:
+            instead = one_node_instead(model, facts, pools[model.node_pool], path, decode["half"][0])
+            warnings = (instead,) if instead else ()
         return Estimate(
             memory=split.main.memory, vram=None, weights=model.weights or weights_quantity(weights_bytes(model, facts)),
             read_per_token=None, decode_predicted_tok_s={k: low for k, (low, _) in decode.items()} if decode else None,

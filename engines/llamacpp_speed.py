@@ -353,7 +353,7 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
         dense=cpu_read - expert_read, experts=expert_read, kv_per_position=kv_bytes_per_position(model, facts),
         kv_layers_share=kv_layers_share,
         group=(facts.attention_heads / facts.kv_heads) if facts.attention_heads else HOST_KV_GROUP,
-        threads=model.threads, cpu_kv_scale=cpu_kv_scale(model))
+        threads=model.threads, cpu_kv_scale=cpu_kv_scale(model, pool))
 
 
 def cpu_quantized_ratio(kind: str) -> float:
@@ -361,16 +361,19 @@ def cpu_quantized_ratio(kind: str) -> float:
     return CPU_QUANTIZED_KV.get(kind, max(CPU_QUANTIZED_KV.values()))
 
 
-def cpu_kv_scale(model: "ModelServer") -> tuple[float, float]:
+def cpu_kv_scale(model: "ModelServer", pool: "NodePool") -> tuple[float, float]:
     """What a CPU's part of the cache costs per byte against f16's, (slow end, fast end): a quantized cache's time
-    is CPU_QUANTIZED_KV times an f16 cache's of the same shape at the slow end (a type not measured: the slowest
-    measured), f16's time at the fast end; both over its own bytes."""
+    is the node's measured multiple of an f16 cache's of the same shape at both ends (cpu_quantized_kv, `make
+    host-profile`); not measured, CPU_QUANTIZED_KV's at the slow end (a type not measured: the slowest measured)
+    and f16's time at the fast end; all over its own bytes."""
     kind = quantized_kv_type(model)
     if kind is None:
         return 1.0, 1.0
-    ratio = cpu_quantized_ratio(kind)
     per_byte = 2 * KV_TYPE_BYTES["f16"] / (KV_TYPE_BYTES[model.cache_type_k or "f16"] + KV_TYPE_BYTES[model.cache_type_v or "f16"])
-    return ratio * per_byte, per_byte
+    measured = (pool.cpu_quantized_kv or {}).get(kind)
+    if measured is not None:
+        return measured * per_byte, measured * per_byte
+    return cpu_quantized_ratio(kind) * per_byte, per_byte
 
 
 def quantized_kv_type(model: "ModelServer") -> Optional[str]:
@@ -397,7 +400,7 @@ def quantized_kv_terms(model: "ModelServer", facts: "ModelFacts", main: Optional
 
 
 QUANTIZED_KV_CPU = ("its {kind} KV cache on the CPU: from {ratio:g} times an f16 cache's time (a 2-core EPYC) to "
-                    "f16's time (a 16-thread host), not measured on this node")
+                    "f16's time (a 16-thread host), not measured on this node (make host-profile)")
 QUANTIZED_KV_UNMEASURED = ("its {kind} KV cache's decode not measured on this backend: from the cost measured on an "
                            "H200 to its bytes alone (llama.cpp PR #16208: q4_0 faster than f16 on an RTX 4090)")
 

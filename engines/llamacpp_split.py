@@ -18,7 +18,8 @@ from config.gpus import BACKEND_OVERHEAD
 from planning.capacity import node_offers_gib
 from planning.memory import MemoryEstimate, Split, SplitMember
 
-from .llamacpp_memory import compute_bytes, kv_bytes, llamacpp_estimate, quant_of, slots, DEFAULT_UBATCH
+from .llamacpp_memory import (BITS_PER_WEIGHT, compute_bytes, kv_bytes, llamacpp_estimate, quant_of, slots, weights_bytes,
+                              DEFAULT_UBATCH)
 from .llamacpp_rpc import (RPC_TOKEN_MS, Link, cpu_helper_prefill, layers_per_device, output_device,
                            split_decode_seconds, split_for_layers, split_memory, split_prefill_seconds, split_weights)
 from .llamacpp_speed import PROMPT_TOKENS, predict_range_tok_s, prompt_seconds
@@ -239,3 +240,37 @@ def _decode(model: "ModelServer", facts: "ModelFacts", devices: list, counts: li
 RPC_RANGE_WHY = (f"what RPC costs a token beyond the link, {RPC_TOKEN_MS[0]:g}-{RPC_TOKEN_MS[1]:g} ms a helper, differs "
                  "from host to host (engines/llamacpp_rpc.py)")
 
+
+
+def one_node_instead(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", path: str,
+                     split_half_tok_s: float) -> Optional[str]:
+    """Where a smaller quant of the same model fits one node of the main server's pool alone and decodes faster at
+    half context than the split, the summary's line saying so: the largest such quant (the best quality that fits),
+    its weights scaled from the file's by bits per weight (llama-quantize's means, BITS_PER_WEIGHT), planned as a
+    single server on that node. None where the quant is not a llama.cpp file type, none fits, or the split is the
+    faster."""
+    if model.hf_repo is None or facts.bits_per_weight is not None:
+        return None
+    repo, quant = model.hf_repo.rsplit(":", 1)[0], quant_of(model.hf_repo)
+    if quant not in BITS_PER_WEIGHT:
+        return None
+    weights = weights_bytes(model, facts)
+    backend = model.backend_on(pool) if model.uses_gpu(pool) else "cpu"
+    offers = node_offers_gib(pool)
+    smaller = sorted((q for q, bits in BITS_PER_WEIGHT.items() if bits < BITS_PER_WEIGHT[quant] and q.startswith("Q")),
+                     key=BITS_PER_WEIGHT.get, reverse=True)
+    for candidate in smaller:
+        size = weights * BITS_PER_WEIGHT[candidate] / BITS_PER_WEIGHT[quant]
+        alone = model.model_copy(update={"rpc": None, "hf_repo": f"{repo}:{candidate}", "weights": f"{size / GIB:.2f}Gi"})
+        total = llamacpp_estimate(alone, facts, backend).total_gib
+        if total > offers:
+            continue
+        rates = predict_range_tok_s(alone, facts, pool, backend, False, {"half": model.ctx_size // 2})
+        if rates is None or rates["half"][0] <= split_half_tok_s:
+            return None
+        return (f"{path}.rpc: splitting is slower than a smaller quant on one node: {candidate} of this model "
+                f"({size / GIB:.0f} GiB of weights, where a repo publishes it) fits one {model.node_pool} node alone "
+                f"({total:.1f} of {offers:.1f} GiB) and decodes ~{rates['half'][0]:.1f} tok/s at half context against the "
+                f"split's {split_half_tok_s:.1f}, at a lower quality; keep the split for {quant}'s quality, or serve "
+                f"{candidate} on one node")
+    return None

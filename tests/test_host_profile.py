@@ -1,6 +1,7 @@
 """`make host-profile` run for real on this machine (lab/bench/host_profile.py: bench/host_bandwidth.c, then llama.cpp's
-own llama-bench on a real-shape Qwen3-1.7B): the two lines it prints are a stack file's pool fields the program
-accepts and plans with (one decode figure, no range), and the figures give back the rates llama-bench measured.
+own llama-bench on a real-shape Qwen3-1.7B, with an f16 and with quantized KV caches): the three lines it prints are
+a stack file's pool fields the program accepts and plans with (one decode figure, no range, a quantized cache's
+too), and the figures give back the rates llama-bench measured.
 Timing on a shared machine varies, so the test holds what the figures are made of, not their size."""
 
 from __future__ import annotations
@@ -34,13 +35,19 @@ def test_the_printed_lines_are_pool_fields_the_plan_uses(profile):
     stdout, record = profile
     lines = stdout.split("for the stack file (node_pools.<pool>):\n", 1)[1]
     fields = yaml.safe_load(lines)
-    assert set(fields) == {"memory_bandwidth_by_threads", "cpu_decode_by_threads"}
+    assert set(fields) == {"memory_bandwidth_by_threads", "cpu_decode_by_threads", "cpu_quantized_kv"}
     assert set(fields["cpu_decode_by_threads"]) == {2} == set(fields["memory_bandwidth_by_threads"])
-    values = plain_values("cpu-cluster")
-    values["node_pools"]["minipc"].update(fields)
-    values["models"]["chat"]["threads"] = 2
-    chat = plan_capacity(parse_stack(values)).servers["chat"]
-    assert chat.decode_range_tok_s is None and chat.decode_predicted_tok_s["full"] < chat.decode_predicted_tok_s["empty"]
+    assert fields["cpu_quantized_kv"] == record["cpu_quantized_kv"] and set(fields["cpu_quantized_kv"]) == {"q8_0", "q4_0"}
+    for cache in ("f16", "q8_0"):
+        values = plain_values("cpu-cluster")
+        values["node_pools"]["minipc"].update(fields)
+        values["models"]["chat"].update(threads=2, cache_type_k=cache, cache_type_v=cache)
+        chat = plan_capacity(parse_stack(values)).servers["chat"]
+        assert chat.decode_range_tok_s is None and chat.decode_predicted_tok_s["full"] < chat.decode_predicted_tok_s["empty"]
+        # Without the node's ratio a quantized cache's decode is a range, and the summary says why.
+        del values["node_pools"]["minipc"]["cpu_quantized_kv"]
+        unmeasured = plan_capacity(parse_stack(values)).servers["chat"]
+        assert (unmeasured.decode_range_tok_s is None) == (cache == "f16")
     # The bandwidth printed is host_bandwidth's, the figures the record's (rounded for the stack file).
     assert fields["memory_bandwidth_by_threads"] == {int(t): round(v) for t, v in record["host_read_gbs"].items()}
     assert fields["cpu_decode_by_threads"] == {int(t): f for t, f in record["cpu_decode_by_threads"].items()}
@@ -54,7 +61,7 @@ def test_the_figures_it_prints_give_back_the_rates_it_measured(profile):
     _, record = profile
     from lab.bench import decode_error
     for threads in (2,):
-        rates = {r["depth"]: r["tok_s"] for r in record["rows"] if r["threads"] == threads}
+        rates = {r["depth"]: r["tok_s"] for r in record["rows"] if r["threads"] == threads and r["kv_type"] == "f16"}
         model, facts, pool = decode_error.server_and_pool(
             "cpu", "cpu", None, False, decode_error.preset_facts(record["shape"]), record["quant"],
             decode_error.expected_weights_bytes(record["shape"], record["quant"]) / decode_error.GIB, record["depth"], 1,
@@ -68,3 +75,23 @@ def test_the_figures_it_prints_give_back_the_rates_it_measured(profile):
         else:
             assert empty <= rates[0] * 1.02
         assert 1 / deep - 1 / empty == pytest.approx(1 / rates[record["depth"]] - 1 / rates[0], rel=0.02)
+
+
+def test_a_quantized_cache_planned_with_the_printed_ratio_slows_with_depth_as_measured(profile):
+    """The ratio's plumbing end to end: a CPU server of the profiled shape with a q8_0 or q4_0 cache, planned with the
+    printed figures, pays between an empty context and the depth what llama-bench measured with that cache."""
+    _, record = profile
+    from lab.bench import decode_error
+    threads = max(int(t) for t in record["cpu_decode_by_threads"])
+    for cache, ratio in record["cpu_quantized_kv"].items():
+        rates = {r["depth"]: r["tok_s"] for r in record["rows"] if r["kv_type"] == cache}
+        model, facts, pool = decode_error.server_and_pool(
+            "cpu", "cpu", None, False, decode_error.preset_facts(record["shape"]), record["quant"],
+            decode_error.expected_weights_bytes(record["shape"], record["quant"]) / decode_error.GIB, record["depth"], 1,
+            threads=threads, host={int(t): v for t, v in record["host_read_gbs"].items()},
+            cost=record["cpu_decode_by_threads"], cache=cache, quantized=record["cpu_quantized_kv"])
+        planned = predict_range_tok_s(model, facts, pool, "cpu", False, {"empty": 0, "deep": record["depth"]})
+        assert planned["deep"][0] == planned["deep"][1]  # measured: one figure
+        assert ratio > 0
+        assert 1 / planned["deep"][0] - 1 / planned["empty"][0] == pytest.approx(
+            1 / rates[record["depth"]] - 1 / rates[0], rel=0.03), cache

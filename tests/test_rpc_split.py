@@ -276,3 +276,43 @@ def test_a_cpu_helper_prefills_at_its_unrepacked_rate_and_decodes_at_its_nodes(q
         assert 1 / low == pytest.approx(1 / whole_low + 2 * RPC_TOKEN_MS[1] / 1e3, rel=0.01)
         assert 1 / high == pytest.approx(1 / whole_high + 2 * RPC_TOKEN_MS[0] / 1e3, rel=0.01)
         assert split["decode_predicted_tok_s"][name] == low
+
+
+def test_the_summary_says_when_a_smaller_quant_on_one_node_decodes_faster_than_the_split(split_run):
+    """Issue #47: the seed's Qwen3-235B-A22B at Q4_K_M fits neither 112 GiB node; split, it decodes 10.7 tok/s at half
+    context. The plan names the largest quant that fits one node alone (Q3_K_M does not, Q3_K_S does), planned as a
+    single server there, when it is faster; where no smaller quant fits one node, it says nothing."""
+    from config.types import ModelServer, NodePool
+    from engines.llamacpp_memory import BITS_PER_WEIGHT, llamacpp_estimate
+    from engines.llamacpp_speed import predict_range_tok_s
+    from config.catalog import facts_for
+    from plane import parse_stack, plan_capacity
+
+    warnings = plan_capacity(parse_stack(plain_values(STACK))).warnings
+    [line] = [w for w in warnings if "smaller quant on one node" in w]
+    assert line.startswith("models.big.rpc: ") and " Q3_K_S of this model " in line
+    values = plain_values(STACK)
+    pool = NodePool.model_validate(values["node_pools"]["ms-s1"])
+    big = ModelServer.model_validate(values["models"]["big"])
+    facts = facts_for(big)
+    offers = 112.0
+    repo, weights = big.hf_repo.rsplit(":", 1)[0], float(big.weights.removesuffix("Gi")) if big.weights else None
+
+    def alone(quant):
+        size = weights * BITS_PER_WEIGHT[quant] / BITS_PER_WEIGHT["Q4_K_M"]
+        model = big.model_copy(update={"rpc": None, "hf_repo": f"{repo}:{quant}", "weights": f"{size:.2f}Gi"})
+        return model, llamacpp_estimate(model, facts, "rocm").total_gib
+
+    assert alone("Q3_K_M")[1] > offers >= alone("Q3_K_S")[1]
+    model, total = alone("Q3_K_S")
+    half = predict_range_tok_s(model, facts, pool, "rocm", False, {"half": big.ctx_size // 2})["half"][0]
+    split_half = split_run.outputs["capacity_plan"]["servers"]["big"]["decode_predicted_tok_s"]["half"]
+    assert f"decodes ~{half:.1f} tok/s at half context against the split's {split_half:.1f}" in line
+    assert f"({total:.1f} of {offers:.1f} GiB)" in line and half > split_half
+    # Nodes too small for any smaller quant alone (Q2_K: 79 GiB of weights), together still room for the split.
+    small = copy.deepcopy(values)
+    small["node_pools"]["ms-s1"].update(memory="84Gi", allocatable="80Gi", nodes=3)
+    small["models"]["big"]["rpc"]["helpers"].append({"node_pool": "ms-s1"})
+    plan = plan_capacity(parse_stack(small))
+    assert plan.servers["big"].split is not None and alone("Q2_K")[1] > 76.0
+    assert not [w for w in plan.warnings if "smaller quant" in w]

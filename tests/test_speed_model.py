@@ -177,6 +177,8 @@ def test_the_thread_tables_survive_pulumis_json_config():
         ("cpu_decode_by_threads", {"four": {"block_us": 300, "kv_gbs_per_thread": 1.2}},
          r"node_pools\.minipc\.cpu_decode_by_threads\.four"),
         ("cpu_decode_by_threads", {4: {"block_us": 300}}, r"node_pools\.minipc\.cpu_decode_by_threads\.4\.kv_gbs_per_thread"),
+        ("cpu_quantized_kv", {"f16": 1.0}, r"node_pools\.minipc\.cpu_quantized_kv\.f16"),
+        ("cpu_quantized_kv", {"q8_0": 0}, r"node_pools\.minipc\.cpu_quantized_kv\.q8_0"),
     ):
         bad = stack_file_config("cpu-cluster")
         bad["inference-plane:node_pools"]["minipc"][field] = value
@@ -209,3 +211,27 @@ def test_a_quantized_cache_on_a_cpu_is_a_range_from_its_measured_ratio_to_f16s_t
     f16_per_position = 1 / f16["deep"][0] - 1 / f16["empty"][0]
     assert 1 / quantized["deep"][0] - 1 / quantized["empty"][0] == pytest.approx(ratio * f16_per_position, rel=1e-9)
     assert any(f"{cache} KV cache on the CPU" in reason for reason in why)
+
+
+def test_a_nodes_measured_quantized_ratio_makes_its_cpu_cache_one_figure():
+    """With the node's own ratio (cpu_quantized_kv, make host-profile) a quantized cache on its CPU is one figure,
+    that ratio times f16's time per position, and the summary gives no reason for a range; a type the node did not
+    measure keeps the range."""
+    from engines.llamacpp_speed import predict_range_tok_s, range_reasons
+    from lab.bench.decode_error import preset_facts, recorded_node_figures, server_and_pool
+
+    host, costs = recorded_node_figures()["CI machine"]
+    depths = {"empty": 0, "deep": 4096}
+
+    def rates(kind, quantized):
+        model, facts, pool = server_and_pool("cpu", "cpu", None, False, preset_facts("llama-3.2-3b"), "Q4_K_M", 1.9, 4096,
+                                             1, threads=2, host=host, cost=costs, cache=kind, quantized=quantized)
+        return predict_range_tok_s(model, facts, pool, "cpu", False, depths), range_reasons(model, facts, pool, "cpu", False)
+
+    f16, _ = rates("f16", None)
+    measured, why = rates("q8_0", {"q8_0": 1.4})
+    assert measured["deep"][0] == measured["deep"][1] and not why
+    f16_per_position = 1 / f16["deep"][0] - 1 / f16["empty"][0]
+    assert 1 / measured["deep"][0] - 1 / measured["empty"][0] == pytest.approx(1.4 * f16_per_position, rel=1e-9)
+    other, other_why = rates("q4_0", {"q8_0": 1.4})
+    assert other["deep"][0] < other["deep"][1] and any("q4_0 KV cache on the CPU" in r for r in other_why)

@@ -66,9 +66,10 @@ RECORDS = [
 
 
 def server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
-                    threads=8, host=None, cost=None, ctx_size=None, ubatch=None, cache="f16"):
+                    threads=8, host=None, cost=None, ctx_size=None, ubatch=None, cache="f16", quantized=None):
     """The model server and node pool a measured row stands for: host is the node's read bandwidth by threads
-    (memory_bandwidth_by_threads), cost its decode figures by threads (cpu_decode_by_threads); the context twice
+    (memory_bandwidth_by_threads), cost its decode figures by threads (cpu_decode_by_threads), quantized its CPU's
+    quantized-cache ratios (cpu_quantized_kv); the context twice
     the depth unless given (a prompt's run: the prompt and the depth), the micro-batch llama.cpp's unless given."""
     model_facts = lookup(facts) if isinstance(facts, str) else ModelFacts.model_validate(facts)
     model = ModelServer.model_validate({
@@ -80,7 +81,7 @@ def server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights
     })
     pool = NodePool.model_validate({
         "memory": "256Gi", "allocatable": "250Gi", "memory_bandwidth_gbs": max((host or {0: 60}).values()) if discrete else bandwidth,
-        "memory_bandwidth_by_threads": host, "cpu_decode_by_threads": cost,
+        "memory_bandwidth_by_threads": host, "cpu_decode_by_threads": cost, "cpu_quantized_kv": quantized,
         "decode_profile": profile if backend != "cpu" else None, "backend": backend,
         **({"vram": "80Gi", "vram_bandwidth_gbs": bandwidth, "gpu_resource": "nvidia.com/gpu", "gpus_per_node": gpus} if discrete else {}),
     })

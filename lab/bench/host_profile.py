@@ -10,10 +10,13 @@ llama.cpp's decode costs it beyond reading the weights, printed as the two stack
 3. engines/llamacpp_speed.solve_host_cost turns the two rates into the node's figures at that count: the time
    the weights do not explain, per block; the rest at depth, the KV cache's rate per thread:
    cpu_decode_by_threads.
+4. With the largest thread count, the same at both depths with each quantized KV cache type (--kv-types, flash
+   attention on as in step 2): what its slow-down at depth costs against the f16 cache's, cpu_quantized_kv (on a
+   CPU a quantized cache is slower, not faster: 2.37 and 2.6 times on a 2-core EPYC, about 1 on a 16-thread host).
 
 Run it on the node that serves (or one of its kind), with nothing else running: a second H200 host read 30 %
-faster and attended twice as fast as the first (docs/capacity-planning.md, "Decode speed"). About a minute
-on 16 cores, 3-4 on 2 (the depth's prompt is processed on the CPU), after llama.cpp's build.
+faster and attended twice as fast as the first (docs/capacity-planning.md, "Decode speed"). About two minutes
+on 16 cores, 6-8 on 2 (the depth's prompt is processed on the CPU, once per cache type), after llama.cpp's build.
 """
 
 from __future__ import annotations
@@ -49,15 +52,24 @@ def read_bandwidth(threads: list[int], workdir: Path) -> dict[int, float]:
     return {int(t): float(gbs) for t, gbs in re.findall(r"threads (\d+) read_gbs ([\d.]+)", out)}
 
 
-def decode_rates(binary: str, threads: list[int], depth: int, workdir: Path) -> list[dict]:
-    model = write_real_shape(SHAPE, workdir / f"{SHAPE}-{QUANT}.gguf", QUANT)
+def decode_rates(binary: str, threads: list[int], depth: int, workdir: Path, kv_type: str = "f16") -> list[dict]:
+    model = workdir / f"{SHAPE}-{QUANT}.gguf"
+    if not model.exists():
+        write_real_shape(SHAPE, model, QUANT)
+    # Flash attention on: a quantized V cache needs it, and llama.cpp's auto turns it on for a CPU anyway.
     cmd = [binary, "-m", str(model), "-ngl", "0", "-p", "0", "-n", "16", "-d", f"0,{depth}", "-t", ",".join(map(str, threads)),
-           "-r", "3", "-o", "json"]
+           "-fa", "1", "-ctk", kv_type, "-ctv", kv_type, "-r", "3", "-o", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"host_profile: llama-bench failed ({out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
     return [{"threads": r["n_threads"], "depth": r.get("n_depth", 0), "tok_s": r["avg_ts"], "stddev": r.get("stddev_ts"),
-             "cpu": r.get("cpu_info"), "build": r.get("build_number"), "backend": r.get("backends")} for r in json.loads(out.stdout)]
+             "kv_type": kv_type, "cpu": r.get("cpu_info"), "build": r.get("build_number"), "backend": r.get("backends")}
+            for r in json.loads(out.stdout)]
+
+
+def quantized_ratio(f16: tuple[float, float], quantized: tuple[float, float]) -> float:
+    """What a quantized cache's slow-down at depth costs against f16's: (empty, deep) tokens/s of each."""
+    return (1 / quantized[1] - 1 / quantized[0]) / (1 / f16[1] - 1 / f16[0])
 
 
 def main(argv: list[str]) -> int:
@@ -65,11 +77,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", default=None, help="comma-separated thread counts (default: powers of two and all cores)")
     parser.add_argument("--depth", type=int, default=4096, help="context depth for the KV cache's rate")
     parser.add_argument("--llama-bench", default=None, help="default: the build tool's (LLAMA_CPP_BACKEND picks CPU or CUDA)")
+    parser.add_argument("--kv-types", default="q8_0,q4_0", help="quantized KV cache types to measure (empty: none)")
     parser.add_argument("--out", default=None, help="also write the measurements and figures as JSON")
     args = parser.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")] if args.threads else default_threads()
-    if any(t <= 0 for t in threads) or args.depth <= 0:
-        print("host_profile: --threads are positive counts and --depth a positive token count", file=sys.stderr)
+    kv_types = [t for t in args.kv_types.split(",") if t]
+    if any(t <= 0 for t in threads) or args.depth <= 0 or not set(kv_types) <= {"q8_0", "q4_0"}:
+        print("host_profile: --threads are positive counts, --depth a positive token count and --kv-types some of "
+              "q8_0,q4_0", file=sys.stderr)
         return 2
     binary = args.llama_bench
     if binary is None:
@@ -79,7 +94,9 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="host-profile-") as tmp:
         bandwidth = read_bandwidth(threads, Path(tmp))
         rows = decode_rates(binary, threads, args.depth, Path(tmp))
-    rates = {(r["threads"], r["depth"]): r["tok_s"] for r in rows}
+        for kind in kv_types:
+            rows += decode_rates(binary, [max(threads)], args.depth, Path(tmp), kind)
+    rates = {(r["threads"], r["depth"]): r["tok_s"] for r in rows if r["kv_type"] == "f16"}
     figures = {}
     for t in threads:
         if not rates[(t, args.depth)] < rates[(t, 0)]:
@@ -91,13 +108,27 @@ def main(argv: list[str]) -> int:
         figures[t] = {"block_us": round(cost.block_us), "kv_gbs_per_thread": round(cost.kv_gbs, 2)}
         print(f"{t:3} threads: read {bandwidth[t]:.1f} GB/s; {SHAPE} {QUANT} {rates[(t, 0)]:.2f} tok/s empty, "
               f"{rates[(t, args.depth)]:.2f} at {args.depth}: {cost.block_us:.0f} us a block, KV {cost.kv_gbs:.2f} GB/s a thread")
+    most = max(threads)
+    ratios = {}
+    for kind in kv_types:
+        deep = {r["depth"]: r["tok_s"] for r in rows if r["kv_type"] == kind}
+        if not deep[args.depth] < deep[0]:
+            print(f"host_profile: the {kind} cache at {args.depth} tokens was not slower than at none ({deep[args.depth]:.2f} "
+                  f"against {deep[0]:.2f} tok/s): the node was busy; run it again on a quiet node", file=sys.stderr)
+            return 1
+        ratios[kind] = round(quantized_ratio((rates[(most, 0)], rates[(most, args.depth)]), (deep[0], deep[args.depth])), 2)
+        print(f"{most:3} threads, {kind} KV cache: {deep[0]:.2f} tok/s empty, {deep[args.depth]:.2f} at {args.depth}: "
+              f"{ratios[kind]:g} times the f16 cache's time per position")
     if args.out:
         Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "depth": args.depth, "shape": SHAPE, "quant": QUANT,
-                                              "rows": rows, "cpu_decode_by_threads": figures}, indent=1))
+                                              "rows": rows, "cpu_decode_by_threads": figures,
+                                              "cpu_quantized_kv": ratios}, indent=1))
     print("for the stack file (node_pools.<pool>):")
     print("  memory_bandwidth_by_threads: {" + ", ".join(f"{t}: {bandwidth[t]:.0f}" for t in threads) + "}")
     print("  cpu_decode_by_threads: {" + ", ".join(
         f"{t}: {{block_us: {f['block_us']}, kv_gbs_per_thread: {f['kv_gbs_per_thread']}}}" for t, f in figures.items()) + "}")
+    if ratios:
+        print("  cpu_quantized_kv: {" + ", ".join(f"{k}: {v:g}" for k, v in ratios.items()) + "}")
     return 0
 
 

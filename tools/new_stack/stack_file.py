@@ -133,7 +133,7 @@ def node_pool(hw: Hardware) -> dict[str, V]:
                          "local-path provisioner and the OS beside them.")
     pool["memory_bandwidth_gbs"] = V(_number(hw.ram_bandwidth), hw.ram_bandwidth_why)
     pool["cpu_decode_by_threads"] = V(None, "What llama.cpp's decode costs this node's CPU: run `make host-profile` on "
-                                      "a node and paste its two lines here (this and memory_bandwidth_by_threads); "
+                                      "a node and paste its lines here (this, memory_bandwidth_by_threads and cpu_quantized_kv); "
                                       "null: the plan shows a range for what the CPU decodes.")
     if hw.discrete:
         pool["vram"] = V(gi_quantity(hw.vram_gib), "--vram: memory of the card; offloaded layers and their KV cache are "
