@@ -15,7 +15,7 @@ from planning.memory import Estimate, weights_quantity
 
 from .base import Credentials, Engine, Problem
 from .llamacpp_flags import extra_args_problems
-from .llamacpp_speed import predict_range_tok_s, prefill, range_reasons
+from .llamacpp_speed import faster_than_on_card, predict_range_tok_s, prefill, range_reasons
 from .llamacpp_split import RPC_RANGE_WHY, one_node_instead, split_estimate
 from .llamacpp_memory import (
     BITS_PER_WEIGHT,
@@ -236,6 +236,7 @@ class LlamaCpp(Engine):
             prefill_tok_s=round(prompt[0], 1) if prompt else None,
             first_token_full_s=round(prompt[1], 2) if prompt else None,
             multimodal=facts.mmproj is not None,
+            warnings=tuple(w for w in [faster_than_on_card(model, facts, pool, backend, path, span)] if w),
         ), problems
 
     @staticmethod

@@ -235,3 +235,32 @@ def test_a_nodes_measured_quantized_ratio_makes_its_cpu_cache_one_figure():
     assert 1 / measured["deep"][0] - 1 / measured["empty"][0] == pytest.approx(1.4 * f16_per_position, rel=1e-9)
     other, other_why = rates("q4_0", {"q8_0": 1.4})
     assert other["deep"][0] < other["deep"][1] and any("q4_0 KV cache on the CPU" in r for r in other_why)
+
+
+def test_a_figure_above_the_same_model_held_on_such_a_card_is_flagged():
+    """Issue #44 item 3: an Arc B580 user was told ~51 tok/s for Qwen3.6-35B-A3B with 22 of 40 blocks of experts in
+    DDR4, more than llama.cpp issue #22413's 50.29 tok/s for the same model held entirely on an Arc Pro B60 of the
+    same 456 GB/s. Keeping experts in RAM cannot be faster than the card, so the summary flags such a figure (and the
+    profile's own all-on-card figure, twice the published run); a placement the plan holds below its ceiling (CUDA,
+    layers in RAM) is not flagged."""
+    from engines.llamacpp_speed import faster_than_on_card, on_card_ceiling, predict_range_tok_s
+    from lab.bench.decode_error import preset_facts, server_and_pool
+
+    def flag(profile, backend, bandwidth, shape, weights_gib, ngl, cpu_moe):
+        model, facts, pool = server_and_pool(profile, backend, bandwidth, True, preset_facts(shape), "Q4_K_M", weights_gib,
+                                             0, 1, ngl=ngl, cpu_moe=cpu_moe, threads=8)
+        span = predict_range_tok_s(model, facts, pool, backend, True, {"empty": 0})
+        return span["empty"], on_card_ceiling(model, facts, pool, backend), faster_than_on_card(
+            model, facts, pool, backend, "models.chat", span)
+
+    (low, high), (ceiling, source), said = flag("intel-arc-b", "sycl", 456, "qwen3.6-35b-a3b", 20.6, 99, 22)
+    assert ceiling == pytest.approx(50.29) and "llama.cpp issue #22413" in source
+    assert high > ceiling and said.startswith("models.chat: decode ~") and f"{ceiling:.1f} tok/s published" in said
+    assert "cannot be faster than the card" in said
+    # On a card of twice the bandwidth the published run scales with it.
+    assert flag("intel-arc-b", "sycl", 912, "qwen3.6-35b-a3b", 20.6, 99, 22)[1][0] == pytest.approx(100.58)
+    (whole, _), _, said_whole = flag("intel-arc-b", "sycl", 456, "qwen3.6-35b-a3b", 20.6, 99, None)
+    assert whole > 50.29 * 1.15 and "is more than the 50.3 tok/s published" in said_whole
+    # CUDA with 13 of 32 blocks of Llama-3.1-8B in RAM: below the plan's own all-on-card figure, not flagged.
+    (low, high), (ceiling, source), said = flag("nvidia", "cuda", 360, "llama-3.1-8b", 4.6, 19, None)
+    assert high < ceiling and source.startswith("the plan's figure") and said is None
