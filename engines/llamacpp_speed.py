@@ -131,6 +131,11 @@ PUBLISHED_ON_CARD: tuple[tuple[str, float, float, float, float, str], ...] = (
 )
 
 
+# How far a figure for a model held on a card may lie above a published run of it before the summary flags it: the
+# decode tolerance the plan is held to (issue #44: within 15 %).
+DECODE_FLAG_TOLERANCE = 0.15
+
+
 def on_card_ceiling(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str]
                     ) -> Optional[tuple[float, str]]:
     """What the same model decodes at, at an empty context, held entirely on a card of this pool's profile and
@@ -172,10 +177,6 @@ def faster_than_on_card(model: "ModelServer", facts: "ModelFacts", pool: "NodePo
             f"{ceiling[0]:.1f} tok/s {ceiling[1]}: keeping blocks or experts in RAM cannot be faster than the card, so "
             "this figure is too high (the backend's cost for this model is not measured); take it as an upper bound")
 
-
-# How far a figure for a model held on a card may lie above a published run of it before the summary flags it: the
-# decode tolerance the plan is held to (issue #44: within 15 %).
-DECODE_FLAG_TOLERANCE = 0.15
 
 
 BACKEND_NAMES = {"rocm": "ROCm", "sycl": "SYCL", "vulkan": "Vulkan", "cuda": "CUDA", "cpu": "CPU"}

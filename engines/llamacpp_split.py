@@ -241,7 +241,6 @@ RPC_RANGE_WHY = (f"what RPC costs a token beyond the link, {RPC_TOKEN_MS[0]:g}-{
                  "from host to host (engines/llamacpp_rpc.py)")
 
 
-
 def one_node_instead(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", path: str,
                      split_half_tok_s: float) -> Optional[str]:
     """Where a smaller quant of the same model fits one node of the main server's pool alone and decodes faster at
