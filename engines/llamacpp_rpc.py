@@ -91,9 +91,11 @@ RPC_INPUTS_PER_TOKEN = 5
 # repacks nothing: this machine's noise at two threads, so only prefill pays it. x86-64 only: on ARM more types
 # repack.
 CPU_HELPER_PREFILL = {"Q4_K_M": 0.73, "Q4_K_S": 0.68}
-# Types whose tensors repack on x86-64 (the file types named by them, and unsloth's UD- mixes of them); a file type
-# among them that is not measured takes the most-repacked measured mix's figure.
-REPACKED_ON_X86 = ("Q4_0", "Q4_K", "IQ4_NL", "MXFP4", "Q2_K")
+# File types whose tensors are mostly of a type that repacks on every x86-64 host with AVX2 (and unsloth's UD- mixes
+# of them): one not measured takes the most-repacked measured mix's figure. Not counted: Q2_K (repacked only with
+# AVX-512, which the plan cannot tell), and the few Q4_K tensors of a Q3_K or Q2_K mix (the plan is then a little
+# fast).
+REPACKED_ON_X86 = ("Q4_0", "Q4_K", "IQ4_NL", "MXFP4")
 
 
 def cpu_helper_prefill(quant: str | None) -> float:

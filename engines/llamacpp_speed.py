@@ -125,9 +125,9 @@ BACKEND_FIGURES: dict[str, tuple[str, tuple[tuple[str, float, str], ...]]] = {
 # card's bandwidth GB/s, tokens/s, source.) Qwen3.6-35B-A3B UD-Q4_K_M (20.60 GiB) on an Arc Pro B60 (456 GB/s, as
 # the B580), SYCL, llama-bench tg128 50.29 t/s at build 9159 (llama.cpp issue #22413, 2026-05-18; that build had
 # asserts enabled, so a release may be faster): the profile's MoE block cost is not measured and the plan's own
-# figure for it on the card is about twice that.
-PUBLISHED_ON_CARD: tuple[tuple[str, float, float, float, float, str], ...] = (
-    ("intel-arc-b", 34.66, 3.45, 456.0, 50.29, "an Arc Pro B60, SYCL, llama.cpp issue #22413"),
+# figure for it on the card is about twice that. A run holds only for its quant (another reads other bytes).
+PUBLISHED_ON_CARD: tuple[tuple[str, float, float, str, float, float, str], ...] = (
+    ("intel-arc-b", 34.66, 3.45, "Q4_K_M", 456.0, 50.29, "an Arc Pro B60, SYCL, llama.cpp issue #22413"),
 )
 
 
@@ -139,19 +139,21 @@ DECODE_FLAG_TOLERANCE = 0.15
 def on_card_ceiling(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str]
                     ) -> Optional[tuple[float, str]]:
     """What the same model decodes at, at an empty context, held entirely on a card of this pool's profile and
-    bandwidth: a published run where one exists (PUBLISHED_ON_CARD, scaled by bandwidth), else the plan's own
-    figure for every block on the card; (tokens/s, where it comes from). None off a discrete card."""
-    if not pool.discrete() or pool.vram_bandwidth_gbs is None:
+    bandwidth: a published run of it at its quant where one exists (PUBLISHED_ON_CARD, scaled by bandwidth), else
+    the fast end of the plan's own figure for every block on the card; (tokens/s, where it comes from). None off a
+    discrete card, or for a server on the CPU."""
+    if not pool.discrete() or pool.vram_bandwidth_gbs is None or backend == "cpu":
         return None
     profile = profile_name(pool, backend)
-    for name, params, active, bandwidth, tok_s, source in PUBLISHED_ON_CARD:
-        if (name == profile and abs(facts.params_b - params) <= 0.01 * params
+    quant = quant_of(model.hf_repo) if model.hf_repo else None
+    for name, params, active, published_quant, bandwidth, tok_s, source in PUBLISHED_ON_CARD:
+        if (name == profile and quant == published_quant and abs(facts.params_b - params) <= 0.01 * params
                 and abs((facts.active_params_b or facts.params_b) - active) <= 0.01 * active):
             return tok_s * float(pool.vram_bandwidth_gbs) / bandwidth, f"published for it on {source}"
     whole = model.model_copy(update={"gpu_layers": 999, "cpu_moe_layers": None})
     card = pool.model_copy(update={"vram": "100000Gi"})
     rates = predict_range_tok_s(whole, facts, card, backend, True, {"empty": 0})
-    return (rates["empty"][0], "the plan's figure for it with every block on the card") if rates else None
+    return (rates["empty"][1], "the plan's figure for it with every block on the card") if rates else None
 
 
 def faster_than_on_card(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
@@ -171,8 +173,9 @@ def faster_than_on_card(model: "ModelServer", facts: "ModelFacts", pool: "NodePo
         return (f"{path}: decode ~{figure} tok/s at an empty context is more than the {ceiling[0]:.1f} tok/s "
                 f"{ceiling[1]}: the backend's cost for this model is not measured, so this figure is too high; take "
                 "it as an upper bound")
-    if high <= ceiling[0] * 1.005:
-        return None
+    host = host_read_gbs(pool, model.threads)
+    if high <= ceiling[0] * 1.005 or (host is not None and host[1] >= float(pool.vram_bandwidth_gbs)):
+        return None  # within the ceiling, or a host that reads as fast as the card: the premise does not hold
     return (f"{path}: decode ~{figure} tok/s at an empty context with weights in system RAM is more than the "
             f"{ceiling[0]:.1f} tok/s {ceiling[1]}: keeping blocks or experts in RAM cannot be faster than the card, so "
             "this figure is too high (the backend's cost for this model is not measured); take it as an upper bound")
@@ -430,7 +433,8 @@ def cpu_kv_scale(model: "ModelServer", pool: "NodePool") -> tuple[float, float]:
     if kind is None:
         return 1.0, 1.0
     per_byte = 2 * KV_TYPE_BYTES["f16"] / (KV_TYPE_BYTES[model.cache_type_k or "f16"] + KV_TYPE_BYTES[model.cache_type_v or "f16"])
-    measured = (pool.cpu_quantized_kv or {}).get(kind)
+    # host-profile measures K and V of one type: a mixed pair keeps the range.
+    measured = (pool.cpu_quantized_kv or {}).get(kind) if model.cache_type_k == model.cache_type_v else None
     if measured is not None:
         return measured * per_byte, measured * per_byte
     return cpu_quantized_ratio(kind) * per_byte, per_byte
@@ -583,9 +587,11 @@ def prefill(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend
     return prompt / seconds(prompt, 0), seconds(model.ctx_size, 0)
 
 
-def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str], discrete: bool):
+def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str], discrete: bool,
+                   weight_rate: float = 1.0):
     """seconds(tokens, depth): the time to process a prompt of `tokens` after `depth` already in the cache;
-    None where not predicted."""
+    None where not predicted. weight_rate scales the speed of the matrix products with the weights alone (a CPU
+    helper of a split, which does not repack them: CPU_HELPER_PREFILL), not the attention's."""
     if model.role == "embedding":
         return None
     cpu_only = backend == "cpu"
@@ -604,12 +610,13 @@ def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", 
     call = 0.0
     if cpu_only:
         rate = model.threads * CPU_PREFILL_GFLOPS_PER_THREAD * 1e9
-        matmul, attention_rate, copy = 2 * active / rate, rate, 0.0
+        matmul, attention_rate, copy = 2 * active / (rate * weight_rate), rate, 0.0
     else:
         call = (profile.moe_call_ms if moe else profile.call_ms) / 1e3
         # A dense model's; the mixture-of-experts share was measured on 2048-wide models and holds their width.
         narrow = min(1.0, width / profile.full_width) ** profile.width_power if profile.full_width and not moe else 1.0
-        matmul = 2 * active / (share_of(profile.tflops, kind) * 1e12 * (profile.moe_share if moe else 1.0) * narrow)
+        matmul = 2 * active / (share_of(profile.tflops, kind) * 1e12 * (profile.moe_share if moe else 1.0) * narrow
+                               * weight_rate)
         attention_rate = profile.attention_tflops * 1e12
         ubatch = model.ubatch_size or 512
         # What stays in RAM but the input embedding (a lookup), copied once per micro-batch.

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Optional
 
 from common.quantity import GIB
 from config.gpus import BACKEND_OVERHEAD
-from planning.capacity import node_offers_gib
+from planning.capacity import LIMIT_HEADROOM, ceil_gib, node_offers_gib
 from planning.memory import MemoryEstimate, Split, SplitMember
 
 from .llamacpp_memory import (BITS_PER_WEIGHT, compute_bytes, kv_bytes, llamacpp_estimate, quant_of, slots, weights_bytes,
@@ -196,8 +196,9 @@ def _prefill(model: "ModelServer", facts: "ModelFacts", devices: list, counts: l
         seconds = prompt_seconds(member, facts, pool, backend, False)
         if seconds is None:
             return None
-        per_device.append(seconds if backend != "cpu" else
-                          lambda tokens, depth, whole=seconds: whole(tokens, depth) / slower)
+        if backend == "cpu":
+            seconds = prompt_seconds(member, facts, pool, backend, False, weight_rate=slower)
+        per_device.append(seconds)
     link = Link(rtt_ms=float(model.rpc.link.rtt_ms), gbps=float(model.rpc.link.gbps))
     helpers = len(model.rpc.helpers)
 
@@ -244,10 +245,10 @@ RPC_RANGE_WHY = (f"what RPC costs a token beyond the link, {RPC_TOKEN_MS[0]:g}-{
 def one_node_instead(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", path: str,
                      split_half_tok_s: float) -> Optional[str]:
     """Where a smaller quant of the same model fits one node of the main server's pool alone and decodes faster at
-    half context than the split, the summary's line saying so: the largest such quant (the best quality that fits),
-    its weights scaled from the file's by bits per weight (llama-quantize's means, BITS_PER_WEIGHT), planned as a
-    single server on that node. None where the quant is not a llama.cpp file type, none fits, or the split is the
-    faster."""
+    half context than the split, the summary's line saying so. The quant is the largest that fits (the best quality
+    that does), its weights scaled from the file's by bits per weight (llama-quantize's means, BITS_PER_WEIGHT),
+    planned as a single server on that node with the memory request the plan would give it (the estimate and
+    LIMIT_HEADROOM). None where the quant is not a llama.cpp file type, none fits, or that quant is not the faster."""
     if model.hf_repo is None or facts.bits_per_weight is not None:
         return None
     repo, quant = model.hf_repo.rsplit(":", 1)[0], quant_of(model.hf_repo)
@@ -261,7 +262,7 @@ def one_node_instead(model: "ModelServer", facts: "ModelFacts", pool: "NodePool"
     for candidate in smaller:
         size = weights * BITS_PER_WEIGHT[candidate] / BITS_PER_WEIGHT[quant]
         alone = model.model_copy(update={"rpc": None, "hf_repo": f"{repo}:{candidate}", "weights": f"{size / GIB:.2f}Gi"})
-        total = llamacpp_estimate(alone, facts, backend).total_gib
+        total = ceil_gib(llamacpp_estimate(alone, facts, backend).total_gib * (1 + LIMIT_HEADROOM))
         if total > offers:
             continue
         rates = predict_range_tok_s(alone, facts, pool, backend, False, {"half": model.ctx_size // 2})
@@ -269,7 +270,7 @@ def one_node_instead(model: "ModelServer", facts: "ModelFacts", pool: "NodePool"
             return None
         return (f"{path}.rpc: splitting is slower than a smaller quant on one node: {candidate} of this model "
                 f"({size / GIB:.0f} GiB of weights, where a repo publishes it) fits one {model.node_pool} node alone "
-                f"({total:.1f} of {offers:.1f} GiB) and decodes ~{rates['half'][0]:.1f} tok/s at half context against the "
+                f"(a {total}Gi request of {offers:.1f} GiB) and decodes ~{rates['half'][0]:.1f} tok/s at half context against the "
                 f"split's {split_half_tok_s:.1f}, at a lower quality; keep the split for {quant}'s quality, or serve "
                 f"{candidate} on one node")
     return None

@@ -110,8 +110,6 @@ def test_the_rendered_split_holds_what_the_plan_says_and_recovers_from_a_helper_
                 print(f"rpc helper {index} {kind}: plan {mib:.1f} MiB, llama.cpp {device[kind]:.1f} MiB")
                 assert mib == pytest.approx(device[kind], rel=TOLERANCE), (index, kind)
             assert sum(figures.values()) == pytest.approx(sum(device.values()), rel=TOLERANCE)
-        # A helper's blocks sit in its device's plain buffer: nothing of the split is repacked (CPU_HELPER_PREFILL).
-        assert "CPU_REPACK" not in text
         # The main server on a CPU: the input embedding and its compute buffer.
         host = reports["CPU_Mapped"]["model"] + reports["CPU"]["compute"]
         mine = split["main"]["memory"]
@@ -218,8 +216,9 @@ def test_what_crosses_the_link_per_generated_token_is_what_the_plan_counts(binar
 @pytest.mark.parametrize("quant", ["Q4_K_M", "Q4_K_S", "Q8_0"])
 def test_a_whole_cpu_server_repacks_exactly_the_file_types_a_helper_is_planned_slower_for(binary, tmp_path, quant):
     """The split's CPU prefill pays CPU_HELPER_PREFILL because a CPU llama-server repacks these weights at load and a
-    ggml-rpc-server (above: no CPU_REPACK buffer in a split) does not. Held to the real binary on this x86-64 host:
-    the same file loaded whole shows a CPU_REPACK buffer exactly where the plan counts a helper slower."""
+    ggml-rpc-server, which offers its device's plain buffer only, does not (the split's blocks are reported in
+    RPC<n>[host:port] buffers, above). Held to the real binary on this x86-64 host: the same file loaded whole shows
+    a CPU_REPACK buffer exactly where the plan counts a helper slower."""
     from engines.llamacpp_rpc import cpu_helper_prefill
 
     model = write_real_shape("qwen3-1.7b", tmp_path / f"qwen3-1.7b-{quant}.gguf", quant)

@@ -235,6 +235,12 @@ def test_a_nodes_measured_quantized_ratio_makes_its_cpu_cache_one_figure():
     assert 1 / measured["deep"][0] - 1 / measured["empty"][0] == pytest.approx(1.4 * f16_per_position, rel=1e-9)
     other, other_why = rates("q4_0", {"q8_0": 1.4})
     assert other["deep"][0] < other["deep"][1] and any("q4_0 KV cache on the CPU" in r for r in other_why)
+    # The tool measures K and V of one type: a q8_0 K beside an f16 V keeps the range.
+    model, facts, pool = server_and_pool("cpu", "cpu", None, False, preset_facts("llama-3.2-3b"), "Q4_K_M", 1.9, 4096, 1,
+                                         threads=2, host=host, cost=costs, quantized={"q8_0": 1.4})
+    mixed = model.model_copy(update={"cache_type_k": "q8_0", "cache_type_v": "f16"})
+    span = predict_range_tok_s(mixed, facts, pool, "cpu", False, depths)
+    assert span["deep"][0] < span["deep"][1] and range_reasons(mixed, facts, pool, "cpu", False)
 
 
 def test_a_figure_above_the_same_model_held_on_such_a_card_is_flagged():
@@ -246,9 +252,9 @@ def test_a_figure_above_the_same_model_held_on_such_a_card_is_flagged():
     from engines.llamacpp_speed import faster_than_on_card, on_card_ceiling, predict_range_tok_s
     from lab.bench.decode_error import preset_facts, server_and_pool
 
-    def flag(profile, backend, bandwidth, shape, weights_gib, ngl, cpu_moe):
-        model, facts, pool = server_and_pool(profile, backend, bandwidth, True, preset_facts(shape), "Q4_K_M", weights_gib,
-                                             0, 1, ngl=ngl, cpu_moe=cpu_moe, threads=8)
+    def flag(profile, backend, bandwidth, shape, weights_gib, ngl, cpu_moe, quant="Q4_K_M", host=None):
+        model, facts, pool = server_and_pool(profile, backend, bandwidth, True, preset_facts(shape), quant, weights_gib,
+                                             0, 1, ngl=ngl, cpu_moe=cpu_moe, threads=8, host=host)
         span = predict_range_tok_s(model, facts, pool, backend, True, {"empty": 0})
         return span["empty"], on_card_ceiling(model, facts, pool, backend), faster_than_on_card(
             model, facts, pool, backend, "models.chat", span)
@@ -264,3 +270,7 @@ def test_a_figure_above_the_same_model_held_on_such_a_card_is_flagged():
     # CUDA with 13 of 32 blocks of Llama-3.1-8B in RAM: below the plan's own all-on-card figure, not flagged.
     (low, high), (ceiling, source), said = flag("nvidia", "cuda", 360, "llama-3.1-8b", 4.6, 19, None)
     assert high < ceiling and source.startswith("the plan's figure") and said is None
+    # The published run holds for its quant only: a Q8_0 file reads other bytes, and is held to the plan's own figure.
+    assert flag("intel-arc-b", "sycl", 456, "qwen3.6-35b-a3b", 36.0, 99, 22, quant="Q8_0")[1][1].startswith("the plan's")
+    # A host that reads as fast as the card (500 GB/s with 8 threads against 456): the premise does not hold.
+    assert flag("intel-arc-b", "sycl", 456, "qwen3.6-35b-a3b", 20.6, 99, 22, host={8: 500})[2] is None
