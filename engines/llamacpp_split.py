@@ -13,7 +13,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Optional
 
-from common.quantity import GIB
+from common.quantity import GIB, Quantity
 from config.gpus import BACKEND_OVERHEAD
 from planning.capacity import LIMIT_HEADROOM, ceil_gib, node_offers_gib
 from planning.memory import MemoryEstimate, Split, SplitMember
@@ -261,7 +261,8 @@ def one_node_instead(model: "ModelServer", facts: "ModelFacts", pool: "NodePool"
                      key=BITS_PER_WEIGHT.get, reverse=True)
     for candidate in smaller:
         size = weights * BITS_PER_WEIGHT[candidate] / BITS_PER_WEIGHT[quant]
-        alone = model.model_copy(update={"rpc": None, "hf_repo": f"{repo}:{candidate}", "weights": f"{size / GIB:.2f}Gi"})
+        alone = model.model_copy(update={"rpc": None, "hf_repo": f"{repo}:{candidate}",
+                                          "weights": Quantity(f"{size / GIB:.2f}Gi")})
         total = ceil_gib(llamacpp_estimate(alone, facts, backend).total_gib * (1 + LIMIT_HEADROOM))
         if total > offers:
             continue

@@ -249,7 +249,8 @@ def test_a_figure_above_the_same_model_held_on_such_a_card_is_flagged():
     same 456 GB/s. Keeping experts in RAM cannot be faster than the card, so the summary flags such a figure (and the
     profile's own all-on-card figure, twice the published run); a placement the plan holds below its ceiling (CUDA,
     layers in RAM) is not flagged."""
-    from engines.llamacpp_speed import faster_than_on_card, on_card_ceiling, predict_range_tok_s
+    from engines.llamacpp_ceiling import faster_than_on_card, on_card_ceiling
+    from engines.llamacpp_speed import predict_range_tok_s
     from lab.bench.decode_error import preset_facts, server_and_pool
 
     def flag(profile, backend, bandwidth, shape, weights_gib, ngl, cpu_moe, quant="Q4_K_M", host=None):
