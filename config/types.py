@@ -441,6 +441,10 @@ class ModelServer(ModelSettings):
         """The backend this server runs with: its own setting, the pool's, or its image's."""
         return self.backend or pool.backend or self.image_backend()  # type: ignore[return-value]
 
+    def compute_backend(self, pool: NodePool) -> Optional[str]:
+        """Where its layers run on this pool: backend_on when it uses the GPU, else "cpu"."""
+        return self.backend_on(pool) if self.uses_gpu(pool) else "cpu"
+
 
 class Observability(Strict):
     """VictoriaMetrics operator objects: scrapes and alert rules."""

@@ -209,7 +209,7 @@ class LlamaCpp(Engine):
             memory, vram = discrete_split(model, facts, model.backend_on(pool))
         else:
             memory, vram = llamacpp_estimate(model, facts, model.backend_on(pool)), None
-        backend = model.backend_on(pool) if model.uses_gpu(pool) else "cpu"
+        backend = model.compute_backend(pool)
         span = predict_range_tok_s(model, facts, pool, backend, discrete,
                                    {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size})
         decode = {name: low for name, (low, _) in span.items()} if span else None

@@ -33,12 +33,11 @@ PUBLISHED_ON_CARD: tuple[tuple[str, float, float, str, float, float, str], ...] 
 DECODE_FLAG_TOLERANCE = 0.15
 
 
-def on_card_ceiling(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str]
-                    ) -> Optional[tuple[float, str]]:
-    """What the same model decodes at, at an empty context, held entirely on a card of this pool's profile and
-    bandwidth: a published run of it at its quant where one exists (PUBLISHED_ON_CARD, scaled by bandwidth), else
-    the fast end of the plan's own figure for every block on the card; (tokens/s, where it comes from). None off a
-    discrete card, or for a server on the CPU."""
+def published_on_card(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str]
+                      ) -> Optional[tuple[float, str]]:
+    """A published run of this model at its quant on a card of this pool's profile (PUBLISHED_ON_CARD), scaled by
+    the pool's card bandwidth; (tokens/s, where it comes from). None off a discrete card, for a server on the CPU,
+    or where none is published."""
     if not pool.discrete() or pool.vram_bandwidth_gbs is None or backend == "cpu":
         return None
     profile = profile_name(pool, backend)
@@ -47,6 +46,19 @@ def on_card_ceiling(model: "ModelServer", facts: "ModelFacts", pool: "NodePool",
         if (name == profile and quant == published_quant and abs(facts.params_b - params) <= 0.01 * params
                 and abs((facts.active_params_b or facts.params_b) - active) <= 0.01 * active):
             return tok_s * float(pool.vram_bandwidth_gbs) / bandwidth, f"published for it on {source}"
+    return None
+
+
+def on_card_ceiling(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str]
+                    ) -> Optional[tuple[float, str]]:
+    """What the same model decodes at, at an empty context, held entirely on a card of this pool's profile and
+    bandwidth: a published run of it (published_on_card), else the fast end of the plan's own figure for every block
+    on the card; (tokens/s, where it comes from). None off a discrete card, or for a server on the CPU."""
+    if not pool.discrete() or pool.vram_bandwidth_gbs is None or backend == "cpu":
+        return None
+    published = published_on_card(model, facts, pool, backend)
+    if published is not None:
+        return published
     whole = model.model_copy(update={"gpu_layers": 999, "cpu_moe_layers": None})
     card = pool.model_copy(update={"vram": Quantity("100000Gi")})  # room for every block
     rates = predict_range_tok_s(whole, facts, card, backend, True, {"empty": 0})
@@ -56,16 +68,19 @@ def on_card_ceiling(model: "ModelServer", facts: "ModelFacts", pool: "NodePool",
 def faster_than_on_card(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
                         path: str, span: dict[str, tuple[float, float]]) -> Optional[str]:
     """The summary's flag where a placement with weights in system RAM beside a discrete card is predicted faster,
-    at either end of its range, than the same model held entirely on such a card (on_card_ceiling)."""
+    at either end of its range, than the same model held entirely on such a card (on_card_ceiling), or where a
+    model held on the card is predicted above a published run of it by more than DECODE_FLAG_TOLERANCE."""
+    if not span:
+        return None
     place = layout(model, facts)
-    ceiling = on_card_ceiling(model, facts, pool, backend)
-    if not span or ceiling is None:
+    on_card = place.gpu_blocks >= place.layers and not place.experts_in_ram
+    ceiling = (published_on_card if on_card else on_card_ceiling)(model, facts, pool, backend)
+    if ceiling is None:
         return None
     low, high = span["empty"]
     figure = f"{low:.1f}" if high <= low * 1.005 else f"{low:.1f}-{high:.1f}"
-    if place.gpu_blocks >= place.layers and not place.experts_in_ram:
-        # All on the card: held to a published run of the model, where one exists, within decode's tolerance.
-        if not ceiling[1].startswith("published") or high <= ceiling[0] * (1 + DECODE_FLAG_TOLERANCE):
+    if on_card:
+        if high <= ceiling[0] * (1 + DECODE_FLAG_TOLERANCE):
             return None
         return (f"{path}: decode ~{figure} tok/s at an empty context is more than the {ceiling[0]:.1f} tok/s "
                 f"{ceiling[1]}: the backend's cost for this model is not measured, so this figure is too high; take "

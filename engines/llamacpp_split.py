@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Optional
 
 from common.quantity import GIB, Quantity
 from config.gpus import BACKEND_OVERHEAD
-from planning.capacity import LIMIT_HEADROOM, ceil_gib, node_offers_gib
-from planning.memory import MemoryEstimate, Split, SplitMember
+from planning.capacity import node_offers_gib
+from planning.memory import MemoryEstimate, Split, SplitMember, derived_limit_gib
 
 from .llamacpp_memory import (BITS_PER_WEIGHT, compute_bytes, kv_bytes, llamacpp_estimate, quant_of, slots, weights_bytes,
                               DEFAULT_UBATCH)
@@ -50,7 +50,7 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
     main_pool = pools[model.node_pool]
     members = [(pools[h.node_pool], h.node_pool, h.node, _member_backend(model, pools[h.node_pool], h.backend), h.layers)
                for h in split.helpers]
-    main_backend = model.backend_on(main_pool) if model.uses_gpu(main_pool) else "cpu"
+    main_backend = model.compute_backend(main_pool)
     on_card = main_backend != "cpu"
     problems: list[Problem] = []
     for index, (pool, key, *_rest) in enumerate(members):
@@ -193,11 +193,9 @@ def _prefill(model: "ModelServer", facts: "ModelFacts", devices: list, counts: l
     slower = cpu_helper_prefill(quant_of(model.hf_repo) if model.hf_repo else None)
     per_device = []
     for member, (pool, _, _, backend, _) in zip(_members(model, devices), devices):
-        seconds = prompt_seconds(member, facts, pool, backend, False)
+        seconds = prompt_seconds(member, facts, pool, backend, False, weight_rate=slower if backend == "cpu" else 1.0)
         if seconds is None:
             return None
-        if backend == "cpu":
-            seconds = prompt_seconds(member, facts, pool, backend, False, weight_rate=slower)
         per_device.append(seconds)
     link = Link(rtt_ms=float(model.rpc.link.rtt_ms), gbps=float(model.rpc.link.gbps))
     helpers = len(model.rpc.helpers)
@@ -247,15 +245,15 @@ def one_node_instead(model: "ModelServer", facts: "ModelFacts", pool: "NodePool"
     """Where a smaller quant of the same model fits one node of the main server's pool alone and decodes faster at
     half context than the split, the summary's line saying so. The quant is the largest that fits (the best quality
     that does), its weights scaled from the file's by bits per weight (llama-quantize's means, BITS_PER_WEIGHT),
-    planned as a single server on that node with the memory request the plan would give it (the estimate and
-    LIMIT_HEADROOM). None where the quant is not a llama.cpp file type, none fits, or that quant is not the faster."""
+    planned as a single server on that node with the memory request the plan would give it (derived_limit_gib).
+    None where the quant is not a llama.cpp file type, none fits, or that quant is not the faster."""
     if model.hf_repo is None or facts.bits_per_weight is not None:
         return None
     repo, quant = model.hf_repo.rsplit(":", 1)[0], quant_of(model.hf_repo)
     if quant not in BITS_PER_WEIGHT:
         return None
     weights = weights_bytes(model, facts)
-    backend = model.backend_on(pool) if model.uses_gpu(pool) else "cpu"
+    backend = model.compute_backend(pool)
     offers = node_offers_gib(pool)
     smaller = sorted((q for q, bits in BITS_PER_WEIGHT.items() if bits < BITS_PER_WEIGHT[quant] and q.startswith("Q")),
                      key=BITS_PER_WEIGHT.get, reverse=True)
@@ -263,7 +261,7 @@ def one_node_instead(model: "ModelServer", facts: "ModelFacts", pool: "NodePool"
         size = weights * BITS_PER_WEIGHT[candidate] / BITS_PER_WEIGHT[quant]
         alone = model.model_copy(update={"rpc": None, "hf_repo": f"{repo}:{candidate}",
                                           "weights": Quantity(f"{size / GIB:.2f}Gi")})
-        total = ceil_gib(llamacpp_estimate(alone, facts, backend).total_gib * (1 + LIMIT_HEADROOM))
+        total = derived_limit_gib(llamacpp_estimate(alone, facts, backend).total_gib)
         if total > offers:
             continue
         rates = predict_range_tok_s(alone, facts, pool, backend, False, {"half": model.ctx_size // 2})

@@ -12,7 +12,8 @@ from common.errors import CapacityError
 from common.quantity import Quantity, gib
 
 from .split import helper_endpoints, helper_name
-from .memory import VRAM_PLAN_MOST_UNDER_GIB, Estimate, MemoryEstimate, OnRequest, Split, VramEstimate
+from .memory import (LIMIT_HEADROOM, VRAM_PLAN_MOST_UNDER_GIB, Estimate, MemoryEstimate, OnRequest, Split, VramEstimate,
+                     ceil_gib, derived_limit_gib)
 from .residency import ADMISSION_MEMORY_REQUEST, KEEPER_MEMORY_REQUEST, Residency, ResidentModel, limit_gib, plan_residency, summed_estimate, summed_vram
 from .startup import StartupBudget, startup_budget, swap_seconds
 
@@ -25,7 +26,6 @@ Problem = tuple[str, str]
 # The plan's one question, handed in by the caller (planning never imports engines): a server's
 # estimate from its engine (engines.base.Engine.estimate), or why it cannot be planned.
 Estimator = Callable[["ModelServer", "NodePool", str], tuple[Optional[Union[Estimate, OnRequest]], list[Problem]]]
-LIMIT_HEADROOM = 0.10  # a derived limit sits 10% above the estimate: compute buffers vary with load
 # llama.cpp's own fitting keeps this much of each GPU free (common/common.h, b10729: fit_params_target
 # 1 GiB per device): what is planned closer to the card's size fits on paper only.
 GPU_FREE_TARGET_GIB = 1.0
@@ -51,10 +51,6 @@ def decode_bound_tok_s(
             return None
         seconds += part / (bandwidth * 1e9)
     return 1 / seconds if seconds > 0 else None
-
-
-def ceil_gib(value: float) -> int:
-    return max(1, math.ceil(value - 1e-9))
 
 
 @dataclass(frozen=True)
@@ -111,7 +107,7 @@ class ServerPlan:
         """Helper ``index``'s memory request and limit: its estimate and the derived limit's headroom."""
         if self.split is None:
             raise ValueError("planning/capacity.py: helper memory asked of a server with no split")
-        return Quantity(f"{ceil_gib(self.split.helpers[index].memory.total_gib * (1 + LIMIT_HEADROOM))}Gi")
+        return Quantity(f"{derived_limit_gib(self.split.helpers[index].memory.total_gib)}Gi")
 
     @property
     def need_gib(self) -> float:
@@ -221,7 +217,7 @@ def node_offers_gib(pool: "NodePool") -> float:
 
 def _server_plan(key: str, model: "ModelServer", stack: "StackConfig", estimate: Estimate) -> ServerPlan:
     pool = stack.node_pools[model.node_pool]
-    limit = model.resources.memory_limit or Quantity(f"{ceil_gib(estimate.memory.total_gib * (1 + LIMIT_HEADROOM))}Gi")
+    limit = model.resources.memory_limit or Quantity(f"{derived_limit_gib(estimate.memory.total_gib)}Gi")
     # Derived request = limit: a GPU server cannot shed memory, so it gets Guaranteed memory.
     request = model.resources.memory_request or limit
     return ServerPlan(

@@ -28,6 +28,17 @@ VRAM_PLAN_MOST_UNDER_GIB = 0.16
 DISCRETE_HOST_GIB = 1.0
 
 
+LIMIT_HEADROOM = 0.10  # a derived limit sits 10% above the estimate: compute buffers vary with load
+
+
+def ceil_gib(value: float) -> int:
+    return max(1, math.ceil(value - 1e-9))
+
+
+def derived_limit_gib(total_gib: float) -> int:
+    """The memory limit (and request) the plan derives from an estimate: LIMIT_HEADROOM above it, whole GiB."""
+    return ceil_gib(total_gib * (1 + LIMIT_HEADROOM))
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     weights_gib: float
