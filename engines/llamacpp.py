@@ -16,7 +16,8 @@ from planning.memory import Estimate, weights_quantity
 from .base import Credentials, Engine, Problem
 from .llamacpp_flags import extra_args_problems
 from .llamacpp_ceiling import faster_than_on_card
-from .llamacpp_speed import predict_range_tok_s, prefill, range_reasons
+from .llamacpp_prefill import prefill
+from .llamacpp_speed import predict_range_tok_s, range_reasons
 from .llamacpp_split import RPC_RANGE_WHY, one_node_instead, split_estimate
 from .llamacpp_memory import (
     BITS_PER_WEIGHT,

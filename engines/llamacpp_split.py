@@ -22,7 +22,8 @@ from .llamacpp_memory import (BITS_PER_WEIGHT, compute_bytes, kv_bytes, llamacpp
                               DEFAULT_UBATCH)
 from .llamacpp_rpc import (RPC_TOKEN_MS, Link, cpu_helper_prefill, layers_per_device, output_device,
                            split_decode_seconds, split_for_layers, split_memory, split_prefill_seconds, split_weights)
-from .llamacpp_speed import PROMPT_TOKENS, predict_range_tok_s, prompt_seconds
+from .llamacpp_prefill import PROMPT_TOKENS, prompt_seconds
+from .llamacpp_speed import predict_range_tok_s
 
 if TYPE_CHECKING:
     from config.types import ModelFacts, ModelServer, NodePool

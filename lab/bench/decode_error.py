@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from common.constants import LLAMACPP_IMAGE_BUILD
 from config.types import ModelFacts, ModelServer, NodePool
-from engines.llamacpp_speed import HostCost, predict_tok_s, solve_host_cost
+from engines.llamacpp_speed import HostCost, predict_tok_s, quantized_kv_ratio, solve_host_cost
 from config.catalog import lookup
 from lab.contract.real_shape import PRESETS, expected_weights_bytes, tensor_table
 
@@ -89,9 +89,9 @@ def server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights
 
 
 def prediction(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
-               threads=8, host=None, cost=None, cache="f16") -> float:
+               threads=8, host=None, cost=None, cache="f16", quantized=None) -> float:
     model, model_facts, pool = server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth,
-                                               gpus, ngl, cpu_moe, threads, host, cost, cache=cache)
+                                               gpus, ngl, cpu_moe, threads, host, cost, cache=cache, quantized=quantized)
     rates = predict_tok_s(model, model_facts, pool, backend, discrete, {"depth": depth})
     return rates["depth"] if rates else None
 
@@ -143,10 +143,11 @@ H200_CALIBRATION = ({("llama-3.1-8b", q, d) for q in ("Q4_K_M", "Q8_0", "F16") f
                     | {("qwen3-30b-a3b", "Q4_K_M", 0), ("qwen3.6-35b-a3b", "Q4_K_M", 0)})
 
 
-def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[dict], set]:
-    """What `make host-profile` gives a user for the host a run was measured on: its read bandwidth by threads
-    and its decode figures by threads (cpu_decode_by_threads), both from the one run of that host that holds the
-    CPU-only rows host_cost_from names (solved from them), and those rows' keys (shape, quant, threads, depth).
+def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[dict], set, Optional[dict]]:
+    """What `make host-profile` gives a user for the host a run was measured on: its read bandwidth by threads,
+    its decode figures by threads (cpu_decode_by_threads), both from the one run of that host that holds the
+    CPU-only rows host_cost_from names (solved from them), those rows' keys (shape, quant, threads, depth), and
+    where that run measured quantized caches too (the tool's step 4), their ratios (cpu_quantized_kv).
     Every run of the host is predicted from these, as a user's servers would be."""
     source = run.get("host_cost_from")
     home = next((other for other in runs if other.get("host") == run.get("host") and other.get("host_read_gbs")
@@ -154,10 +155,11 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
                          and r["depth"] == source["depth"] for r in other["rows"])), None) if source else None
     if home is None:
         bandwidth = run.get("host_read_gbs")
-        return ({int(k): v for k, v in bandwidth.items()} if bandwidth else None), None, set()
+        return ({int(k): v for k, v in bandwidth.items()} if bandwidth else None), None, set(), None
     host = {int(k): v for k, v in home["host_read_gbs"].items()}
-    rates = {(r["threads"], r["depth"]): r["tok_s"] for r in home["rows"] if not r.get("n_prompt") and not r.get("ngl")
-             and (r["shape"], r["quant"]) == (source["shape"], source["quant"]) and r["depth"] in (0, source["depth"])}
+    source_rows = [r for r in home["rows"] if not r.get("n_prompt") and not r.get("ngl") and r["depth"] in (0, source["depth"])
+                   and (r["shape"], r["quant"]) == (source["shape"], source["quant"])]
+    rates = {(r["threads"], r["depth"]): r["tok_s"] for r in source_rows if (r.get("type_k") or "f16") == "f16"}
     costs, used = {}, set()
     for threads in sorted({t for t, _ in rates}):
         if (threads, 0) in rates and (threads, source["depth"]) in rates:
@@ -165,7 +167,15 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
                                rates[(threads, source["depth"])], host)
             costs[threads] = {"block_us": cost.block_us, "kv_gbs_per_thread": cost.kv_gbs}
             used |= {(source["shape"], source["quant"], threads, d) for d in (0, source["depth"])}
-    return host, costs or None, (used if run is home else set())
+    most = max((t for t, _ in rates), default=None)
+    quantized = {}
+    for kind in ("q8_0", "q4_0"):
+        deep = {r["depth"]: r["tok_s"] for r in source_rows if r.get("type_k") == kind and r["threads"] == most}
+        if home.get("host_profile") and len(deep) == 2 and (most, 0) in rates and (most, source["depth"]) in rates:
+            quantized[kind] = round(quantized_kv_ratio((rates[(most, 0)], rates[(most, source["depth"])]),
+                                                       (deep[0], deep[source["depth"]])), 2)
+            used |= {(source["shape"], source["quant"], most, d, kind) for d in (0, source["depth"])}
+    return host, costs or None, (used if run is home else set()), quantized or None
 
 
 def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]:
@@ -182,15 +192,16 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
         record = json.loads(Path(path).read_text())
         runs = record["runs"] if isinstance(record, dict) else [{"rows": record}]
         for run in runs:
-            host, cost, cost_rows = node_figures(runs, run)
+            host, cost, cost_rows, quantized = node_figures(runs, run)
             for r in run["rows"]:
                 if r.get("n_prompt"):
                     continue  # prefill: lab/bench/prefill_error.py
-                out.append(measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows))
+                out.append(measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows,
+                                        quantized))
     return out
 
 
-def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows) -> tuple:
+def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized=None) -> tuple:
     weights = r.get("weights_bytes")
     if weights is None:
         weights = expected_weights_bytes(r["shape"], r["quant"])
@@ -200,13 +211,13 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     on_card = discrete and ngl != 0
     predicted = prediction(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
                            on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
-                           threads, host, cost, cache=cache)
+                           threads, host, cost, cache=cache, quantized=quantized)
     key = (r["shape"], r["quant"], threads, r["depth"])
     # The profiles were solved on f16 caches: a quantized cache's row is never one of theirs.
     cal = cache == "f16" and (r.get("cal", (r["shape"], r["quant"], r["depth"]) in H200_CALIBRATION
                                      and profile == "nvidia-datacenter" and "host" not in run) or (
         r["shape"], r["quant"], threads, r.get("ngl") if r.get("ngl") != 99 else None, cpu_moe, r["depth"]) in SPEED_CALIBRATION)
-    if not on_card and key in cost_rows:
+    if not on_card and (key in cost_rows or (*key, cache) in cost_rows):
         cal = "node figures"  # the host's decode figures were solved from this row (make host-profile's)
     if PRESETS[r["shape"]].n_expert and r.get("routing") != "token":
         cal = "zero routing"  # every token routed alike (issue #33 item 7): shown, not counted
@@ -257,7 +268,7 @@ def recorded_node_figures() -> dict[str, tuple[dict, dict]]:
     for path in MEASURED:
         record = json.loads(Path(path).read_text())
         for run in record["runs"] if isinstance(record, dict) else []:
-            host, costs, _ = node_figures(record["runs"], run)
+            host, costs, _, _ = node_figures(record["runs"], run)
             if costs:
                 out[run["host"]] = (host, costs)
     return out

@@ -32,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+from engines.llamacpp_speed import quantized_kv_ratio
 from lab.bench.decode_error import solved_cost
 from lab.contract.real_shape import write_real_shape
 
@@ -66,11 +67,6 @@ def decode_rates(binary: str, threads: list[int], depth: int, workdir: Path, kv_
     return [{"threads": r["n_threads"], "depth": r.get("n_depth", 0), "tok_s": r["avg_ts"], "stddev": r.get("stddev_ts"),
              "kv_type": kv_type, "cpu": r.get("cpu_info"), "build": r.get("build_number"), "backend": r.get("backends")}
             for r in json.loads(out.stdout)]
-
-
-def quantized_ratio(f16: tuple[float, float], quantized: tuple[float, float]) -> float:
-    """What a quantized cache's slow-down at depth costs against f16's: (empty, deep) tokens/s of each."""
-    return (1 / quantized[1] - 1 / quantized[0]) / (1 / f16[1] - 1 / f16[0])
 
 
 def main(argv: list[str]) -> int:
@@ -114,7 +110,7 @@ def main(argv: list[str]) -> int:
     failed = False
     for kind in kv_types:
         deep = {r["depth"]: r["tok_s"] for r in rows if r["kv_type"] == kind}
-        ratio = quantized_ratio((rates[(most, 0)], rates[(most, args.depth)]), (deep[0], deep[args.depth]))
+        ratio = quantized_kv_ratio((rates[(most, 0)], rates[(most, args.depth)]), (deep[0], deep[args.depth]))
         if not (deep[args.depth] < deep[0] and RATIO_BOUNDS[0] <= ratio <= RATIO_BOUNDS[1]):
             # The f16 figures above stand; only this cache's line is left out.
             print(f"host_profile: the {kind} cache gave {deep[0]:.2f} tok/s empty and {deep[args.depth]:.2f} at "

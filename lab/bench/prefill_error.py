@@ -1,8 +1,8 @@
-"""The prefill prediction (engines/llamacpp_speed.py prompt_seconds) against every recorded llama-bench
+"""The prefill prediction (engines/llamacpp_prefill.py prompt_seconds) against every recorded llama-bench
 prompt-processing run: one row per run with the predicted rate and the error; docs/capacity-planning.md's
 table ("Prefill: predicted and measured") is this output.
 
-    python -m lab.bench.prefill_error   (reads bench/results-speed-h200.json and bench/results-prefill-cpu.json)
+    python -m lab.bench.prefill_error   (reads the records in MEASURED)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[2]
 
 from lab.bench.decode_error import GIB, preset_facts, server_and_pool
-from engines.llamacpp_speed import prompt_seconds
+from engines.llamacpp_prefill import prompt_seconds
 
 TOLERANCE = 0.25
 # Runs a profile's numbers were solved from (shape, quant, routing, prompt, depth, layers offloaded, experts in RAM).
@@ -33,18 +33,26 @@ CALIBRATION |= {("qwen3-1.7b", "Q4_K_M", "zero", p, 0, 99, 0) for p in (512, 409
     ("llama-3.2-3b", "Q4_K_M", "zero", p, 0, 99, 0) for p in (256, 1024, 2048, 4096)}
 
 
-def predicted(r: dict, discrete: bool, host: Optional[dict]) -> float:
+# Each record of llama-bench prompt runs: its card's bandwidth (GB/s), None for a CPU's.
+MEASURED = {ROOT / "bench" / "results-speed-h200.json": 4800, ROOT / "bench" / "results-prefill-cpu.json": None,
+            ROOT / "bench" / "results-kvcache-h200-2.json": 4800}
+
+
+def predicted(r: dict, bandwidth: Optional[float], host: Optional[dict]) -> float:
+    discrete = bandwidth is not None
     model, facts, pool = server_and_pool(
-        "nvidia-datacenter" if discrete else "cpu", "cuda" if discrete else "cpu", 4800 if discrete else None, discrete,
+        "nvidia-datacenter" if discrete else "cpu", "cuda" if discrete else "cpu", bandwidth, discrete,
         preset_facts(r["shape"]), r["quant"], r["weights_bytes"] / GIB, r["depth"], 1, r.get("ngl"), r.get("n_cpu_moe"),
-        r.get("threads") or 2, host, ctx_size=max(r["n_prompt"] + r["depth"], 512), ubatch=r.get("n_ubatch") or None)
+        r.get("threads") or 2, host, ctx_size=max(r["n_prompt"] + r["depth"], 512), ubatch=r.get("n_ubatch") or None,
+        cache=r.get("type_k") or "f16")
     seconds = prompt_seconds(model, facts, pool, "cuda" if discrete else "cpu", discrete)
     return r["n_prompt"] / seconds(r["n_prompt"], r["depth"]) if seconds else None
 
 
 def rows() -> list[tuple]:
     out = []
-    for path, discrete in ((ROOT / "bench" / "results-speed-h200.json", True), (ROOT / "bench" / "results-prefill-cpu.json", False)):
+    for path, bandwidth in MEASURED.items():
+        discrete = bandwidth is not None
         record = json.loads(path.read_text())
         for run in record["runs"]:
             # The host's read bandwidth where the run recorded it (a CPU's prefill is compute-bound: not needed).
@@ -56,21 +64,36 @@ def rows() -> list[tuple]:
                 where = ("CPU only" if not discrete else "experts in RAM" if r.get("n_cpu_moe")
                          else "partial offload" if (r.get("ngl") or 99) < 99 else "GPU only")
                 zero_moe = "qwen3" in r["shape"] and "a3b" in r["shape"] and r.get("routing") != "token"
-                out.append((where, r["device"], f"{r['shape']} {r['quant']}", r["n_prompt"], r["depth"], r["tok_s"],
-                            predicted(r, discrete, host), "zero routing" if zero_moe else key in CALIBRATION, path.name))
+                out.append((where, r["device"], f"{r['shape']} {r['quant']}", r["n_prompt"], r["depth"],
+                            r.get("type_k") or "f16", r["tok_s"], predicted(r, bandwidth, host),
+                            "zero routing" if zero_moe else r.get("cal") or key in CALIBRATION, path.name))
+    return out
+
+
+def summary(table) -> list[tuple[str, int, int]]:
+    """Per placement and KV cache type: predictions (calibration rows left out) within TOLERANCE, and how many."""
+    out = []
+    for cache in ("q4_0", "q8_0", "f16"):
+        for place in ("GPU only", "experts in RAM", "partial offload", "CPU only"):
+            errors = [abs(p - m) / m for where, *_, c, m, p, cal, _ in table if (where, c) == (place, cache) and p and not cal]
+            if errors:
+                out.append((f"{place}, {cache} cache", sum(e <= TOLERANCE for e in errors), len(errors)))
     return out
 
 
 def main() -> int:
     table = rows()
-    print("| placement | device | model | prompt | depth | measured t/s | predicted t/s | error | source |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for where, device, model, prompt, depth, measured, pred, cal, source in table:
+    print("| placement | device | model | prompt | depth | KV cache | measured t/s | predicted t/s | error | source |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for where, device, model, prompt, depth, cache, measured, pred, cal, source in table:
         error = f"{(pred - measured) / measured:+.0%}" if pred else "-"
         mark = f" ({cal})" if isinstance(cal, str) else " (cal)" if cal else ""
-        print(f"| {where} | {device} | {model} | {prompt} | {depth} | {measured:,.1f} | {pred:,.1f} | {error}{mark} | {source} |")
+        print(f"| {where} | {device} | {model} | {prompt} | {depth} | {cache} | {measured:,.1f} | {pred:,.1f} | {error}{mark} | {source} |")
+    print()
+    for label, within, count in summary(table):
+        print(f"prefill {label}: {within} of {count} predictions within +-{TOLERANCE:.0%}")
     counted = [abs(p - m) / m for *_, m, p, cal, _ in table if p and not cal]
-    print(f"\nprefill: {sum(e <= TOLERANCE for e in counted)} of {len(counted)} predictions within +-{TOLERANCE:.0%}")
+    print(f"prefill: {sum(e <= TOLERANCE for e in counted)} of {len(counted)} predictions within +-{TOLERANCE:.0%}")
     return 0
 
 

@@ -16,7 +16,7 @@ from config.types import ModelServer
 from engines.llamacpp_memory import cuda_compute_bytes, layout
 from engines.llamacpp_rpc import (RPC_TOKEN_MS, Link, cpu_helper_prefill, layers_per_device, output_device,
                                   split_decode_seconds, split_memory, split_prefill_seconds)
-from engines.llamacpp_speed import prompt_seconds
+from engines.llamacpp_prefill import prompt_seconds
 from lab.bench.decode_error import GIB, prediction, preset_facts, server_and_pool
 from lab.contract.repo_shapes import REPO_SHAPES
 
