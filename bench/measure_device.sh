@@ -63,7 +63,7 @@ case "$MODE" in
       JOBS=${2:-bench/jobs-h200.json}
     else
       # rc 1 with figures written: a quantized cache's ratio was out of bounds (said above); the grid still runs.
-      python3 -m lab.bench.host_profile --threads 4,8,16 --llama-bench "$BIN/llama-bench" --out "$OUT/host-profile.json"
+      python3 -m lab.bench.host_profile --threads "${HP_THREADS:-4,8,16}" --llama-bench "$BIN/llama-bench" --out "$OUT/host-profile.json"
       [ -s "$OUT/host-profile.json" ] || exit 1
       JOBS=${2:-bench/jobs-h200-4.json}
     fi
