@@ -47,11 +47,15 @@ PREFILL: dict[str, PrefillProfile] = {
                                         # 0.79: a fit on those two (their rows are `cal`), none measured narrower.
                                         full_width=4096, width_power=0.75),
 }
-# A CPU: GFLOPS per thread of the matrix products, measured on the CI machine (llama-bench pp, 2 threads,
-# Qwen3-1.7B 89 and Llama-3.1-8B 57 per thread: bench/results-prefill-cpu.json); its attention at the same rate.
-CPU_PREFILL_GFLOPS_PER_THREAD = 57.0
+# A CPU: GFLOPS per thread of the matrix products, measured on the CI machine (llama-bench pp256, 2 threads,
+# Llama-3.1-8B Q4_K_M 14.28 t/s, 2026-12-05: bench/results-prefill-cpu.json). The same row read 7.6 t/s once (the
+# figure was 57 then; the machine's load was not recorded, and a quiet re-run did not reproduce it).
+CPU_PREFILL_GFLOPS_PER_THREAD = 107.0
+# Its attention, per thread: 57 (the depth's cost on the same machine: Qwen3-1.7B 66, Llama-3.2-3B 57).
+CPU_ATTENTION_GFLOPS_PER_THREAD = 57.0
 # A prompt's attention on a CPU with a quantized K/V cache: ggml-cpu's tiled flash attention takes F16/F32 caches
-# only (ops.cpp use_tiled), so a quantized one goes row by row as decode does; its rate as a share of the above,
+# only (ops.cpp use_tiled), so a quantized one goes row by row as decode does; its rate as a share of
+# CPU_ATTENTION_GFLOPS_PER_THREAD,
 # solved on the CI machine from what 2048 positions of depth add to a 512-token prompt (Qwen3-1.7B, 2 threads: f16
 # 1.7 us a token a position, q8_0 13.4, q4_0 22.6; bench/results-prefill-cpu.json).
 CPU_QUANTIZED_PREFILL = {"q8_0": 0.15, "q4_0": 0.089}
@@ -95,13 +99,14 @@ def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", 
     batch = effective_batch(model)
     call = 0.0
     rate = model.threads * CPU_PREFILL_GFLOPS_PER_THREAD * 1e9
+    cpu_attention_rate = model.threads * CPU_ATTENTION_GFLOPS_PER_THREAD * 1e9
     # The attention of a block whose cache is in system RAM runs on the CPU (its cache is not a weight the
     # scheduler would copy to a card); a quantized cache there takes the one-row kernel, not the tiled one.
     slowest = min((CPU_QUANTIZED_PREFILL.get(t, min(CPU_QUANTIZED_PREFILL.values())) for t in
                    (model.cache_type_k, model.cache_type_v or model.cache_type_k) if t and t != "f16"), default=1.0)
     cpu_attention = (1.0 if cpu_only else (facts.layers - place.gpu_blocks) / facts.layers if discrete else 0.0)
     if cpu_only:
-        matmul, attention_rate, copy = 2 * active / (rate * weight_rate), rate, 0.0
+        matmul, attention_rate, copy = 2 * active / (rate * weight_rate), cpu_attention_rate, 0.0
     else:
         call = (profile.moe_call_ms if moe else profile.call_ms) / 1e3
         # A dense model's; the mixture-of-experts share was measured on 2048-wide models and holds their width.
@@ -124,7 +129,7 @@ def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", 
         convert = (attention_layers * place.gpu_blocks / facts.layers * facts.kv_heads * facts.head_dim * moved
                    / (pool.vram_bandwidth_gbs * 1e9))
 
-    attention = 4 * attention_layers * width * ((1 - cpu_attention) / attention_rate + cpu_attention / (rate * slowest))
+    attention = 4 * attention_layers * width * ((1 - cpu_attention) / attention_rate + cpu_attention / (cpu_attention_rate * slowest))
 
     def seconds(tokens: int, depth: int) -> float:
         # Each token attends to what was there before and half of the prompt before it, on average; micro-batch i

@@ -66,7 +66,8 @@ def rows() -> list[tuple]:
                 zero_moe = "qwen3" in r["shape"] and "a3b" in r["shape"] and r.get("routing") != "token"
                 out.append((where, r["device"], f"{r['shape']} {r['quant']}", r["n_prompt"], r["depth"],
                             r.get("type_k") or "f16", r["tok_s"], predicted(r, bandwidth, host),
-                            "zero routing" if zero_moe else r.get("cal") or key in CALIBRATION, path.name))
+                            "not reproduced" if run.get("not_counted") else "zero routing" if zero_moe
+                            else r.get("cal") or key in CALIBRATION, path.name))
     return out
 
 
