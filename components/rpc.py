@@ -109,7 +109,7 @@ def helper_pod(args: HelperArgs, index: int) -> tuple[dict, dict]:
         env.append({"name": "LLAMA_CACHE", "value": TENSOR_CACHE})
         mounts.append({"name": "tensor-cache", "mountPath": TENSOR_CACHE})
         volumes.append({"name": "tensor-cache",
-                        "emptyDir": {"sizeLimit": f"{math.ceil(share.memory.weights_gib * 1.05) + 1}Gi"}})
+                        "emptyDir": {"sizeLimit": f"{math.ceil(share.weights_gib * 1.05) + 1}Gi"}})
     security = pod_security(pool.supplemental_groups if share.backend != "cpu" else ())
     spec: dict = {
         "automountServiceAccountToken": False,

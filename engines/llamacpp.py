@@ -259,7 +259,8 @@ class LlamaCpp(Engine):
             instead = one_node_instead(model, facts, pools[model.node_pool], path, decode["half"][0])
             warnings = (instead,) if instead else ()
         return Estimate(
-            memory=split.main.memory, vram=None, weights=model.weights or weights_quantity(weights_bytes(model, facts)),
+            memory=split.main.memory, vram=split.main.vram,
+            weights=model.weights or weights_quantity(weights_bytes(model, facts)),
             read_per_token=None, decode_predicted_tok_s={k: low for k, (low, _) in decode.items()} if decode else None,
             decode_range_tok_s=decode, decode_range_why=(RPC_RANGE_WHY,) if decode else (), split=split, warnings=warnings,
             prefill_tok_s=round(prompt[0], 1) if prompt else None,

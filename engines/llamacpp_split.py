@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Optional
 
 from common.quantity import GIB, Quantity
 from config.gpus import BACKEND_OVERHEAD
-from planning.capacity import node_offers_gib
-from planning.memory import MemoryEstimate, Split, SplitMember, derived_limit_gib
+from common.quantity import gib
+from planning.capacity import GPU_FREE_TARGET_GIB, node_offers_gib
+from planning.memory import (DISCRETE_HOST_GIB, VRAM_CONTEXT_GIB, MemoryEstimate, Split, SplitMember, VramEstimate,
+                             derived_limit_gib)
 
-from .llamacpp_memory import (BITS_PER_WEIGHT, compute_bytes, kv_bytes, llamacpp_estimate, quant_of, slots, weights_bytes,
-                              DEFAULT_UBATCH)
+from .llamacpp_memory import (BITS_PER_WEIGHT, CUDA_DENSE_COPY_SHARE, compute_bytes, cuda_compute_bytes, kv_bytes, layout,
+                              llamacpp_estimate, quant_of, slots, vram_reserve_gib, weights_bytes, DEFAULT_UBATCH)
 from .llamacpp_rpc import (RPC_TOKEN_MS, Link, cpu_helper_prefill, layers_per_device, output_device,
                            split_decode_seconds, split_for_layers, split_memory, split_prefill_seconds, split_weights)
 from .llamacpp_prefill import PROMPT_TOKENS, prompt_seconds
@@ -33,6 +35,26 @@ Problem = tuple[str, str]
 
 def _member_backend(model: "ModelServer", pool: "NodePool", backend: Optional[str]) -> str:
     return backend or pool.backend or model.image_backend() or "cpu"
+
+
+def _on_card(pool: "NodePool", backend: str) -> bool:
+    """A member whose blocks live on a discrete card (its VRAM), not in the node's memory."""
+    return pool.discrete() and backend != "cpu"
+
+
+def _card_compute(model: "ModelServer", facts: "ModelFacts", backend: str) -> tuple[float, float]:
+    """(the runtime's context, the compute buffer) a card holds for the whole model on it, in bytes: what a single
+    server's plan counts (vram_reserve_gib: CUDA measured, margins elsewhere); the split's compute is derived from
+    it as a CPU member's is (split_memory)."""
+    whole = model.model_copy(update={"rpc": None, "gpu_layers": 999})
+    place = layout(whole, facts)
+    reserve = vram_reserve_gib(whole, facts, place, backend) * GIB
+    compute = cuda_compute_bytes(whole, facts, place) if backend == "cuda" else None
+    if compute is None:
+        # Off CUDA the reserve is two margins (VRAM_CONTEXT_GIB and the compute's per 512 tokens): the context's.
+        context = VRAM_CONTEXT_GIB * GIB
+        return context, reserve - context
+    return reserve - compute, compute
 
 
 def _overhead(backend: str, weights: float, compute: float) -> float:
@@ -54,16 +76,6 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
     main_backend = model.compute_backend(main_pool)
     on_card = main_backend != "cpu"
     problems: list[Problem] = []
-    for index, (pool, key, *_rest) in enumerate(members):
-        if pool.discrete():
-            problems.append((f"{path}.rpc.helpers[{index}].node_pool", f"node pool {key} has discrete GPUs: a split "
-                             "is planned on unified-memory and CPU nodes (the VRAM of each card is not planned for a "
-                             "helper yet); use a unified-memory or CPU pool"))
-    if main_pool.discrete() and on_card:
-        problems.append((f"{path}.node_pool", f"node pool {model.node_pool} has discrete GPUs: a split is planned on "
-                         "unified-memory and CPU nodes; use a unified-memory or CPU pool"))
-    if problems:
-        return None, None, None, problems
     # The devices in llama.cpp's order: the helpers, then the main server's own (none on a CPU: llama.cpp
     # offloads to GPU and RPC devices only, so a CPU main server holds no block and the output layer goes to
     # the last helper).
@@ -78,13 +90,22 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
     whole = llamacpp_estimate(model, facts, "cpu")
     host_caches = whole.host_caches_gib * GIB
     compute = compute_bytes(model, facts) or 0.0
+    cards = {backend: _card_compute(model, facts, backend) for pool, _, _, backend, _ in devices if _on_card(pool, backend)}
     # What each device holds before its blocks, with the output layer on the last (a probe split: the pipeline's
-    # copies depend only on there being more than one device).
+    # copies depend only on there being more than one device); a card also its runtime's context.
     probe, fixed_host = split_memory(model, facts, [0] * len(devices), len(devices) - 1, compute)
-    fixed = [d.compute + (output_bytes if i == len(devices) - 1 else 0.0) for i, d in enumerate(probe)]
+    probe = _on_cards(model, facts, probe, [0] * len(devices), len(devices) - 1, devices, cards)
+    fixed = [d.compute + (output_bytes if i == len(devices) - 1 else 0.0)
+             + (cards[backend][0] if _on_card(pool, backend) else 0.0)
+             for i, (d, (pool, _, _, backend, _)) in enumerate(zip(probe, devices))]
     host = fixed_host.model + fixed_host.compute + host_caches
-    rooms = [node_offers_gib(pool) * GIB for pool, *_ in devices]
-    if not on_card:
+    # A card offers its VRAM less what llama.cpp's own fitting leaves free; a node its memory.
+    rooms = [(gib(pool.vram) - GPU_FREE_TARGET_GIB) * GIB if _on_card(pool, backend) else node_offers_gib(pool) * GIB
+             for pool, _, _, backend, _ in devices]
+    main_on_card = on_card and _on_card(main_pool, main_backend)
+    if not on_card or main_on_card:
+        # The main server's own part in its node's memory: beside a card, with the runtime's host side.
+        host += DISCRETE_HOST_GIB * GIB if main_on_card else 0.0
         main_room = node_offers_gib(main_pool) * GIB
         if host > main_room:
             problems.append((path, f"the main server holds {host / GIB:.1f} GiB (input embedding, compute, host "
@@ -93,8 +114,8 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
         rooms[-1] -= host
     per_block_total = per_block + per_block_kv
     counts = _plan_blocks(facts.layers, [given for *_, given in devices], [
-        (room - f) / (per_block_total * (1 + (0 if backend == "cpu" else BACKEND_OVERHEAD[backend])))
-        for room, f, (_, _, _, backend, _) in zip(rooms, fixed, devices)])
+        (room - f) / (per_block_total * (1 + (0 if backend == "cpu" or _on_card(pool, backend) else BACKEND_OVERHEAD[backend])))
+        for room, f, (pool, _, _, backend, _) in zip(rooms, fixed, devices)])
     need = sum(fixed) + facts.layers * per_block_total + (host if on_card else 0.0)
     if counts is None or sum(counts) != facts.layers:
         given = [g for *_, g in devices if g is not None]
@@ -114,20 +135,37 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
     if not (layers_per_device(facts.layers, tensor_split) == counts and out == len(counts) - 1):
         raise ValueError("engines/llamacpp_split.py: the split estimate")
     buffers, host_buffers = split_memory(model, facts, counts, out, compute)
+    buffers = _on_cards(model, facts, buffers, counts, out, devices, cards)
     made: list[SplitMember] = []
     for index, ((pool, key, node, backend, _), device, room) in enumerate(zip(devices, buffers, rooms)):
-        overhead = _overhead(backend, device.model, device.compute)
-        memory = MemoryEstimate(weights_gib=device.model / GIB, kv_gib=device.kv / GIB, recurrent_gib=0.0,
-                                overhead_gib=overhead / GIB, host_caches_gib=0.0)
         where = f"{path}.rpc.helpers[{index}]" if index < len(members) else f"{path}.rpc.main_layers"
-        if memory.total_gib * GIB > room + 1e-6:
-            problems.append((where, f"{device.blocks} blocks hold {memory.total_gib:.1f} GiB ({memory.breakdown()}) but "
-                             f"node pool {key} offers {room / GIB:.1f} GiB there; give it fewer blocks (or leave layers "
-                             "null to plan them)"))
+        vram = None
+        if _on_card(pool, backend):
+            # Its blocks on the card; in the node's memory the runtime's host side alone (a helper; the main
+            # server's own part is added below).
+            vram = VramEstimate(layers_offloaded=device.blocks, layers=facts.layers, weights_gib=device.model / GIB,
+                                kv_gib=device.kv / GIB, recurrent_gib=0.0,
+                                reserve_gib=(cards[backend][0] + device.compute) / GIB, experts_in_ram=0)
+            # ggml-rpc-server takes each tensor whole into its memory before the copy to the card (ggml-rpc.cpp
+            # recv_msg, set_tensor): the largest it is sent, the output layer or a block's largest (~0.4 of it).
+            largest = output_bytes if device.output else CUDA_DENSE_COPY_SHARE * per_block
+            memory = MemoryEstimate(weights_gib=0.0, kv_gib=0.0, recurrent_gib=0.0,
+                                    overhead_gib=(DISCRETE_HOST_GIB + largest / GIB) if index < len(members) else 0.0,
+                                    host_caches_gib=0.0)
+            held, what = vram.total_gib, f"{vram.breakdown()}, on one GPU of"
+        else:
+            overhead = _overhead(backend, device.model, device.compute)
+            memory = MemoryEstimate(weights_gib=device.model / GIB, kv_gib=device.kv / GIB, recurrent_gib=0.0,
+                                    overhead_gib=overhead / GIB, host_caches_gib=0.0)
+            held, what = memory.total_gib, f"{memory.breakdown()}, on"
+        if held * GIB > room + 1e-6:
+            problems.append((where, f"{device.blocks} blocks hold {held:.1f} GiB ({what} node pool {key}) but it offers "
+                             f"{room / GIB:.1f} GiB there; give it fewer blocks (or leave layers null to plan them)"))
         made.append(SplitMember(node_pool=key, node=node, backend=backend, blocks=device.blocks, output=device.output,
-                                memory=memory))
+                                memory=memory, vram=vram))
     host_memory = MemoryEstimate(weights_gib=host_buffers.model / GIB, kv_gib=0.0, recurrent_gib=0.0,
-                                 overhead_gib=host_buffers.compute / GIB, host_caches_gib=host_caches / GIB)
+                                 overhead_gib=host_buffers.compute / GIB + (DISCRETE_HOST_GIB if main_on_card else 0.0),
+                                 host_caches_gib=host_caches / GIB)
     if on_card:
         main_device = made.pop()
         main = dataclasses.replace(main_device, memory=_plus(main_device.memory, host_memory))
@@ -139,6 +177,21 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
     result = Split(helpers=tuple(made), main=main, tensor_split=tuple(tensor_split), upload_gib=upload / GIB,
                    upload_seconds=upload_seconds)
     return result, _decode(model, facts, devices, counts, out), _prefill(model, facts, devices, counts, out), problems
+
+
+def _on_cards(model: "ModelServer", facts: "ModelFacts", buffers: list, counts: list[int], output: int, devices: list,
+              cards: dict[str, tuple[float, float]]) -> list:
+    """The devices' buffers with each card's compute buffer derived from its backend's (not a CPU's): the same
+    split, planned again from the card's whole-model compute."""
+    if not cards:
+        return buffers
+    out = list(buffers)
+    for backend, (_, single) in cards.items():
+        on_card, _ = split_memory(model, facts, counts, output, single)
+        for i, (pool, _, _, member_backend, _) in enumerate(devices):
+            if member_backend == backend and _on_card(pool, backend):
+                out[i] = on_card[i]
+    return out
 
 
 def _plus(a: MemoryEstimate, b: MemoryEstimate) -> MemoryEstimate:
@@ -174,7 +227,7 @@ def _members(model: "ModelServer", devices: list) -> list["ModelServer"]:
     layer on it, a helper's own threads."""
     threads = [h.threads for h in model.rpc.helpers] if model.rpc else []
     return [model.model_copy(update={"rpc": None, "backend": backend, "gpu_layers": 0 if backend == "cpu" else 999,
-                                     "threads": threads[i] if i < len(threads) else model.threads})
+                                     "threads": threads[i] if i < len(threads) else model.threads, "gpus": 1})
             for i, (_, _, _, backend, _) in enumerate(devices)]
 
 
@@ -194,7 +247,8 @@ def _prefill(model: "ModelServer", facts: "ModelFacts", devices: list, counts: l
     slower = cpu_helper_prefill(quant_of(model.hf_repo) if model.hf_repo else None)
     per_device = []
     for member, (pool, _, _, backend, _) in zip(_members(model, devices), devices):
-        seconds = prompt_seconds(member, facts, pool, backend, False, weight_rate=slower if backend == "cpu" else 1.0)
+        seconds = prompt_seconds(member, facts, pool, backend, _on_card(pool, backend),
+                                 weight_rate=slower if backend == "cpu" else 1.0)
         if seconds is None:
             return None
         per_device.append(seconds)
@@ -220,7 +274,7 @@ def _decode(model: "ModelServer", facts: "ModelFacts", devices: list, counts: li
     depths = {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size}
     per_device: list[dict[str, float]] = []
     for member, (pool, _, _, backend, _) in zip(_members(model, devices), devices):
-        rates = predict_range_tok_s(member, facts, pool, backend, False, depths)
+        rates = predict_range_tok_s(member, facts, pool, backend, _on_card(pool, backend), depths)
         if rates is None:
             return None
         per_device.append({name: (1 / low, 1 / high) for name, (low, high) in rates.items()})  # (slow, fast) seconds

@@ -348,6 +348,9 @@ def _place(stack: "StackConfig", servers: dict[str, ServerPlan]) -> tuple[list[N
         ]
         # Per replica: the VRAM each of its cards holds, and how many cards it takes (one node's).
         vram_of = {s.name: (s.vram.total_gib, s.vram.gpus) for s in servers.values() if s.vram is not None}
+        # A split's helper on a discrete card: one card of its node.
+        vram_of |= {s.helper_name(i): (helper.vram.total_gib, 1) for s in servers.values() if s.split is not None
+                    for i, helper in enumerate(s.split.helpers) if helper.vram is not None}
         for name, need, group in sorted(replicas, key=lambda r: (-r[1], r[0])):
             allowed = [i for i in range(pool.nodes) if not (group and any(group_of.get(n) == group for n, _ in loads[i]))]
             if not allowed:

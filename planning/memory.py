@@ -146,7 +146,13 @@ class SplitMember:
     backend: str
     blocks: int  # transformer blocks it holds
     output: bool  # it holds the output layer
-    memory: MemoryEstimate  # what its pod holds on the node
+    memory: MemoryEstimate  # what its pod holds in the node's memory
+    vram: Optional[VramEstimate] = None  # what it holds on its card, on a node of discrete GPUs
+
+    @property
+    def weights_gib(self) -> float:
+        """The weights of its blocks, wherever they are held."""
+        return self.vram.weights_gib if self.vram is not None else self.memory.weights_gib
 
 
 @dataclass(frozen=True)
