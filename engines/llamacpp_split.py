@@ -20,7 +20,8 @@ from planning.capacity import GPU_FREE_TARGET_GIB, node_offers_gib
 from planning.memory import (DISCRETE_HOST_GIB, VRAM_CONTEXT_GIB, MemoryEstimate, Split, SplitMember, VramEstimate,
                              derived_limit_gib)
 
-from .llamacpp_memory import (BITS_PER_WEIGHT, CUDA_DENSE_COPY_SHARE, compute_bytes, cuda_compute_bytes, kv_bytes, layout,
+from .llamacpp_memory import (BITS_PER_WEIGHT, CUDA_DENSE_COPY_SHARE, compute_bytes, cuda_compute_bytes, discrete_split,
+                              kv_bytes, layout,
                               llamacpp_estimate, quant_of, slots, vram_reserve_gib, weights_bytes, DEFAULT_UBATCH)
 from .llamacpp_rpc import (RPC_TOKEN_MS, Link, cpu_helper_prefill, layers_per_device, output_device,
                            split_decode_seconds, split_for_layers, split_memory, split_prefill_seconds, split_weights)
@@ -316,15 +317,24 @@ def one_node_instead(model: "ModelServer", facts: "ModelFacts", pool: "NodePool"
         size = weights * BITS_PER_WEIGHT[candidate] / BITS_PER_WEIGHT[quant]
         alone = model.model_copy(update={"rpc": None, "hf_repo": f"{repo}:{candidate}",
                                           "weights": Quantity(f"{size / GIB:.2f}Gi")})
-        total = derived_limit_gib(llamacpp_estimate(alone, facts, backend).total_gib)
+        card = _on_card(pool, backend)
+        if card:
+            # All of it on one card of the node (a partial offload is slower than the split it would replace).
+            alone = alone.model_copy(update={"gpu_layers": 999, "gpus": 1})
+            memory, vram = discrete_split(alone, facts, backend)
+            if vram.total_gib > gib(pool.vram) - GPU_FREE_TARGET_GIB:
+                continue
+            total = derived_limit_gib(memory.total_gib)
+        else:
+            total = derived_limit_gib(llamacpp_estimate(alone, facts, backend).total_gib)
         if total > offers:
             continue
-        rates = predict_range_tok_s(alone, facts, pool, backend, False, {"half": model.ctx_size // 2})
+        rates = predict_range_tok_s(alone, facts, pool, backend, card, {"half": model.ctx_size // 2})
         if rates is None or rates["half"][0] <= split_half_tok_s:
             return None
         return (f"{path}.rpc: splitting is slower than a smaller quant on one node: {candidate} of this model "
                 f"({size / GIB:.0f} GiB of weights, where a repo publishes it) fits one {model.node_pool} node alone "
-                f"(a {total}Gi request of {offers:.1f} GiB) and decodes ~{rates['half'][0]:.1f} tok/s at half context against the "
+                f"({f'{vram.total_gib:.1f} GiB on its card, ' if card else ''}a {total}Gi request of {offers:.1f} GiB) and decodes ~{rates['half'][0]:.1f} tok/s at half context against the "
                 f"split's {split_half_tok_s:.1f}, at a lower quality; keep the split for {quant}'s quality, or serve "
                 f"{candidate} on one node")
     return None

@@ -165,3 +165,41 @@ def test_the_card_split_passes_every_policy_and_the_helper_is_fenced(cards_run):
     (source,) = rule["fromEndpoints"]
     assert all(main_labels.get(k) == v for k, v in source["matchLabels"].items() if not k.startswith("k8s:"))
     assert [p["port"] for p in rule["toPorts"][0]["ports"]] == ["50052"]
+
+
+def test_on_cards_the_smaller_quant_line_names_one_that_one_card_holds_whole():
+    """On 32 GiB cards (an RTX 5090's) at a 4096 context, a smaller quant of the 70B fits one card whole and decodes
+    faster than the split: the summary names it, the stack serving it on one card without the split is planned at
+    the printed figure, and the next larger quant does not fit that card. On the 24 GiB cards none fits: no line."""
+    import re
+
+    from engines.llamacpp_memory import BITS_PER_WEIGHT
+    from plane import parse_stack, plan_capacity
+
+    def wider(values: dict) -> dict:
+        values["node_pools"]["dual-3090"].update(vram="32Gi", vram_bandwidth_gbs=1792)
+        values["models"]["chat"]["ctx_size"] = 4096
+        return values
+
+    assert not [w for w in plan_capacity(parse_stack(cards_values())).warnings if "smaller quant" in w]
+    plan = plan_capacity(parse_stack(wider(cards_values())))
+    [line] = [w for w in plan.warnings if "smaller quant on one node" in w]
+    found = re.search(r"^models\.chat\.rpc: .*: (\S+) of this model .* decodes ~([\d.]+) tok/s at half context "
+                      r"against the split's ([\d.]+)", line)
+    quant, alone_half, split_half = found[1], float(found[2]), float(found[3])
+    assert split_half == pytest.approx(plan.servers["chat"].decode_predicted_tok_s["half"], abs=0.05)
+    assert alone_half > split_half
+    one = wider(cards_values())
+    chat = one["models"]["chat"]
+    del chat["rpc"]
+    weights = 39.6 * BITS_PER_WEIGHT[quant] / BITS_PER_WEIGHT["Q4_K_M"]
+    chat.update(hf_repo=chat["hf_repo"].rsplit(":", 1)[0] + f":{quant}", weights=f"{weights:.2f}Gi", gpu_layers=999)
+    served = plan_capacity(parse_stack(one)).servers["chat"]
+    assert served.vram.layers_offloaded == served.vram.layers
+    assert served.decode_predicted_tok_s["half"] == pytest.approx(alone_half, abs=0.05)
+    larger = min((q for q, b in BITS_PER_WEIGHT.items() if b > BITS_PER_WEIGHT[quant] and q.startswith("Q")),
+                 key=BITS_PER_WEIGHT.get)
+    chat.update(hf_repo=chat["hf_repo"].rsplit(":", 1)[0] + f":{larger}",
+                weights=f"{weights * BITS_PER_WEIGHT[larger] / BITS_PER_WEIGHT[quant]:.2f}Gi")
+    with pytest.raises(Exception, match="VRAM"):
+        plan_capacity(parse_stack(one))
