@@ -52,7 +52,7 @@ class ModelSettings(Strict):
     )
     cache_type_v: Optional[KvCacheType] = doc(
         "--cache-type-v: as cache_type_k for V (a quantized V cache needs flash attention, which the server turns on "
-        "itself where the backend supports it); null: as cache_type_k.",
+        "itself where the backend supports it); null: f16 (the server's default; the plan's choice sets both).",
         default=None,
     )
 

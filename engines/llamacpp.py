@@ -204,6 +204,11 @@ class LlamaCpp(Engine):
         if facts is None or any(where.endswith((".facts", ".weights")) for where, _ in problems):
             return None, problems
         if model.rpc is not None:
+            # A helper on a card runs its blocks' attention there: its cache types must have a kernel too.
+            for helper in model.rpc.helpers:
+                member = model.model_copy(update={"backend": helper.backend or model.backend, "gpu_layers": 999})
+                problems += [p for p in self._cuda_kv_problems(path, member, (pools or {}).get(helper.node_pool, pool))
+                             if p not in problems]
             return self._split(model, facts, dict(pools or {model.node_pool: pool}), path, problems)
         discrete = pool.discrete() and model.uses_gpu(pool)
         if discrete:

@@ -100,11 +100,12 @@ def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", 
     call = 0.0
     rate = model.threads * CPU_PREFILL_GFLOPS_PER_THREAD * 1e9
     cpu_attention_rate = model.threads * CPU_ATTENTION_GFLOPS_PER_THREAD * 1e9
-    # The attention of a block whose cache is in system RAM runs on the CPU (its cache is not a weight the
-    # scheduler would copy to a card); a quantized cache there takes the one-row kernel, not the tiled one.
+    # A CPU server's attention with a cache the tiled kernel does not take (F16, F32) goes row by row; a type not
+    # measured (bf16, q5_x, iq4_nl) at the slowest measured share. Beside a card the prompt's attention is the
+    # card's: partially offloaded servers' long prompts are as fast as the card's rate says (pp512 to pp4096 on the
+    # H200), not the CPU's.
     slowest = min((CPU_QUANTIZED_PREFILL.get(t, min(CPU_QUANTIZED_PREFILL.values())) for t in
-                   (model.cache_type_k, model.cache_type_v or model.cache_type_k) if t and t != "f16"), default=1.0)
-    cpu_attention = (1.0 if cpu_only else (facts.layers - place.gpu_blocks) / facts.layers if discrete else 0.0)
+                   (model.cache_type_k or "f16", model.cache_type_v or "f16") if t not in ("f16", "f32")), default=1.0)
     if cpu_only:
         matmul, attention_rate, copy = 2 * active / (rate * weight_rate), cpu_attention_rate, 0.0
     else:
@@ -124,12 +125,11 @@ def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", 
     # bandwidth. Seconds per cached position per micro-batch.
     convert, ubatch = 0.0, model.ubatch_size or 512
     if discrete and not cpu_only and pool.vram_bandwidth_gbs:
-        moved = sum(KV_TYPE_BYTES[t] + 2 for t in (model.cache_type_k, model.cache_type_v or model.cache_type_k)
-                    if t and t != "f16")
+        moved = sum(KV_TYPE_BYTES[t] + 2 for t in (model.cache_type_k or "f16", model.cache_type_v or "f16") if t != "f16")
         convert = (attention_layers * place.gpu_blocks / facts.layers * facts.kv_heads * facts.head_dim * moved
                    / (pool.vram_bandwidth_gbs * 1e9))
 
-    attention = 4 * attention_layers * width * ((1 - cpu_attention) / attention_rate + cpu_attention / (cpu_attention_rate * slowest))
+    attention = 4 * attention_layers * width / (attention_rate * (slowest if cpu_only else 1.0))
 
     def seconds(tokens: int, depth: int) -> float:
         # Each token attends to what was there before and half of the prompt before it, on average; micro-batch i

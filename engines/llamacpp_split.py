@@ -85,6 +85,15 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
         problems.append((f"{path}.rpc.main_layers", "a main server on a CPU holds no blocks (llama.cpp offloads to its "
                          "GPU and RPC devices only); remove main_layers or give the main server a GPU"))
         return None, None, None, problems
+    if len({_on_card(pool, backend) for pool, _, _, backend, _ in devices}) > 1 and any(
+            given is None for *_, given in devices):
+        # Shared by room, a card's share would follow its VRAM while a node's memory takes the most blocks and sets
+        # the pace: the card left mostly idle (a 24 GiB card beside a 60 GiB CPU node got 20 of 80 blocks).
+        problems.append((f"{path}.rpc", "its members mix discrete cards with node memory (CPU or unified), where "
+                         "planning blocks by room would leave the cards mostly idle; give every member its blocks "
+                         "(rpc.helpers[i].layers and rpc.main_layers, the faster devices the most that fit), or split "
+                         "over members of one kind"))
+        return None, None, None, problems
     embedding, output_bytes, per_block = split_weights(model, facts)
     per_block_kv = kv_bytes(facts, model.ctx_size, model.cache_type_k, model.cache_type_v, slots(model),
                             model.ubatch_size or DEFAULT_UBATCH) / facts.layers
@@ -117,7 +126,7 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
     counts = _plan_blocks(facts.layers, [given for *_, given in devices], [
         (room - f) / (per_block_total * (1 + (0 if backend == "cpu" or _on_card(pool, backend) else BACKEND_OVERHEAD[backend])))
         for room, f, (pool, _, _, backend, _) in zip(rooms, fixed, devices)])
-    need = sum(fixed) + facts.layers * per_block_total + (host if on_card else 0.0)
+    need = sum(fixed) + facts.layers * per_block_total + (host if on_card and not main_on_card else 0.0)
     if counts is None or sum(counts) != facts.layers:
         given = [g for *_, g in devices if g is not None]
         if given and len(given) == len(devices):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
 from common.errors import CapacityError
 from common.quantity import Quantity, gib
 
-from .split import helper_endpoints, helper_name
+from .split import helper_endpoints, helper_name, helpers_on
 from .memory import (LIMIT_HEADROOM, VRAM_PLAN_MOST_UNDER_GIB, Estimate, MemoryEstimate, OnRequest, Split, VramEstimate,
                      ceil_gib, derived_limit_gib)
 from .residency import ADMISSION_MEMORY_REQUEST, KEEPER_MEMORY_REQUEST, Residency, ResidentModel, limit_gib, plan_residency, summed_estimate, summed_vram
@@ -270,14 +270,15 @@ def _router_plan(key: str, model: "ModelServer", stack: "StackConfig", on_reques
             source=entry.source, multimodal=estimate.multimodal,
         ))
     beside = [s for s in planned.values() if s.node_pool == model.node_pool]
-    ram_budget = (node_offers_gib(pool) - sum(s.need_gib * s.replicas for s in beside)
+    helpers = helpers_on(planned.values(), model.node_pool)  # split helpers on this pool, as the servers beside it
+    ram_budget = (node_offers_gib(pool) - sum(s.need_gib * s.replicas for s in beside) - sum(h[1] for h in helpers)
                   - gib(KEEPER_MEMORY_REQUEST) - gib(ADMISSION_MEMORY_REQUEST))
     vram_budget = None
     if any(m.vram is not None for m in resident) and pool.vram is not None:
         # Time-sliced cards are shared with the pool's other GPU servers, which the plan may put on the same card.
-        vram_budget = gib(pool.vram) - GPU_FREE_TARGET_GIB - sum(
-            s.vram.total_gib for s in beside if s.vram is not None) - sum(vram for _, vram in leaving)
-    others = f", beside {', '.join(s.name for s in beside)}" if beside else ""
+        vram_budget = gib(pool.vram) - GPU_FREE_TARGET_GIB - sum(s.vram.total_gib for s in beside if s.vram is not None) - sum(
+            h[2] for h in helpers) - sum(vram for _, vram in leaving)
+    others = f", beside {', '.join([s.name for s in beside] + [h[0] for h in helpers])}" if beside or helpers else ""
     if leaving and vram_budget is not None:
         # Their pods hold the card until this update deletes them (config/history.py HistoryVerdict.leaving).
         others += (f"{' and' if beside else ', beside'} {', '.join(name for name, _ in leaving)} (removed in this update: "

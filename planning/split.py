@@ -21,3 +21,13 @@ def estimates_by_workload(plan: dict) -> dict[str, dict]:
         for index, helper in enumerate((server.get("split") or {}).get("helpers") or []):
             out[helper_name(server["name"], index)] = helper["memory"]
     return out
+
+
+def helpers_on(servers, pool_key: str) -> list[tuple[str, float, float]]:
+    """(workload, memory GiB, VRAM GiB) of each split helper the plan's servers put on node pool ``pool_key``: what a
+    router beside them on that pool cannot take (its limit and VRAM, its card's share when time-sliced)."""
+    from common.quantity import gib
+
+    return [(server.helper_name(i), gib(server.helper_memory(i)), helper.vram.total_gib if helper.vram else 0.0)
+            for server in servers if server.split is not None
+            for i, helper in enumerate(server.split.helpers) if helper.node_pool == pool_key]
