@@ -62,7 +62,7 @@ def rows() -> list[tuple]:
                     continue
                 key = (r["shape"], r["quant"], r.get("routing", "zero"), r["n_prompt"], r["depth"], r.get("ngl"), r.get("n_cpu_moe") or 0)
                 where = ("CPU only" if not discrete else "experts in RAM" if r.get("n_cpu_moe")
-                         else "partial offload" if (r.get("ngl") or 99) < 99 else "GPU only")
+                         else "partial offload" if (99 if r.get("ngl") is None else r["ngl"]) < 99 else "GPU only")
                 zero_moe = "qwen3" in r["shape"] and "a3b" in r["shape"] and r.get("routing") != "token"
                 out.append((where, r["device"], f"{r['shape']} {r['quant']}", r["n_prompt"], r["depth"],
                             r.get("type_k") or "f16", r["tok_s"], predicted(r, bandwidth, host),
