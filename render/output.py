@@ -46,9 +46,13 @@ def prefill_cell(rate: Optional[float], first_token_s: Optional[float]) -> str:
     return f"{rate:,.0f} tok/s ({first_token_s:.1f} s)" if first_token_s < 100 else f"{rate:,.0f} tok/s ({first_token_s / 60:.1f} min)"
 
 
-def vram_cell(vram: dict) -> str:
-    """The VRAM column: per card, with where the layers and experts are."""
+def vram_cell(vram: dict, split: Optional[dict] = None) -> str:
+    """The VRAM column: per card, with where the layers and experts are (a split's main server: its blocks, and how
+    many its helpers hold, so it does not read as a partial offload)."""
     where = f"{vram['layers_offloaded']}/{vram['layers']} layers"
+    if split:
+        helpers = split.get("helpers") or []
+        where += f", {sum(h['blocks'] for h in helpers)} on its {len(helpers)} RPC helper{'s' if len(helpers) > 1 else ''}"
     if vram.get("experts_in_ram"):
         where += f", experts of {vram['experts_in_ram']} in RAM"
     if vram.get("gpus", 1) > 1:
@@ -171,7 +175,7 @@ def plan_tables(plan: dict | None) -> list[str]:
         ]
         if discrete:
             vram = server.get("vram")
-            row[1:1] = [vram_cell(vram) if vram else "-"]
+            row[1:1] = [vram_cell(vram, server.get("split")) if vram else "-"]
         rows.append(row)
     if discrete:
         lines.append("    (VRAM: on the GPU; the other columns: system RAM)")

@@ -106,6 +106,24 @@ def plain_values(stack: str) -> dict[str, Any]:
     return {k: v for k, v in stack_values(stack).items() if not (isinstance(v, dict) and "secure" in v)}
 
 
+def serve_quant(model: dict[str, Any], quant: str, from_gib: float, from_quant: str = "Q4_K_M") -> float:
+    """Serve a model's values at another quant of its repo, its weights scaled from a file of ``from_gib`` GiB at
+    ``from_quant`` by llama-quantize's bits per weight (as the smaller-quant line scales them); the new GiB."""
+    from engines.llamacpp_memory import BITS_PER_WEIGHT
+
+    gib = from_gib * BITS_PER_WEIGHT[quant] / BITS_PER_WEIGHT[from_quant]
+    model.update(hf_repo=model["hf_repo"].rsplit(":", 1)[0] + f":{quant}", weights=f"{gib:.2f}Gi")
+    return gib
+
+
+def next_larger_quant(quant: str) -> str:
+    """The llama.cpp K/legacy quant with the fewest bits per weight above ``quant``'s."""
+    from engines.llamacpp_memory import BITS_PER_WEIGHT
+
+    return min((q for q, b in BITS_PER_WEIGHT.items() if b > BITS_PER_WEIGHT[quant] and q.startswith("Q")),
+               key=BITS_PER_WEIGHT.get)
+
+
 def stack_file_config(stack: str) -> dict[str, Any]:
     """A shipped stack file's `config:` mapping as written (full keys, `secure:` entries included)."""
     return yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]

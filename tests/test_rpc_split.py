@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from common.constants import NAME_LABEL, RPC_HELPER_LABEL
-from conftest import plain_values, run_values
+from conftest import next_larger_quant, plain_values, run_values, serve_quant
 from engines.llamacpp_rpc import layers_per_device, output_device
 from policy.rules import run_rules
 
@@ -306,15 +306,12 @@ def test_the_summary_says_when_a_smaller_quant_on_one_node_decodes_faster_than_t
     one = copy.deepcopy(plain_values(STACK))
     big = one["models"]["big"]
     del big["rpc"]
-    weights = float(big["weights"].removesuffix("Gi")) * BITS_PER_WEIGHT[quant] / BITS_PER_WEIGHT["Q4_K_M"]
-    big.update(hf_repo=big["hf_repo"].rsplit(":", 1)[0] + f":{quant}", weights=f"{weights:.2f}Gi")
+    file_gib = float(big["weights"].removesuffix("Gi"))
+    serve_quant(big, quant, file_gib)
     served = plan_capacity(parse_stack(one)).servers["big"]
     assert served.decode_predicted_tok_s["half"] == pytest.approx(alone_half, abs=0.05)
     # The next larger quant does not fit one node: the line named the largest that does.
-    larger = min((q for q, b in BITS_PER_WEIGHT.items() if b > BITS_PER_WEIGHT[quant] and q.startswith("Q")),
-                 key=BITS_PER_WEIGHT.get)
-    big.update(hf_repo=big["hf_repo"].rsplit(":", 1)[0] + f":{larger}",
-               weights=f"{weights * BITS_PER_WEIGHT[larger] / BITS_PER_WEIGHT[quant]:.2f}Gi")
+    serve_quant(big, next_larger_quant(quant), file_gib)
     with pytest.raises(Exception, match="offers"):
         plan_capacity(parse_stack(one))
     # Nodes too small for any smaller quant alone, together still room for the split.

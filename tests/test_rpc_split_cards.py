@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from common.constants import RPC_HELPER_LABEL
-from conftest import TEST_SECRETS, plain_values, run_values
+from conftest import TEST_SECRETS, next_larger_quant, plain_values, run_values, serve_quant
 from engines.llamacpp_rpc import layers_per_device, output_device
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,7 +170,6 @@ def test_on_cards_the_smaller_quant_line_names_one_that_one_card_holds_whole():
     the printed figure, and the next larger quant does not fit that card. On the 24 GiB cards none fits: no line."""
     import re
 
-    from engines.llamacpp_memory import BITS_PER_WEIGHT
     from plane import parse_stack, plan_capacity
 
     def wider(values: dict) -> dict:
@@ -189,15 +188,12 @@ def test_on_cards_the_smaller_quant_line_names_one_that_one_card_holds_whole():
     one = wider(cards_values())
     chat = one["models"]["chat"]
     del chat["rpc"]
-    weights = 39.6 * BITS_PER_WEIGHT[quant] / BITS_PER_WEIGHT["Q4_K_M"]
-    chat.update(hf_repo=chat["hf_repo"].rsplit(":", 1)[0] + f":{quant}", weights=f"{weights:.2f}Gi", gpu_layers=999)
+    serve_quant(chat, quant, 39.6)
+    chat["gpu_layers"] = 999
     served = plan_capacity(parse_stack(one)).servers["chat"]
     assert served.vram.layers_offloaded == served.vram.layers
     assert served.decode_predicted_tok_s["half"] == pytest.approx(alone_half, abs=0.05)
-    larger = min((q for q, b in BITS_PER_WEIGHT.items() if b > BITS_PER_WEIGHT[quant] and q.startswith("Q")),
-                 key=BITS_PER_WEIGHT.get)
-    chat.update(hf_repo=chat["hf_repo"].rsplit(":", 1)[0] + f":{larger}",
-                weights=f"{weights * BITS_PER_WEIGHT[larger] / BITS_PER_WEIGHT[quant]:.2f}Gi")
+    serve_quant(chat, next_larger_quant(quant), 39.6)
     with pytest.raises(Exception, match="VRAM"):
         plan_capacity(parse_stack(one))
 
@@ -250,3 +246,15 @@ def test_a_router_beside_a_split_on_its_pool_counts_the_helpers_as_it_counts_ser
     message = str(caught.value)
     assert "node_pools.rtx3090.vram" in message and "leaves the router no VRAM" in message
     assert "beside big, big-rpc-0" in message, message
+
+
+def test_the_summary_says_where_the_main_servers_other_blocks_are(cards_run):
+    """The capacity table's VRAM cell of a split's main server names its helpers' blocks: 39/80 alone would read as
+    a partial offload whose other blocks run from system RAM."""
+    from render.output import plan_tables
+
+    server = cards_run.outputs["capacity_plan"]["servers"]["chat"]
+    here, helpers = server["split"]["main"]["blocks"], server["split"]["helpers"][0]["blocks"]
+    [row] = [line for line in plan_tables(cards_run.outputs["capacity_plan"]) if line.strip().startswith("llama-chat ")]
+    assert f"({here}/80 layers, {helpers} on its 1 RPC helper)" in row, row
+    assert here + helpers == 80
