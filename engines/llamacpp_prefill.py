@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from .llamacpp_memory import KV_TYPE_BYTES, effective_batch, layout
+from .llamacpp_memory import DEFAULT_UBATCH, KV_TYPE_BYTES, effective_batch, layout
 from .llamacpp_speed import profile_name, share_of, weight_class
 
 if TYPE_CHECKING:
@@ -96,18 +96,18 @@ def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", 
     moe = bool(facts.expert_params_b or facts.active_params_b)
     width = facts.embedding_length or (facts.kv_heads * facts.head_dim)
     attention_layers = facts.full_attention_layers or facts.layers
-    batch = effective_batch(model)
+    batch, ubatch = effective_batch(model), model.ubatch_size or DEFAULT_UBATCH
     call = 0.0
-    rate = model.threads * CPU_PREFILL_GFLOPS_PER_THREAD * 1e9
-    cpu_attention_rate = model.threads * CPU_ATTENTION_GFLOPS_PER_THREAD * 1e9
     # A CPU server's attention with a cache the tiled kernel does not take (F16, F32) goes row by row; a type not
     # measured (bf16, q5_x, iq4_nl) at the slowest measured share. Beside a card the prompt's attention is the
     # card's: partially offloaded servers' long prompts are as fast as the card's rate says (pp512 to pp4096 on the
     # H200), not the CPU's.
-    slowest = min((CPU_QUANTIZED_PREFILL.get(t, min(CPU_QUANTIZED_PREFILL.values())) for t in
-                   (model.cache_type_k or "f16", model.cache_type_v or "f16") if t not in ("f16", "f32")), default=1.0)
     if cpu_only:
-        matmul, attention_rate, copy = 2 * active / (rate * weight_rate), cpu_attention_rate, 0.0
+        slowest = min((CPU_QUANTIZED_PREFILL.get(t, min(CPU_QUANTIZED_PREFILL.values())) for t in
+                       (model.cache_type_k or "f16", model.cache_type_v or "f16") if t not in ("f16", "f32")), default=1.0)
+        rate = model.threads * CPU_PREFILL_GFLOPS_PER_THREAD * 1e9
+        matmul, copy = 2 * active / (rate * weight_rate), 0.0
+        attention_rate = model.threads * CPU_ATTENTION_GFLOPS_PER_THREAD * 1e9 * slowest
     else:
         call = (profile.moe_call_ms if moe else profile.call_ms) / 1e3
         # A dense model's; the mixture-of-experts share was measured on 2048-wide models and holds their width.
@@ -116,20 +116,20 @@ def prompt_seconds(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", 
                                * weight_rate)
         attention_rate = profile.attention_tflops * 1e12
         # What stays in RAM but the input embedding (a lookup), copied once per micro-batch.
-        copy = (place.ram_weights - place.embedding) / (model.ubatch_size or 512) / (HOST_TO_CARD_GBS * 1e9) if discrete else 0.0
+        copy = (place.ram_weights - place.embedding) / ubatch / (HOST_TO_CARD_GBS * 1e9) if discrete else 0.0
         if facts.full_attention_layers and facts.recurrent_state_mib:
             matmul += (facts.layers - facts.full_attention_layers) * profile.recurrent_layer_us / 1e6
     # A cache not in F16 on a card: a prompt's flash-attention kernel reads F16, so each micro-batch first copies
     # the whole cache of every offloaded attention layer to F16 (ggml-cuda fattn-common.cuh launch_fattn,
     # need_f16_K/V; decode's vector kernel reads it as stored): read at its type, written at 2 bytes, at the card's
     # bandwidth. Seconds per cached position per micro-batch.
-    convert, ubatch = 0.0, model.ubatch_size or 512
+    convert = 0.0
     if discrete and not cpu_only and pool.vram_bandwidth_gbs:
         moved = sum(KV_TYPE_BYTES[t] + 2 for t in (model.cache_type_k or "f16", model.cache_type_v or "f16") if t != "f16")
         convert = (attention_layers * place.gpu_blocks / facts.layers * facts.kv_heads * facts.head_dim * moved
                    / (pool.vram_bandwidth_gbs * 1e9))
 
-    attention = 4 * attention_layers * width / (attention_rate * (slowest if cpu_only else 1.0))
+    attention = 4 * attention_layers * width / attention_rate
 
     def seconds(tokens: int, depth: int) -> float:
         # Each token attends to what was there before and half of the prompt before it, on average; micro-batch i

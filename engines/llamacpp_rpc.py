@@ -205,10 +205,10 @@ class DeviceMemory:
 
 
 def split_memory(model: "ModelServer", facts: "ModelFacts", counts: Sequence[int], output: int,
-                 single_compute: float) -> tuple[list[DeviceMemory], DeviceMemory]:
+                 single_compute: Sequence[float]) -> tuple[list[DeviceMemory], DeviceMemory]:
     """Each device's buffers for a split (RPC devices first), and the main server's host: the input embedding
-    (always in its RAM) and its CPU compute buffer. single_compute: the compute buffer the backend takes for the
-    whole model alone (engines/llamacpp_memory.py), from which each device's in the split is derived."""
+    (always in its RAM) and its CPU compute buffer. single_compute, one per device: the compute buffer its backend
+    takes for the whole model alone (engines/llamacpp_memory.py), from which its buffer in the split is derived."""
     from .llamacpp_memory import DEFAULT_UBATCH, CTX_PAD, kv_bytes, slots
 
     embedding, output_bytes, per_block = split_weights(model, facts)
@@ -219,12 +219,12 @@ def split_memory(model: "ModelServer", facts: "ModelFacts", counts: Sequence[int
     hidden = tokens * (facts.embedding_length or facts.kv_heads * facts.head_dim) * 4
     copies = PIPELINE_COPIES if len(counts) > 1 else 1
     # The pipeline's copies of the inputs in place of the one mask a lone device holds.
-    compute = single_compute + (copies * (hidden + mask) - mask if copies > 1 else 0.0)
+    pipeline = copies * (hidden + mask) - mask if copies > 1 else 0.0
     devices = [
         DeviceMemory(blocks=count, output=i == output,
                      model=count * per_block + (output_bytes if i == output else 0.0),
-                     kv=total_kv * count / facts.layers, compute=compute)
-        for i, count in enumerate(counts)
+                     kv=total_kv * count / facts.layers, compute=single + pipeline)
+        for i, (count, single) in enumerate(zip(counts, single_compute, strict=True))
     ]
     host = DeviceMemory(blocks=0, output=False, model=embedding, kv=0.0, compute=copies * mask + 2 * hidden)
     return devices, host

@@ -469,7 +469,6 @@ def solve_host_cost(model: "ModelServer", facts: "ModelFacts", pool: "NodePool",
     return HostCost(block_us=block_us, kv_gbs=terms.cpu_kv_work(depth) / ((deep_s - empty_s) * terms.threads) / 1e9)
 
 
-
 def quantized_kv_ratio(f16: tuple[float, float], quantized: tuple[float, float]) -> float:
     """A node's cpu_quantized_kv for one cache type: its slow-down from an empty context to a depth against the
     f16 cache's, from (empty, deep) tokens/s of each (make host-profile's runs)."""

@@ -13,16 +13,15 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Optional
 
-from common.quantity import GIB, Quantity
+from common.quantity import GIB, Quantity, gib
 from config.gpus import BACKEND_OVERHEAD
-from common.quantity import gib
 from planning.capacity import GPU_FREE_TARGET_GIB, node_offers_gib
 from planning.memory import (DISCRETE_HOST_GIB, VRAM_CONTEXT_GIB, MemoryEstimate, Split, SplitMember, VramEstimate,
                              derived_limit_gib)
 
 from .llamacpp_memory import (BITS_PER_WEIGHT, CUDA_DENSE_COPY_SHARE, compute_bytes, cuda_compute_bytes, discrete_split,
-                              kv_bytes, layout,
-                              llamacpp_estimate, quant_of, slots, vram_reserve_gib, weights_bytes, DEFAULT_UBATCH)
+                              kv_bytes, layout, llamacpp_estimate, quant_of, slots, vram_reserve_gib, weights_bytes,
+                              DEFAULT_UBATCH)
 from .llamacpp_rpc import (RPC_TOKEN_MS, Link, cpu_helper_prefill, layers_per_device, output_device,
                            split_decode_seconds, split_for_layers, split_memory, split_prefill_seconds, split_weights)
 from .llamacpp_prefill import PROMPT_TOKENS, prompt_seconds
@@ -101,10 +100,11 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
     host_caches = whole.host_caches_gib * GIB
     compute = compute_bytes(model, facts) or 0.0
     cards = {backend: _card_compute(model, facts, backend) for pool, _, _, backend, _ in devices if _on_card(pool, backend)}
+    # Each device's compute for the whole model alone: its card's backend's, else a CPU's.
+    singles = [cards[backend][1] if _on_card(pool, backend) else compute for pool, _, _, backend, _ in devices]
     # What each device holds before its blocks, with the output layer on the last (a probe split: the pipeline's
     # copies depend only on there being more than one device); a card also its runtime's context.
-    probe, fixed_host = split_memory(model, facts, [0] * len(devices), len(devices) - 1, compute)
-    probe = _on_cards(model, facts, probe, [0] * len(devices), len(devices) - 1, devices, cards)
+    probe, fixed_host = split_memory(model, facts, [0] * len(devices), len(devices) - 1, singles)
     fixed = [d.compute + (output_bytes if i == len(devices) - 1 else 0.0)
              + (cards[backend][0] if _on_card(pool, backend) else 0.0)
              for i, (d, (pool, _, _, backend, _)) in enumerate(zip(probe, devices))]
@@ -144,8 +144,7 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
     out = output_device(facts.layers, tensor_split)
     if not (layers_per_device(facts.layers, tensor_split) == counts and out == len(counts) - 1):
         raise ValueError("engines/llamacpp_split.py: the split estimate")
-    buffers, host_buffers = split_memory(model, facts, counts, out, compute)
-    buffers = _on_cards(model, facts, buffers, counts, out, devices, cards)
+    buffers, host_buffers = split_memory(model, facts, counts, out, singles)
     made: list[SplitMember] = []
     for index, ((pool, key, node, backend, _), device, room) in enumerate(zip(devices, buffers, rooms)):
         where = f"{path}.rpc.helpers[{index}]" if index < len(members) else f"{path}.rpc.main_layers"
@@ -187,21 +186,6 @@ def split_estimate(model: "ModelServer", facts: "ModelFacts", pools: dict[str, "
     result = Split(helpers=tuple(made), main=main, tensor_split=tuple(tensor_split), upload_gib=upload / GIB,
                    upload_seconds=upload_seconds)
     return result, _decode(model, facts, devices, counts, out), _prefill(model, facts, devices, counts, out), problems
-
-
-def _on_cards(model: "ModelServer", facts: "ModelFacts", buffers: list, counts: list[int], output: int, devices: list,
-              cards: dict[str, tuple[float, float]]) -> list:
-    """The devices' buffers with each card's compute buffer derived from its backend's (not a CPU's): the same
-    split, planned again from the card's whole-model compute."""
-    if not cards:
-        return buffers
-    out = list(buffers)
-    for backend, (_, single) in cards.items():
-        on_card, _ = split_memory(model, facts, counts, output, single)
-        for i, (pool, _, _, member_backend, _) in enumerate(devices):
-            if member_backend == backend and _on_card(pool, backend):
-                out[i] = on_card[i]
-    return out
 
 
 def _plus(a: MemoryEstimate, b: MemoryEstimate) -> MemoryEstimate:

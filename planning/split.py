@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from common.quantity import gib
+
 
 def helper_name(server: str, index: int) -> str:
     """The workload, Service and pod name of helper ``index`` of a split's main server ``server``."""

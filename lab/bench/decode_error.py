@@ -300,16 +300,24 @@ def main(argv: list[str]) -> int:
 TOLERANCE = 0.15
 
 
-def summary(table) -> list[tuple[str, int, int]]:
-    """Per placement and KV cache type: predictions (calibration rows left out) within TOLERANCE, and how many;
-    the quantized caches first, so an f16 CPU-only line ends the table (tools/bench_tables.py)."""
+def class_counts(points, tolerance: float) -> list[tuple[str, str, int, int]]:
+    """(placement, KV cache, within tolerance, how many) for each class that has counted points, the quantized caches
+    first; points: (placement, cache, measured, predicted, calibration mark), a marked point left out."""
     out = []
     for cache in ("q4_0", "q8_0", "f16"):
         for where in ("GPU only", "experts in RAM", "partial offload", "CPU only"):
-            errors = [abs(p - m) / m for _, _, _, m, p, cal, _, w, _, c in table if w == where and c == cache and p and not cal]
+            errors = [abs(p - m) / m for w, c, m, p, cal in points if (w, c) == (where, cache) and p and not cal]
             if errors:
-                out.append((where if cache == "f16" else f"{where}, {cache} cache", sum(e <= TOLERANCE for e in errors), len(errors)))
+                out.append((where, cache, sum(e <= tolerance for e in errors), len(errors)))
     return out
+
+
+def summary(table) -> list[tuple[str, int, int]]:
+    """Per placement and KV cache type: predictions (calibration rows left out) within TOLERANCE, and how many;
+    the quantized caches first, so an f16 CPU-only line ends the table (tools/bench_tables.py)."""
+    points = [(w, c, m, p, cal) for _, _, _, m, p, cal, _, w, _, c in table]
+    return [(where if cache == "f16" else f"{where}, {cache} cache", within, count)
+            for where, cache, within, count in class_counts(points, TOLERANCE)]
 
 
 if __name__ == "__main__":

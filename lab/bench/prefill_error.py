@@ -14,7 +14,7 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from lab.bench.decode_error import GIB, preset_facts, server_and_pool
+from lab.bench.decode_error import GIB, class_counts, preset_facts, server_and_pool
 from engines.llamacpp_prefill import prompt_seconds
 
 TOLERANCE = 0.25
@@ -73,13 +73,8 @@ def rows() -> list[tuple]:
 
 def summary(table) -> list[tuple[str, int, int]]:
     """Per placement and KV cache type: predictions (calibration rows left out) within TOLERANCE, and how many."""
-    out = []
-    for cache in ("q4_0", "q8_0", "f16"):
-        for place in ("GPU only", "experts in RAM", "partial offload", "CPU only"):
-            errors = [abs(p - m) / m for where, *_, c, m, p, cal, _ in table if (where, c) == (place, cache) and p and not cal]
-            if errors:
-                out.append((f"{place}, {cache} cache", sum(e <= TOLERANCE for e in errors), len(errors)))
-    return out
+    points = [(where, c, m, p, cal) for where, *_, c, m, p, cal, _ in table]
+    return [(f"{where}, {cache} cache", within, count) for where, cache, within, count in class_counts(points, TOLERANCE)]
 
 
 def main() -> int:

@@ -73,7 +73,7 @@ def memory_rows(record: dict) -> list[tuple]:
             split = [float(x) for x in r["split"].split("/")]
             counts = layers_per_device(facts.layers, split)
             single = cuda_compute_bytes(model, facts, layout(model, facts)) or 0.0
-            devices, host = split_memory(model, facts, counts, output_device(facts.layers, split), single)
+            devices, host = split_memory(model, facts, counts, output_device(facts.layers, split), [single] * len(counts))
             names = [k for k in r["buffers"] if k.startswith("RPC")] + ["CUDA0"]
             for name, device in zip(names, devices):
                 for kind, planned in (("model", device.model), ("KV", device.kv), ("compute", device.compute)):
