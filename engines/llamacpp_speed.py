@@ -18,6 +18,7 @@ recomputed by `make bench` (lab/bench/decode_error.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
@@ -354,7 +355,7 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
         dense=cpu_read - expert_read, experts=expert_read, kv_per_position=kv_bytes_per_position(model, facts),
         kv_layers_share=kv_layers_share,
         group=(facts.attention_heads / facts.kv_heads) if facts.attention_heads else HOST_KV_GROUP,
-        threads=model.threads, cpu_kv_scale=cpu_kv_scale(model, pool))
+        threads=model.threads, cpu_kv_scale=cpu_kv_scale(model, facts, pool))
 
 
 def cpu_quantized_ratio(kind: str) -> float:
@@ -362,20 +363,31 @@ def cpu_quantized_ratio(kind: str) -> float:
     return CPU_QUANTIZED_KV.get(kind, max(CPU_QUANTIZED_KV.values()))
 
 
-def cpu_kv_scale(model: "ModelServer", pool: "NodePool") -> tuple[float, float]:
+def head_rounds(heads: int, threads: int) -> float:
+    """How much longer a quantized cache's attention takes on a CPU than the same work spread evenly over the
+    threads. One generated token's flash attention on a CPU (ggml-cpu ops.cpp, ggml_compute_forward_flash_attn_ext_f16)
+    splits an f16 or f32 cache's positions over every thread (the split-KV path, 512 positions or more); a
+    quantized cache takes the other path, one query head to a thread at a time: 40 heads on 16 threads take three
+    heads' time, not 2.5; 16 heads on 32 threads leave 16 threads idle."""
+    threads = max(1, threads)
+    return math.ceil(heads / threads) * threads / heads
+
+
+def cpu_kv_scale(model: "ModelServer", facts: "ModelFacts", pool: "NodePool") -> tuple[float, float]:
     """What a CPU's part of the cache costs per byte against f16's, (slow end, fast end): a quantized cache's time
     is the node's measured multiple of an f16 cache's of the same shape at both ends (cpu_quantized_kv, `make
     host-profile`); not measured, CPU_QUANTIZED_KV's at the slow end (a type not measured: the slowest measured)
-    and f16's time at the fast end; all over its own bytes."""
+    and f16's time at the fast end; all over its own bytes, and at the slow end times the server's head_rounds."""
     kind = quantized_kv_type(model)
     if kind is None:
         return 1.0, 1.0
     per_byte = 2 * KV_TYPE_BYTES["f16"] / (KV_TYPE_BYTES[model.cache_type_k or "f16"] + KV_TYPE_BYTES[model.cache_type_v or "f16"])
+    rounds = head_rounds(facts.attention_heads or facts.kv_heads * HOST_KV_GROUP, model.threads)
     # host-profile measures K and V of one type: a mixed pair keeps the range.
     measured = (pool.cpu_quantized_kv or {}).get(kind) if model.cache_type_k == model.cache_type_v else None
     if measured is not None:
-        return measured * per_byte, measured * per_byte
-    return cpu_quantized_ratio(kind) * per_byte, per_byte
+        return measured * per_byte * rounds, measured * per_byte * rounds
+    return cpu_quantized_ratio(kind) * per_byte * rounds, per_byte
 
 
 def quantized_kv_type(model: "ModelServer") -> Optional[str]:
@@ -469,7 +481,8 @@ def solve_host_cost(model: "ModelServer", facts: "ModelFacts", pool: "NodePool",
     return HostCost(block_us=block_us, kv_gbs=terms.cpu_kv_work(depth) / ((deep_s - empty_s) * terms.threads) / 1e9)
 
 
-def quantized_kv_ratio(f16: tuple[float, float], quantized: tuple[float, float]) -> float:
+def quantized_kv_ratio(f16: tuple[float, float], quantized: tuple[float, float], heads: int, threads: int) -> float:
     """A node's cpu_quantized_kv for one cache type: its slow-down from an empty context to a depth against the
-    f16 cache's, from (empty, deep) tokens/s of each (make host-profile's runs)."""
-    return (1 / quantized[1] - 1 / quantized[0]) / (1 / f16[1] - 1 / f16[0])
+    f16 cache's, from (empty, deep) tokens/s of each (make host-profile's runs of a shape with this many query
+    heads at this many threads), without that run's head_rounds (cpu_kv_scale applies the server's own)."""
+    return (1 / quantized[1] - 1 / quantized[0]) / (1 / f16[1] - 1 / f16[0]) / head_rounds(heads, threads)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from common.constants import LLAMACPP_IMAGE_BUILD
 from config.types import ModelFacts, ModelServer, NodePool
-from engines.llamacpp_speed import HostCost, predict_tok_s, quantized_kv_ratio, solve_host_cost
+from engines.llamacpp_speed import HostCost, predict_range_tok_s, quantized_kv_ratio, solve_host_cost
 from config.catalog import lookup
 from lab.contract.real_shape import PRESETS, expected_weights_bytes, tensor_table
 
@@ -88,11 +88,19 @@ def server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights
     return model, model_facts, pool
 
 
-def prediction(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
-               threads=8, host=None, cost=None, cache="f16", quantized=None) -> float:
+def prediction(*args, **kwargs) -> Optional[float]:
+    """The plan's decode rate for a measured row (prediction_range's low end: the point the summary prints)."""
+    span = prediction_range(*args, **kwargs)
+    return span[0] if span else None
+
+
+def prediction_range(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
+                     threads=8, host=None, cost=None, cache="f16", quantized=None) -> Optional[tuple[float, float]]:
+    """(low, high): equal where the plan prints one figure; a range where the CPU's part runs on a node whose figures
+    (make host-profile) were not measured, as the summary prints it."""
     model, model_facts, pool = server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth,
                                                gpus, ngl, cpu_moe, threads, host, cost, cache=cache, quantized=quantized)
-    rates = predict_tok_s(model, model_facts, pool, backend, discrete, {"depth": depth})
+    rates = predict_range_tok_s(model, model_facts, pool, backend, discrete, {"depth": depth})
     return rates["depth"] if rates else None
 
 
@@ -173,7 +181,8 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
         deep = {r["depth"]: r["tok_s"] for r in source_rows if r.get("type_k") == kind and r["threads"] == most}
         if home.get("host_profile") and len(deep) == 2 and (most, 0) in rates and (most, source["depth"]) in rates:
             quantized[kind] = round(quantized_kv_ratio((rates[(most, 0)], rates[(most, source["depth"])]),
-                                                       (deep[0], deep[source["depth"]])), 2)
+                                                       (deep[0], deep[source["depth"]]), PRESETS[source["shape"]].n_head,
+                                                       most), 2)
             used |= {(source["shape"], source["quant"], most, d, kind) for d in (0, source["depth"])}
     return host, costs or None, (used if run is home else set()), quantized or None
 
@@ -184,7 +193,7 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
         predicted = prediction(profile, backend, bw, discrete, facts, quant, weights, depth, gpus)
         name = facts if isinstance(facts, str) else f"{facts['params_b']:g}B dense"
         where = "GPU only" if discrete else ("CPU only" if backend == "cpu" else "GPU, unified memory")
-        out.append((device, f"{name} {quant}", depth, measured, predicted, cal, source, where, None, "f16"))
+        out.append((device, f"{name} {quant}", depth, measured, predicted, cal, source, where, None, "f16", None))
     out += kv_cache_rows()
     for path, (profile, backend, bandwidth, discrete) in measured_files.items():
         if not Path(path).exists():
@@ -209,9 +218,13 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     cache = r.get("type_k") or "f16"
     cpu_moe, threads = r.get("n_cpu_moe") or None, r.get("threads") or 8
     on_card = discrete and ngl != 0
-    predicted = prediction(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
-                           on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
-                           threads, host, cost, cache=cache, quantized=quantized)
+    low, high = prediction_range(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
+                                 on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
+                                 threads, host, cost, cache=cache, quantized=quantized)
+    predicted = low
+    # A host whose figures were not measured: the plan prints a range (its summary says why), so the row is held to
+    # that range, not to one end of it as a point (range_summary), and is not counted among the points.
+    span = (low, high) if high > low * 1.0005 else None
     key = (r["shape"], r["quant"], threads, r["depth"])
     # The profiles were solved on f16 caches: a quantized cache's row is never one of theirs.
     cal = cache == "f16" and (r.get("cal", (r["shape"], r["quant"], r["depth"]) in H200_CALIBRATION
@@ -223,14 +236,18 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
         cal = "zero routing"  # every token routed alike (issue #33 item 7): shown, not counted
     if isinstance(r.get("cal"), str):
         cal = r["cal"]  # what the row calibrated, recorded with it
+    where = placement(on_card, ngl, cpu_moe)
     if run.get("not_counted"):
         cal = "not reproduced"
-    where = placement(on_card, ngl, cpu_moe)
+    elif where != "GPU only" and not host:
+        cal = "host not measured"  # no read bandwidth for the plan to start from: shown, not counted
+    elif span and not cal:
+        cal = "host not profiled: the plan's range"
     detail = (f"t{threads}" + (f" ngl {ngl}" if ngl else "") + (f" cmoe {cpu_moe}" if cpu_moe else "")
               + (" token routing" if r.get("routing") == "token" else ""))
     device = f"{r['device']}, {run['host']}" if run.get("host") and run["host"] not in r["device"] else r["device"]
     return (device, f"{r['shape']} {r['quant']}", r["depth"], r["tok_s"], predicted, cal,
-            f"lab/bench/measure_decode.py, b10729 ({Path(path).name})", where, detail, cache)
+            f"lab/bench/measure_decode.py, b10729 ({Path(path).name})", where, detail, cache, span)
 
 
 MEASURED = {
@@ -238,6 +255,7 @@ MEASURED = {
     str(ROOT / "bench" / "results-speed-h200.json"): ("nvidia-datacenter", "cuda", 4800, True),
     str(ROOT / "bench" / "results-decode-cpu.json"): ("cpu", "cpu", None, False),
     str(ROOT / "bench" / "results-kvcache-h200-2.json"): ("nvidia-datacenter", "cuda", 4800, True),
+    str(ROOT / "bench" / "results-speed-h100.json"): ("nvidia-datacenter", "cuda", 3350, True),
 }
 
 
@@ -258,7 +276,7 @@ def kv_cache_rows() -> list[tuple]:
                                    expected_weights_bytes(shape, row["quant"]) / GIB, depth, 1, cache=row["cache"])
             out.append(("NVIDIA H200", f"{shape} {row['quant']}", depth, measured, predicted, row["cache"] != "f16",
                         f"issue #44 ({KV_CACHE_TABLE.name})", "GPU only", "token routing" if "A3B" in row["model"] else "",
-                        row["cache"]))
+                        row["cache"], None))
     return out
 
 
@@ -286,12 +304,20 @@ def main(argv: list[str]) -> int:
     table = rows(MEASURED)
     print("| placement | device | model | settings | KV cache | depth | measured t/s | predicted t/s | error | source |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for device, model, depth, measured_tok_s, predicted, cal, source, where, detail, cache in table:
+    for device, model, depth, measured_tok_s, predicted, cal, source, where, detail, cache, span in table:
         error = f"{(predicted - measured_tok_s) / measured_tok_s:+.0%}" if predicted else "-"
         mark = f" ({cal})" if isinstance(cal, str) else " (cal)" if cal else ""
         shown = f"{predicted:.1f}" if predicted else "-"
+        if span:
+            shown = f"{span[0]:.1f}-{span[1]:.1f}"
+            error = "within" if span[0] <= measured_tok_s <= span[1] else (
+                f"{(span[0] - measured_tok_s) / measured_tok_s:+.0%} of its low end" if measured_tok_s < span[0]
+                else f"{(span[1] - measured_tok_s) / measured_tok_s:+.0%} of its high end")
         print(f"| {where} | {device} | {model} | {detail or ''} | {cache} | {depth} | {measured_tok_s:.2f} | {shown} | {error}{mark} | {source} |")
     print()
+    within, count = range_summary(table)
+    if count:
+        print(f"decode on a host not profiled (the plan prints a range): {within} of {count} measurements within it")
     for where, within, count in summary(table):
         print(f"decode {where}: {within} of {count} predictions within +-{TOLERANCE:.0%} ({within / count:.0%}; goal 90%)")
     return 0
@@ -315,9 +341,15 @@ def class_counts(points, tolerance: float) -> list[tuple[str, str, int, int]]:
 def summary(table) -> list[tuple[str, int, int]]:
     """Per placement and KV cache type: predictions (calibration rows left out) within TOLERANCE, and how many;
     the quantized caches first, so an f16 CPU-only line ends the table (tools/bench_tables.py)."""
-    points = [(w, c, m, p, cal) for _, _, _, m, p, cal, _, w, _, c in table]
+    points = [(w, c, m, p, cal) for _, _, _, m, p, cal, _, w, _, c, _ in table]
     return [(where if cache == "f16" else f"{where}, {cache} cache", within, count)
             for where, cache, within, count in class_counts(points, TOLERANCE)]
+
+
+def range_summary(table) -> tuple[int, int]:
+    """Rows of hosts not profiled, held to the range the plan prints: (within it, how many)."""
+    spans = [(m, span) for _, _, _, m, _, cal, _, _, _, _, span in table if span and cal == "host not profiled: the plan's range"]
+    return sum(low <= m <= high for m, (low, high) in spans), len(spans)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from engines.llamacpp_speed import quantized_kv_ratio
 from lab.bench.decode_error import solved_cost
-from lab.contract.real_shape import write_real_shape
+from lab.contract.real_shape import PRESETS, write_real_shape
 
 SHAPE, QUANT = "qwen3-1.7b", "Q4_K_M"  # small: its blocks and KV cache weigh against its weights
 RATIO_BOUNDS = (0.25, 20.0)  # what the pool's cpu_quantized_kv takes (config/types.py)
@@ -110,7 +110,8 @@ def main(argv: list[str]) -> int:
     failed = False
     for kind in kv_types:
         deep = {r["depth"]: r["tok_s"] for r in rows if r["kv_type"] == kind}
-        ratio = quantized_kv_ratio((rates[(most, 0)], rates[(most, args.depth)]), (deep[0], deep[args.depth]))
+        ratio = quantized_kv_ratio((rates[(most, 0)], rates[(most, args.depth)]), (deep[0], deep[args.depth]),
+                                   PRESETS[SHAPE].n_head, most)
         if not (deep[args.depth] < deep[0] and RATIO_BOUNDS[0] <= ratio <= RATIO_BOUNDS[1]):
             # The f16 figures above stand; only this cache's line is left out.
             print(f"host_profile: the {kind} cache gave {deep[0]:.2f} tok/s empty and {deep[args.depth]:.2f} at "
