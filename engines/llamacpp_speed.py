@@ -185,14 +185,14 @@ class HostCost:
 
 
 # The slowest and the fastest of the hosts measured (`lab/bench/decode_error.py --node-figures` prints each: five
-# leases of the H200 machine and the CI machine): a node not measured is planned between them
-# (tests/test_speed_model.py holds both ends to the records). The KV rate is what differs between hosts (0.75 GB/s
+# leases of the H200 machine, two of the H100 machine and two CI machines): a node not measured is planned between
+# them (tests/test_speed_model.py holds both ends to the records). The KV rate is what differs between hosts (0.75 GB/s
 # a thread at 16 threads on the seventh lease, 0.8-0.9 on the fourth whichever shape it is solved from, 1.9-2.7 on
-# the third); the block time is what the solving shape's weights leave
+# the third, 4.0 on the second CI machine's 2 threads); the block time is what the solving shape's weights leave
 # unexplained, so it depends on that shape (one shape, make host-profile's, for every node), and 0 where the
 # weights alone are already slower than measured (the CI machine's single thread).
 HOST_COST_SLOW = HostCost(block_us=700.0, kv_gbs=0.74)
-HOST_COST_FAST = HostCost(block_us=0.0, kv_gbs=3.6)
+HOST_COST_FAST = HostCost(block_us=0.0, kv_gbs=4.0)
 
 # The query heads per KV head the KV rate is stated for (Llama-3.1-8B: 32 / 8).
 HOST_KV_GROUP = 4
