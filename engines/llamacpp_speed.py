@@ -182,6 +182,25 @@ class HostCost:
 
     block_us: float
     kv_gbs: float
+    # The time per position in the context at KV_DEEP_DEPTH over that at KV_PROFILE_DEPTH (make host-profile's two
+    # depths): a CPU's attention slows per position past some depth. None: not measured.
+    kv_deep_slowdown: Optional[float] = None
+
+    def kv_time_scale(self, depth: int, slowdown: float) -> float:
+        """What the time per position at this depth is, over that at KV_PROFILE_DEPTH: 1 up to it, then on the line
+        to the slow-down at KV_DEEP_DEPTH, held past it."""
+        if depth <= KV_PROFILE_DEPTH:
+            return 1.0
+        return 1.0 + (slowdown - 1.0) * min(1.0, (depth - KV_PROFILE_DEPTH) / (KV_DEEP_DEPTH - KV_PROFILE_DEPTH))
+
+
+# The depths make host-profile measures a CPU's attention at (lab/bench/host_profile.py): its KV rate at the first,
+# how much slower each position is at the second (HostCost.kv_deep_slowdown).
+KV_PROFILE_DEPTH, KV_DEEP_DEPTH = 4096, 8192
+# The largest of those slow-downs measured (1.41 on an H100 machine's 16-thread Xeon, 1.49 on the 2-core CI EPYC:
+# bench/results-speed-h100.json lease 10, bench/results-decode-cpu.json): a node whose slow-down is not measured is
+# planned between none and this.
+KV_DEEP_SLOWDOWN_MOST = 1.49
 
 
 # The slowest and the fastest of the hosts measured (`lab/bench/decode_error.py --node-figures` prints each: five
@@ -191,8 +210,8 @@ class HostCost:
 # the third, 4.0 on the second CI machine's 2 threads); the block time is what the solving shape's weights leave
 # unexplained, so it depends on that shape (one shape, make host-profile's, for every node), and 0 where the
 # weights alone are already slower than measured (the CI machine's single thread).
-HOST_COST_SLOW = HostCost(block_us=700.0, kv_gbs=0.74)
-HOST_COST_FAST = HostCost(block_us=0.0, kv_gbs=4.0)
+HOST_COST_SLOW = HostCost(block_us=700.0, kv_gbs=0.74, kv_deep_slowdown=KV_DEEP_SLOWDOWN_MOST)
+HOST_COST_FAST = HostCost(block_us=0.0, kv_gbs=4.0, kv_deep_slowdown=1.0)
 
 # The query heads per KV head the KV rate is stated for (Llama-3.1-8B: 32 / 8).
 HOST_KV_GROUP = 4
@@ -266,9 +285,13 @@ def host_cost(pool: "NodePool", threads: int) -> tuple[HostCost, HostCost]:
     table = pool.cpu_decode_by_threads
     if not table:
         return HOST_COST_SLOW, HOST_COST_FAST
+    slowdowns = {t: float(f.kv_deep_slowdown) for t, f in table.items() if f.kv_deep_slowdown is not None}
+    slowdown = by_threads(slowdowns, threads) if slowdowns else None
     cost = HostCost(by_threads({t: float(f.block_us) for t, f in table.items()}, threads),
                     by_threads({t: float(f.kv_gbs_per_thread) for t, f in table.items()}, threads))
-    return cost, cost
+    # Its slow-down past KV_PROFILE_DEPTH not measured: between none and the most measured.
+    return (HostCost(cost.block_us, cost.kv_gbs, slowdown or KV_DEEP_SLOWDOWN_MOST),
+            HostCost(cost.block_us, cost.kv_gbs, slowdown or 1.0))
 
 
 @dataclass(frozen=True)
@@ -310,7 +333,8 @@ class DecodeTerms:
             ceiling = self.threads * HOST.thread_gbs * 1e9
             seconds += self.dense / min(read_gbs * 1e9 * HOST.weight_share, ceiling)
             seconds += self.experts / min(read_gbs * 1e9 * HOST.expert_share, ceiling)
-        return seconds + self.cpu_kv_work(depth, end) / (self.threads * cost.kv_gbs * 1e9)
+        return seconds + (self.cpu_kv_work(depth, end) / (self.threads * cost.kv_gbs * 1e9)
+                          * cost.kv_time_scale(depth, cost.kv_deep_slowdown or 1.0))
 
 
 def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
@@ -415,6 +439,8 @@ def quantized_kv_terms(model: "ModelServer", facts: "ModelFacts", main: Optional
 
 QUANTIZED_KV_CPU = ("its {kind} KV cache on the CPU: from {ratio:g} times an f16 cache's time (a 2-core EPYC) to "
                     "f16's time (a 16-thread host), not measured on this node (make host-profile)")
+KV_DEEP_UNMEASURED = (f"this node's attention past {KV_PROFILE_DEPTH} positions not measured (kv_deep_slowdown, make "
+                     "host-profile): from no slow-down to the most measured")
 QUANTIZED_KV_UNMEASURED = ("its {kind} KV cache's decode not measured on this backend: from the cost measured on an "
                            "H200 to its bytes alone (llama.cpp PR #16208: q4_0 faster than f16 on an RTX 4090)")
 
@@ -429,6 +455,9 @@ def range_reasons(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", b
     reasons = []
     if terms.dense + terms.experts > 0 and not (pool.memory_bandwidth_by_threads and pool.cpu_decode_by_threads):
         reasons.append("this node's CPU not measured, make host-profile")
+    elif (terms.kv_layers_share < 1 and (model.ctx_size or 0) > KV_PROFILE_DEPTH and pool.cpu_decode_by_threads
+          and not any(f.kv_deep_slowdown for f in pool.cpu_decode_by_threads.values())):
+        reasons.append(KV_DEEP_UNMEASURED)
     if terms.kv_quantized[0] != terms.kv_quantized[1]:
         reasons.append(QUANTIZED_KV_UNMEASURED.format(kind=quantized_kv_type(model)))
     if terms.cpu_kv_scale[0] != terms.cpu_kv_scale[1] and terms.kv_layers_share < 1:
@@ -479,6 +508,12 @@ def solve_host_cost(model: "ModelServer", facts: "ModelFacts", pool: "NodePool",
     weights_only = terms.seconds(0, read[0], HostCost(0.0, float("inf")))
     block_us = max(0.0, (empty_s - weights_only) / terms.host_blocks * 1e6)
     return HostCost(block_us=block_us, kv_gbs=terms.cpu_kv_work(depth) / ((deep_s - empty_s) * terms.threads) / 1e9)
+
+
+def kv_deep_slowdown(empty_tok_s: float, profile_tok_s: float, deep_tok_s: float) -> float:
+    """A node's kv_deep_slowdown from a CPU server's rates at an empty context, at KV_PROFILE_DEPTH and at
+    KV_DEEP_DEPTH (make host-profile's f16 runs): the time each position costs at the second depth over the first."""
+    return ((1 / deep_tok_s - 1 / empty_tok_s) / KV_DEEP_DEPTH) / ((1 / profile_tok_s - 1 / empty_tok_s) / KV_PROFILE_DEPTH)
 
 
 def quantized_kv_ratio(f16: tuple[float, float], quantized: tuple[float, float], heads: int, threads: int) -> float:

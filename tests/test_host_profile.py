@@ -1,7 +1,7 @@
 """`make host-profile` run for real on this machine (lab/bench/host_profile.py: bench/host_bandwidth.c, then llama.cpp's
 own llama-bench on a real-shape Qwen3-1.7B, with an f16 and with quantized KV caches): the three lines it prints are
 a stack file's pool fields the program accepts and plans with (one decode figure, no range, a quantized cache's
-too), and the figures give back the rates llama-bench measured.
+too, once the slow-down past 4096 positions is given), and the figures give back the rates llama-bench measured.
 Timing on a shared machine varies, so the test holds what the figures are made of, not their size."""
 
 from __future__ import annotations
@@ -38,10 +38,18 @@ def test_the_printed_lines_are_pool_fields_the_plan_uses(profile):
     assert set(fields) == {"memory_bandwidth_by_threads", "cpu_decode_by_threads", "cpu_quantized_kv"}
     assert set(fields["cpu_decode_by_threads"]) == {2} == set(fields["memory_bandwidth_by_threads"])
     assert fields["cpu_quantized_kv"] == record["cpu_quantized_kv"] and set(fields["cpu_quantized_kv"]) == {"q8_0", "q4_0"}
+    # At a --depth other than 4096 the slow-down past it is recorded (measured at twice the depth), not printed: the
+    # plan's figure is stated for 4096 and 8192 positions.
+    assert all("kv_deep_slowdown" not in f for f in fields["cpu_decode_by_threads"].values())
+    assert set(record["slowdown_at_twice_the_depth"]) == {"2"} and record["slowdown_at_twice_the_depth"]["2"] > 0
     for cache in ("f16", "q8_0"):
         values = plain_values("cpu-cluster")
         values["node_pools"]["minipc"].update(fields)
         values["models"]["chat"].update(threads=2, cache_type_k=cache, cache_type_v=cache)
+        # Past 4096 positions the node's slow-down is not measured: a range that says so; with it, one figure.
+        deep = plan_capacity(parse_stack(values)).servers["chat"]
+        assert deep.decode_range_tok_s is not None and any("past 4096 positions" in why for why in deep.decode_range_why)
+        values["node_pools"]["minipc"]["cpu_decode_by_threads"][2]["kv_deep_slowdown"] = 1.4
         chat = plan_capacity(parse_stack(values)).servers["chat"]
         assert chat.decode_range_tok_s is None and chat.decode_predicted_tok_s["full"] < chat.decode_predicted_tok_s["empty"]
         # Without the node's ratio a quantized cache's decode is a range, and the summary says why.

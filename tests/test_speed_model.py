@@ -12,14 +12,15 @@ import pytest
 
 from conftest import plain_values
 from config.catalog import facts_for
-from engines.llamacpp_speed import (HOST, HOST_COST_FAST, HOST_COST_SLOW, HostCost, host_cost, host_read_gbs,
-                                    predict_range_tok_s, solve_host_cost)
+from engines.llamacpp_speed import (HOST, HOST_COST_FAST, HOST_COST_SLOW, KV_DEEP_SLOWDOWN_MOST, HostCost, host_cost,
+                                    host_read_gbs, predict_range_tok_s, solve_host_cost)
 from plane import parse_stack, plan_capacity
 
 
 TABLE = {4: 28.0, 8: 49.0, 16: 82.0}
-COSTS = {4: {"block_us": 300, "kv_gbs_per_thread": 1.2}, 8: {"block_us": 300, "kv_gbs_per_thread": 1.2},
-         16: {"block_us": 100, "kv_gbs_per_thread": 2.0}}
+COSTS = {4: {"block_us": 300, "kv_gbs_per_thread": 1.2, "kv_deep_slowdown": 1.3},
+         8: {"block_us": 300, "kv_gbs_per_thread": 1.2, "kv_deep_slowdown": 1.3},
+         16: {"block_us": 100, "kv_gbs_per_thread": 2.0, "kv_deep_slowdown": 1.4}}
 
 
 def cpu_cluster(table=None, threads=None, costs=None) -> dict:
@@ -46,10 +47,14 @@ def test_the_read_bandwidth_at_a_thread_count_is_the_measured_figure_or_a_range(
 
 def test_the_node_figures_at_a_thread_count_are_the_measured_ones_or_the_measured_hosts_range():
     pool = parse_stack(cpu_cluster(TABLE, costs=COSTS)).node_pools["minipc"]
-    assert host_cost(pool, 8) == (HostCost(300.0, 1.2), HostCost(300.0, 1.2))
-    assert host_cost(pool, 12) == (HostCost(200.0, 1.6), HostCost(200.0, 1.6))  # between 8 and 16, on the line
-    assert host_cost(pool, 2)[0] == HostCost(300.0, 1.2)  # beyond the counts measured: the nearest
-    assert host_cost(pool, 32)[0] == HostCost(100.0, 2.0)
+    assert host_cost(pool, 8) == (HostCost(300.0, 1.2, 1.3), HostCost(300.0, 1.2, 1.3))
+    assert host_cost(pool, 12) == (HostCost(200.0, 1.6, 1.35), HostCost(200.0, 1.6, 1.35))  # between 8 and 16, on the line
+    assert host_cost(pool, 2)[0] == HostCost(300.0, 1.2, 1.3)  # beyond the counts measured: the nearest
+    assert host_cost(pool, 32)[0] == HostCost(100.0, 2.0, 1.4)
+    # A node profiled before the slow-down past 4096 positions was measured: from none to the most measured.
+    older = parse_stack(cpu_cluster(TABLE, costs={t: {k: v for k, v in f.items() if k != "kv_deep_slowdown"}
+                                                  for t, f in COSTS.items()})).node_pools["minipc"]
+    assert host_cost(older, 8) == (HostCost(300.0, 1.2, KV_DEEP_SLOWDOWN_MOST), HostCost(300.0, 1.2, 1.0))
     bare = parse_stack(cpu_cluster(TABLE)).node_pools["minipc"]
     assert host_cost(bare, 8) == (HOST_COST_SLOW, HOST_COST_FAST)
 
@@ -81,8 +86,11 @@ def test_a_cpu_server_decodes_as_its_threads_read_and_the_summary_shows_the_rang
     assert facts.full_attention_layers == 10
     kv = (facts.full_attention_layers * facts.kv_heads * facts.head_dim * 4 * ctx * (1 + facts.attention_heads / facts.kv_heads / 4) / 2
           / (8 * 1e9))
+    # Past 4096 positions the slowest end's time per position is the most measured slow-down's (held past 8192).
+    assert ctx >= 8192
     assert 1 / low - 1 / high == pytest.approx(layers * (HOST_COST_SLOW.block_us - HOST_COST_FAST.block_us) / 1e6
-                                               + kv / HOST_COST_SLOW.kv_gbs - kv / HOST_COST_FAST.kv_gbs, rel=1e-6)
+                                               + kv * KV_DEEP_SLOWDOWN_MOST / HOST_COST_SLOW.kv_gbs
+                                               - kv / HOST_COST_FAST.kv_gbs, rel=1e-6)
     unmeasured = plan_capacity(parse_stack(cpu_cluster(threads=8))).servers["chat"]
     low, high = unmeasured.decode_range_tok_s["empty"]
     assert unmeasured.decode_predicted_tok_s["empty"] == low < high
@@ -127,6 +135,11 @@ def test_the_unmeasured_range_spans_every_host_measured():
     assert HOST_COST_FAST.block_us == min(blocks) == 0.0  # a host whose weights alone explain the time
     assert min(rates) * 0.95 <= HOST_COST_SLOW.kv_gbs <= min(rates)
     assert max(rates) <= HOST_COST_FAST.kv_gbs <= max(rates) * 1.05
+    # The slow-down past 4096 positions: from none to the most measured (two hosts measured it).
+    from engines.llamacpp_speed import KV_DEEP_SLOWDOWN_MOST
+    slowdowns = [f["kv_deep_slowdown"] for f in figures if "kv_deep_slowdown" in f]
+    assert len(slowdowns) >= 2 and KV_DEEP_SLOWDOWN_MOST == pytest.approx(max(slowdowns), abs=0.005)
+    assert HOST_COST_SLOW.kv_deep_slowdown == KV_DEEP_SLOWDOWN_MOST and HOST_COST_FAST.kv_deep_slowdown == 1.0
 
 
 def test_prefill_and_the_first_token_of_a_full_prompt_are_predicted_only_where_measured():
@@ -168,7 +181,7 @@ def test_the_thread_tables_survive_pulumis_json_config():
     mapping = stack_file_config("cpu-cluster")
     pool = mapping["inference-plane:node_pools"]["minipc"]
     pool["memory_bandwidth_by_threads"] = {4: 28, 8: 49}
-    pool["cpu_decode_by_threads"] = {4: {"block_us": 300, "kv_gbs_per_thread": 1.2}}
+    pool["cpu_decode_by_threads"] = {4: {"block_us": 300, "kv_gbs_per_thread": 1.2, "kv_deep_slowdown": 1.4}}
     run = run_stack_file("cpu-cluster", mapping)
     chat = run.outputs["capacity_plan"]["servers"]["chat"]
     assert chat["decode_range_tok_s"] is None and chat["decode_predicted_tok_s"]["empty"] > 0
@@ -196,7 +209,7 @@ def test_a_quantized_cache_on_a_cpu_is_a_range_from_its_measured_ratio_to_f16s_t
     from lab.bench.decode_error import preset_facts, recorded_node_figures, server_and_pool
 
     assert CPU_QUANTIZED_KV[cache] == ratio
-    host, costs = recorded_node_figures()["CI machine"]
+    host, costs = recorded_node_figures()["CI machine, 2026-12-05"]
     depths = {"empty": 0, "deep": 4096}
 
     def rates(kind):
@@ -220,7 +233,7 @@ def test_a_nodes_measured_quantized_ratio_makes_its_cpu_cache_one_figure():
     from engines.llamacpp_speed import predict_range_tok_s, range_reasons
     from lab.bench.decode_error import preset_facts, recorded_node_figures, server_and_pool
 
-    host, costs = recorded_node_figures()["CI machine"]
+    host, costs = recorded_node_figures()["CI machine, 2026-12-05"]
     depths = {"empty": 0, "deep": 4096}
 
     def rates(kind, quantized):
@@ -312,8 +325,10 @@ def test_head_rounds_held_out_of_sample_on_the_gpu_machine():
     import engines.llamacpp_speed as speed
 
     def errors():
-        return {(model.split()[0], cache): (predicted - measured) / measured
-                for device, model, depth, measured, predicted, cal, _, where, detail, cache, _ in decode_error.rows(decode_error.MEASURED)
+        # The host's slow-down past 4096 positions was not measured then: the plan's range, whose fast end is the
+        # figure frozen in 3c91f6f (no slow-down).
+        return {(model.split()[0], cache): ((span[1] if span else predicted) - measured) / measured
+                for device, model, depth, measured, predicted, cal, _, where, detail, cache, span in decode_error.rows(decode_error.MEASURED)
                 if "lease 9" in device and where == "partial offload" and depth == 8192 and model.split()[0] in ("qwen3-14b", "llama-3.2-3b")}
 
     held = errors()
@@ -334,7 +349,7 @@ def test_make_bench_holds_a_host_without_figures_to_the_range_the_plan_prints():
     from lab.bench import decode_error
 
     table = decode_error.rows(decode_error.MEASURED)
-    ranged = [row for row in table if row[5] == "host not profiled: the plan's range"]
+    ranged = [row for row in table if row[5] == decode_error.RANGE]
     unmeasured = [row for row in table if row[5] == "host not measured"]
     assert ranged and all(row[10][0] < row[10][1] for row in ranged)
     assert {row[0] for row in unmeasured} == {"NVIDIA H200, H200 machine, lease 6"} and len(unmeasured) == 6
@@ -343,3 +358,37 @@ def test_make_bench_holds_a_host_without_figures_to_the_range_the_plan_prints():
     points = sum(count for _, _, count in decode_error.summary(table))
     classes = ("GPU only", "experts in RAM", "partial offload", "CPU only")
     assert points == sum(1 for row in table if row[4] and not row[5] and row[7] in classes)
+
+
+def test_a_cpus_time_per_position_grows_past_the_profiled_depth_as_the_node_measured():
+    """Past make host-profile's 4096 positions a CPU's attention slows per position (1.41 times at 8192 on an H100
+    machine's 16-thread Xeon, 1.49 on the 2-core CI EPYC; bench/results-speed-h100.json, results-decode-cpu.json):
+    the node's kv_deep_slowdown. The plan's time per position is the profiled one up to 4096, on the line to the
+    slow-down at 8192, held past it; not measured, a range from none to the most measured, and the summary says
+    why. Lease 10's Llama-3.2-3B at 8192, planned with the slow-down its host's Qwen3-1.7B gave, lands within 1 %."""
+    from engines.llamacpp_speed import KV_DEEP_SLOWDOWN_MOST, HostCost, predict_range_tok_s, range_reasons
+    from lab.bench import decode_error
+
+    cost = HostCost(100.0, 2.0, 1.4)
+    assert [cost.kv_time_scale(d, 1.4) for d in (0, 4096, 6144, 8192, 32768)] == pytest.approx([1, 1, 1.2, 1.4, 1.4])
+    host, costs = decode_error.recorded_node_figures()["H100 machine, lease 10"]
+    assert costs[16]["kv_deep_slowdown"] == pytest.approx(1.41, abs=0.01)
+
+    def plan(figures, depth):
+        model, facts, pool = decode_error.server_and_pool("cpu", "cpu", None, False, decode_error.preset_facts("llama-3.2-3b"),
+                                                          "Q4_K_M", 1.9, depth, 1, threads=16, host=host, cost=figures)
+        span = predict_range_tok_s(model, facts, pool, "cpu", False, {"empty": 0, "deep": depth})
+        return span, range_reasons(model, facts, pool, "cpu", False)
+
+    (measured, why) = plan(costs, 8192)
+    assert measured["deep"][0] == measured["deep"][1] and not why
+    flat = {t: {k: v for k, v in f.items() if k != "kv_deep_slowdown"} for t, f in costs.items()}
+    (span, flat_why) = plan(flat, 8192)
+    per_position = {end: 1 / span["deep"][end] - 1 / span["empty"][end] for end in (0, 1)}
+    assert per_position[0] / per_position[1] == pytest.approx(KV_DEEP_SLOWDOWN_MOST, rel=1e-6)
+    assert any("past 4096 positions" in reason for reason in flat_why)
+    # At 4096 positions or fewer it changes nothing.
+    assert plan(flat, 4096)[0]["deep"][0] == plan(flat, 4096)[0]["deep"][1]
+    row = next(r for r in decode_error.rows(decode_error.MEASURED)
+               if r[0].endswith("lease 10") and r[1] == "llama-3.2-3b Q4_K_M" and r[2] == 8192)
+    assert row[4] == pytest.approx(row[3], rel=0.01) and not row[5]

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from common.constants import LLAMACPP_IMAGE_BUILD
 from config.types import ModelFacts, ModelServer, NodePool
-from engines.llamacpp_speed import HostCost, predict_range_tok_s, quantized_kv_ratio, solve_host_cost
+from engines.llamacpp_speed import (KV_DEEP_DEPTH, HostCost, kv_deep_slowdown, predict_range_tok_s, quantized_kv_ratio,
+                                    solve_host_cost)
 from config.catalog import lookup
 from lab.contract.real_shape import PRESETS, expected_weights_bytes, tensor_table
 
@@ -168,13 +169,21 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
     source_rows = [r for r in home["rows"] if not r.get("n_prompt") and not r.get("ngl") and r["depth"] in (0, source["depth"])
                    and (r["shape"], r["quant"]) == (source["shape"], source["quant"])]
     rates = {(r["threads"], r["depth"]): r["tok_s"] for r in source_rows if (r.get("type_k") or "f16") == "f16"}
-    costs, used = {}, set()
+    costs, used, deep_used = {}, set(), set()
+    # The same shape at twice the depth, in any run of this host: its kv_deep_slowdown (make host-profile's third depth).
+    deep_rates = {r["threads"]: r["tok_s"] for other in runs if other.get("host") == run.get("host") for r in other["rows"]
+                  if (r["shape"], r["quant"], r["depth"]) == (source["shape"], source["quant"], 2 * source["depth"])
+                  and not r.get("n_prompt") and not r.get("ngl") and (r.get("type_k") or "f16") == "f16"}
     for threads in sorted({t for t, _ in rates}):
         if (threads, 0) in rates and (threads, source["depth"]) in rates:
             cost = solved_cost(source["shape"], source["quant"], threads, source["depth"], rates[(threads, 0)],
                                rates[(threads, source["depth"])], host)
             costs[threads] = {"block_us": cost.block_us, "kv_gbs_per_thread": cost.kv_gbs}
             used |= {(source["shape"], source["quant"], threads, d) for d in (0, source["depth"])}
+            if threads in deep_rates and 2 * source["depth"] == KV_DEEP_DEPTH:
+                costs[threads]["kv_deep_slowdown"] = kv_deep_slowdown(rates[(threads, 0)], rates[(threads, source["depth"])],
+                                                                      deep_rates[threads])
+                deep_used.add((source["shape"], source["quant"], threads, KV_DEEP_DEPTH))
     most = max((t for t, _ in rates), default=None)
     quantized = {}
     for kind in ("q8_0", "q4_0"):
@@ -184,7 +193,7 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
                                                        (deep[0], deep[source["depth"]]), PRESETS[source["shape"]].n_head,
                                                        most), 2)
             used |= {(source["shape"], source["quant"], most, d, kind) for d in (0, source["depth"])}
-    return host, costs or None, (used if run is home else set()), quantized or None
+    return host, costs or None, (used if run is home else set()) | deep_used, quantized or None
 
 
 def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]:
@@ -222,8 +231,9 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
                                  on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
                                  threads, host, cost, cache=cache, quantized=quantized)
     predicted = low
-    # A host whose figures were not measured: the plan prints a range (its summary says why), so the row is held to
-    # that range, not to one end of it as a point (range_summary), and is not counted among the points.
+    # Where the host's figures were not measured (none, or not its attention past KV_PROFILE_DEPTH) the plan prints a
+    # range (its summary says why), so the row is held to that range, not to one end of it as a point
+    # (range_summary), and is not counted among the points.
     span = (low, high) if high > low * 1.0005 else None
     key = (r["shape"], r["quant"], threads, r["depth"])
     # The profiles were solved on f16 caches: a quantized cache's row is never one of theirs.
@@ -242,10 +252,11 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     elif where != "GPU only" and not host:
         cal = "host not measured"  # no read bandwidth for the plan to start from: shown, not counted
     elif span and not cal:
-        cal = "host not profiled: the plan's range"
+        cal = RANGE
     detail = (f"t{threads}" + (f" ngl {ngl}" if ngl else "") + (f" cmoe {cpu_moe}" if cpu_moe else "")
               + (" token routing" if r.get("routing") == "token" else ""))
-    device = f"{r['device']}, {run['host']}" if run.get("host") and run["host"] not in r["device"] else r["device"]
+    host = run.get("host") or ""
+    device = r["device"] if host in r["device"] else host if host.startswith(r["device"]) else f"{r['device']}, {host}"
     return (device, f"{r['shape']} {r['quant']}", r["depth"], r["tok_s"], predicted, cal,
             f"lab/bench/measure_decode.py, b10729 ({Path(path).name})", where, detail, cache, span)
 
@@ -299,7 +310,9 @@ def main(argv: list[str]) -> int:
     if args.node_figures:
         for name, (host, costs) in recorded_node_figures().items():
             print(f"{name}: read GB/s {host}; " + ", ".join(
-                f"{t} threads {c['block_us']:.0f} us a block, KV {c['kv_gbs_per_thread']:.2f} GB/s a thread" for t, c in costs.items()))
+                f"{t} threads {c['block_us']:.0f} us a block, KV {c['kv_gbs_per_thread']:.2f} GB/s a thread"
+                + (f", {c['kv_deep_slowdown']:.2f} times the time per position at 8192" if c.get("kv_deep_slowdown") else "")
+                for t, c in costs.items()))
         return 0
     table = rows(MEASURED)
     print("| placement | device | model | settings | KV cache | depth | measured t/s | predicted t/s | error | source |")
@@ -317,13 +330,14 @@ def main(argv: list[str]) -> int:
     print()
     within, count = range_summary(table)
     if count:
-        print(f"decode on a host not profiled (the plan prints a range): {within} of {count} measurements within it")
+        print(f"decode where the plan prints a range (a host's figures not measured): {within} of {count} measurements within it")
     for where, within, count in summary(table):
         print(f"decode {where}: {within} of {count} predictions within +-{TOLERANCE:.0%} ({within / count:.0%}; goal 90%)")
     return 0
 
 
 TOLERANCE = 0.15
+RANGE = "the plan's range"
 
 
 def class_counts(points, tolerance: float) -> list[tuple[str, str, int, int]]:
@@ -348,7 +362,7 @@ def summary(table) -> list[tuple[str, int, int]]:
 
 def range_summary(table) -> tuple[int, int]:
     """Rows of hosts not profiled, held to the range the plan prints: (within it, how many)."""
-    spans = [(m, span) for _, _, _, m, _, cal, _, _, _, _, span in table if span and cal == "host not profiled: the plan's range"]
+    spans = [(m, span) for _, _, _, m, _, cal, _, _, _, _, span in table if span and cal == RANGE]
     return sum(low <= m <= high for m, (low, high) in spans), len(spans)
 
 

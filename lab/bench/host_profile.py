@@ -6,9 +6,10 @@ llama.cpp's decode costs it beyond reading the weights, printed as the two stack
 1. bench/host_bandwidth.c reads 4 GiB with each thread count: memory_bandwidth_by_threads.
 2. llama-bench (-ngl 0: on a GPU build too, the CPU decodes) generates 16 tokens of a real-shape Qwen3-1.7B
    Q4_K_M (lab/contract/real_shape.py: the model's hyperparameters and tensor table, zero weights; no
-   download) at an empty context and at --depth, with each thread count.
-3. engines/llamacpp_speed.solve_host_cost turns the two rates into the node's figures at that count: the time
-   the weights do not explain, per block; the rest at depth, the KV cache's rate per thread:
+   download) at an empty context, at --depth and at twice it, with each thread count.
+3. engines/llamacpp_speed.solve_host_cost turns the first two rates into the node's figures at that count: the
+   time the weights do not explain, per block; the rest at depth, the KV cache's rate per thread; and the third
+   into how much slower each position is at twice the depth (kv_deep_slowdown; 1.41-1.49 measured):
    cpu_decode_by_threads.
 4. With the largest thread count, the same at both depths with each quantized KV cache type (--kv-types, flash
    attention on as in step 2): what its slow-down at depth costs against the f16 cache's, cpu_quantized_kv (on a
@@ -16,7 +17,7 @@ llama.cpp's decode costs it beyond reading the weights, printed as the two stack
 
 Run it on the node that serves (or one of its kind), with nothing else running: a second H200 host read 30 %
 faster and attended twice as fast as the first (docs/capacity-planning.md, "Decode speed"). About two minutes
-on 16 cores, 6-8 on 2 (the depth's prompt is processed on the CPU, once per cache type), after llama.cpp's build.
+on 16 cores, 12-15 on 2 (the depths' prompts are processed on the CPU, once per cache type), after llama.cpp's build.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from engines.llamacpp_speed import quantized_kv_ratio
+from engines.llamacpp_speed import KV_PROFILE_DEPTH, kv_deep_slowdown, quantized_kv_ratio
 from lab.bench.decode_error import solved_cost
 from lab.contract.real_shape import PRESETS, write_real_shape
 
@@ -54,12 +55,13 @@ def read_bandwidth(threads: list[int], workdir: Path) -> dict[int, float]:
     return {int(t): float(gbs) for t, gbs in re.findall(r"threads (\d+) read_gbs ([\d.]+)", out)}
 
 
-def decode_rates(binary: str, threads: list[int], depth: int, workdir: Path, kv_type: str = "f16") -> list[dict]:
+def decode_rates(binary: str, threads: list[int], depths: list[int], workdir: Path, kv_type: str = "f16") -> list[dict]:
     model = workdir / f"{SHAPE}-{QUANT}.gguf"
     if not model.exists():
         write_real_shape(SHAPE, model, QUANT)
     # Flash attention on: a quantized V cache needs it, and llama.cpp's auto turns it on for a CPU anyway.
-    cmd = [binary, "-m", str(model), "-ngl", "0", "-p", "0", "-n", "16", "-d", f"0,{depth}", "-t", ",".join(map(str, threads)),
+    cmd = [binary, "-m", str(model), "-ngl", "0", "-p", "0", "-n", "16", "-d", ",".join(map(str, [0, *depths])),
+           "-t", ",".join(map(str, threads)),
            "-fa", "1", "-ctk", kv_type, "-ctv", kv_type, "-r", "3", "-o", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
@@ -72,7 +74,9 @@ def decode_rates(binary: str, threads: list[int], depth: int, workdir: Path, kv_
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", default=None, help="comma-separated thread counts (default: powers of two and all cores)")
-    parser.add_argument("--depth", type=int, default=4096, help="context depth for the KV cache's rate")
+    parser.add_argument("--depth", type=int, default=KV_PROFILE_DEPTH,
+                        help="context depth for the KV cache's rate (and twice it for its slow-down, printed for the "
+                             "stack file at the default only)")
     parser.add_argument("--llama-bench", default=None, help="default: the build tool's (LLAMA_CPP_BACKEND picks CPU or CUDA)")
     parser.add_argument("--kv-types", default="q8_0,q4_0", help="quantized KV cache types to measure (empty: none)")
     parser.add_argument("--out", default=None, help="also write the measurements and figures as JSON")
@@ -90,11 +94,11 @@ def main(argv: list[str]) -> int:
         binary = str(build(program="llama-bench"))
     with tempfile.TemporaryDirectory(prefix="host-profile-") as tmp:
         bandwidth = read_bandwidth(threads, Path(tmp))
-        rows = decode_rates(binary, threads, args.depth, Path(tmp))
+        rows = decode_rates(binary, threads, [args.depth, 2 * args.depth], Path(tmp))
         for kind in kv_types:
-            rows += decode_rates(binary, [max(threads)], args.depth, Path(tmp), kind)
+            rows += decode_rates(binary, [max(threads)], [args.depth], Path(tmp), kind)
     rates = {(r["threads"], r["depth"]): r["tok_s"] for r in rows if r["kv_type"] == "f16"}
-    figures = {}
+    figures, slowdowns = {}, {}
     for t in threads:
         if not rates[(t, args.depth)] < rates[(t, 0)]:
             print(f"host_profile: with {t} threads the context of {args.depth} tokens was not slower than the empty one "
@@ -102,9 +106,16 @@ def main(argv: list[str]) -> int:
                   f"quiet node, or with a larger --depth", file=sys.stderr)
             return 1
         cost = solved_cost(SHAPE, QUANT, t, args.depth, rates[(t, 0)], rates[(t, args.depth)], bandwidth)
+        slowdown = kv_deep_slowdown(rates[(t, 0)], rates[(t, args.depth)], rates[(t, 2 * args.depth)])
+        slowdowns[t] = round(slowdown, 2)
         figures[t] = {"block_us": round(cost.block_us), "kv_gbs_per_thread": round(cost.kv_gbs, 2)}
+        if args.depth == KV_PROFILE_DEPTH:
+            # The plan's figure is stated for these two depths only; at another --depth the record keeps it.
+            figures[t]["kv_deep_slowdown"] = round(min(max(slowdown, 1.0), 10.0), 2)
         print(f"{t:3} threads: read {bandwidth[t]:.1f} GB/s; {SHAPE} {QUANT} {rates[(t, 0)]:.2f} tok/s empty, "
-              f"{rates[(t, args.depth)]:.2f} at {args.depth}: {cost.block_us:.0f} us a block, KV {cost.kv_gbs:.2f} GB/s a thread")
+              f"{rates[(t, args.depth)]:.2f} at {args.depth}, {rates[(t, 2 * args.depth)]:.2f} at {2 * args.depth}: "
+              f"{cost.block_us:.0f} us a block, KV {cost.kv_gbs:.2f} GB/s a thread, {slowdown:.2f} times the time per "
+              f"position at {2 * args.depth}")
     most = max(threads)
     ratios = {}
     failed = False
@@ -125,11 +136,12 @@ def main(argv: list[str]) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "depth": args.depth, "shape": SHAPE, "quant": QUANT,
                                               "rows": rows, "cpu_decode_by_threads": figures,
+                                              "slowdown_at_twice_the_depth": slowdowns,
                                               "cpu_quantized_kv": ratios}, indent=1))
     print("for the stack file (node_pools.<pool>):")
     print("  memory_bandwidth_by_threads: {" + ", ".join(f"{t}: {bandwidth[t]:.0f}" for t in threads) + "}")
     print("  cpu_decode_by_threads: {" + ", ".join(
-        f"{t}: {{block_us: {f['block_us']}, kv_gbs_per_thread: {f['kv_gbs_per_thread']}}}" for t, f in figures.items()) + "}")
+        f"{t}: {{" + ", ".join(f"{k}: {v}" for k, v in f.items()) + "}" for t, f in figures.items()) + "}")
     if ratios:
         print("  cpu_quantized_kv: {" + ", ".join(f"{k}: {v:g}" for k, v in ratios.items()) + "}")
     return 1 if failed else 0
