@@ -186,11 +186,12 @@ class HostCost:
     # depths): a CPU's attention slows per position past some depth. None: not measured.
     kv_deep_slowdown: Optional[float] = None
 
-    def kv_time_scale(self, depth: int, slowdown: float) -> float:
+    def kv_time_scale(self, depth: int) -> float:
         """What the time per position at this depth is, over that at KV_PROFILE_DEPTH: 1 up to it, then on the line
-        to the slow-down at KV_DEEP_DEPTH, held past it."""
+        to the slow-down at KV_DEEP_DEPTH (none where not measured), held past it."""
         if depth <= KV_PROFILE_DEPTH:
             return 1.0
+        slowdown = self.kv_deep_slowdown or 1.0
         return 1.0 + (slowdown - 1.0) * min(1.0, (depth - KV_PROFILE_DEPTH) / (KV_DEEP_DEPTH - KV_PROFILE_DEPTH))
 
 
@@ -204,7 +205,7 @@ KV_DEEP_SLOWDOWN_MOST = 1.49
 
 
 # The slowest and the fastest of the hosts measured (`lab/bench/decode_error.py --node-figures` prints each: five
-# leases of the H200 machine, two of the H100 machine and two CI machines): a node not measured is planned between
+# leases of the H200 machine, three of the H100 machine and two CI machines): a node not measured is planned between
 # them (tests/test_speed_model.py holds both ends to the records). The KV rate is what differs between hosts (0.75 GB/s
 # a thread at 16 threads on the seventh lease, 0.8-0.9 on the fourth whichever shape it is solved from, 1.9-2.7 on
 # the third, 4.0 on the second CI machine's 2 threads); the block time is what the solving shape's weights leave
@@ -334,7 +335,7 @@ class DecodeTerms:
             seconds += self.dense / min(read_gbs * 1e9 * HOST.weight_share, ceiling)
             seconds += self.experts / min(read_gbs * 1e9 * HOST.expert_share, ceiling)
         return seconds + (self.cpu_kv_work(depth, end) / (self.threads * cost.kv_gbs * 1e9)
-                          * cost.kv_time_scale(depth, cost.kv_deep_slowdown or 1.0))
+                          * cost.kv_time_scale(depth))
 
 
 def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
@@ -401,7 +402,8 @@ def cpu_kv_scale(model: "ModelServer", facts: "ModelFacts", pool: "NodePool") ->
     """What a CPU's part of the cache costs per byte against f16's, (slow end, fast end): a quantized cache's time
     is the node's measured multiple of an f16 cache's of the same shape at both ends (cpu_quantized_kv, `make
     host-profile`); not measured, CPU_QUANTIZED_KV's at the slow end (a type not measured: the slowest measured)
-    and f16's time at the fast end; all over its own bytes, and at the slow end times the server's head_rounds."""
+    and f16's time at the fast end; all over its own bytes, and times the server's head_rounds (the kernel's split
+    of a quantized cache's heads over the threads, at both ends)."""
     kind = quantized_kv_type(model)
     if kind is None:
         return 1.0, 1.0
@@ -411,7 +413,7 @@ def cpu_kv_scale(model: "ModelServer", facts: "ModelFacts", pool: "NodePool") ->
     measured = (pool.cpu_quantized_kv or {}).get(kind) if model.cache_type_k == model.cache_type_v else None
     if measured is not None:
         return measured * per_byte * rounds, measured * per_byte * rounds
-    return cpu_quantized_ratio(kind) * per_byte * rounds, per_byte
+    return cpu_quantized_ratio(kind) * per_byte * rounds, per_byte * rounds
 
 
 def quantized_kv_type(model: "ModelServer") -> Optional[str]:

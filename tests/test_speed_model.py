@@ -314,6 +314,13 @@ def test_a_quantized_cache_on_a_cpu_waits_for_the_thread_with_the_most_heads():
 
     for shape, rounds in (("qwen3-14b", 1.2), ("llama-3.2-3b", 4 / 3), ("qwen3-8b", 1.0)):
         assert depth_cost(shape, "q8_0") / depth_cost(shape, "f16") == pytest.approx(1.3 * rounds, rel=1e-6)
+    # The node's ratio not measured: the range's fast end (f16's time per position) waits for the same heads.
+    model, facts, pool = server_and_pool("cpu", "cpu", None, False, preset_facts("qwen3-14b"), "Q4_K_M", 2.0, 4096, 1,
+                                         threads=16, host=host, cost=costs, cache="q8_0")
+    span = predict_range_tok_s(model, facts, pool, "cpu", False, {"empty": 0, "deep": 4096})
+    f16_model = model.model_copy(update={"cache_type_k": "f16", "cache_type_v": "f16"})
+    f16 = predict_range_tok_s(f16_model, facts, pool, "cpu", False, {"empty": 0, "deep": 4096})
+    assert (1 / span["deep"][1] - 1 / span["empty"][1]) / (1 / f16["deep"][0] - 1 / f16["empty"][0]) == pytest.approx(1.2)
 
 
 def test_head_rounds_held_out_of_sample_on_the_gpu_machine():
@@ -351,8 +358,10 @@ def test_make_bench_holds_a_host_without_figures_to_the_range_the_plan_prints():
     table = decode_error.rows(decode_error.MEASURED)
     ranged = [row for row in table if row[5] == decode_error.RANGE]
     unmeasured = [row for row in table if row[5] == "host not measured"]
-    assert ranged and all(row[10][0] < row[10][1] for row in ranged)
+    assert ranged
+    # Lease 6's host: no bandwidth measured, so no figure at all.
     assert {row[0] for row in unmeasured} == {"NVIDIA H200, H200 machine, lease 6"} and len(unmeasured) == 6
+    assert all(row[4] is None and row[10] is None for row in unmeasured)
     within, count = decode_error.range_summary(table)
     assert count == len(ranged) and within == sum(low <= row[3] <= high for row in ranged for low, high in [row[10]])
     points = sum(count for _, _, count in decode_error.summary(table))
@@ -366,11 +375,9 @@ def test_a_cpus_time_per_position_grows_past_the_profiled_depth_as_the_node_meas
     the node's kv_deep_slowdown. The plan's time per position is the profiled one up to 4096, on the line to the
     slow-down at 8192, held past it; not measured, a range from none to the most measured, and the summary says
     why. Lease 10's Llama-3.2-3B at 8192, planned with the slow-down its host's Qwen3-1.7B gave, lands within 1 %."""
-    from engines.llamacpp_speed import KV_DEEP_SLOWDOWN_MOST, HostCost, predict_range_tok_s, range_reasons
+    from engines.llamacpp_speed import KV_DEEP_SLOWDOWN_MOST, predict_range_tok_s, range_reasons
     from lab.bench import decode_error
 
-    cost = HostCost(100.0, 2.0, 1.4)
-    assert [cost.kv_time_scale(d, 1.4) for d in (0, 4096, 6144, 8192, 32768)] == pytest.approx([1, 1, 1.2, 1.4, 1.4])
     host, costs = decode_error.recorded_node_figures()["H100 machine, lease 10"]
     assert costs[16]["kv_deep_slowdown"] == pytest.approx(1.41, abs=0.01)
 
@@ -392,3 +399,40 @@ def test_a_cpus_time_per_position_grows_past_the_profiled_depth_as_the_node_meas
     row = next(r for r in decode_error.rows(decode_error.MEASURED)
                if r[0].endswith("lease 10") and r[1] == "llama-3.2-3b Q4_K_M" and r[2] == 8192)
     assert row[4] == pytest.approx(row[3], rel=0.01) and not row[5]
+
+
+FAKE_BENCH = '''#!/usr/bin/env python3
+import json, sys
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+per_position = {"f16": 2e-6, "q8_0": 2.6e-6, "q4_0": 2.4e-6}[args["-ctk"]]
+rows = []
+for threads in map(int, args["-t"].split(",")):
+    for depth in map(int, args["-d"].split(",")):
+        scale = 1.0 if depth <= 4096 else 1.0 + 0.4 * min(1.0, (depth - 4096) / 4096)
+        rows.append({"n_threads": threads, "n_depth": depth, "avg_ts": 1 / (0.02 + per_position * scale * depth),
+                     "stddev_ts": 0.0, "cpu_info": "scripted", "build_number": 10729, "backends": "CPU"})
+print(json.dumps(rows))
+'''
+
+
+def test_make_host_profile_prints_the_slow_down_past_4096_positions_it_measured(tmp_path, monkeypatch, capsys):
+    """The tool's own arithmetic at its default depth, with llama-bench scripted (tests/test_host_profile.py runs the
+    real one, at a shorter depth that prints no slow-down): a node whose time per position is 1.4 times as long at
+    8192 as at 4096, and whose q8_0 and q4_0 caches take 1.3 and 1.2 times f16's, gets kv_deep_slowdown 1.4 and those
+    ratios printed as stack-file lines, and the plan built from them is one figure at 16k."""
+    import yaml
+    from lab.bench import host_profile
+
+    fake = tmp_path / "llama-bench"
+    fake.write_text(FAKE_BENCH)
+    fake.chmod(0o755)
+    monkeypatch.setattr(host_profile, "write_real_shape", lambda shape, path, quant: path.write_bytes(b""))
+    monkeypatch.setattr(host_profile, "read_bandwidth", lambda threads, workdir: {t: 70.0 for t in threads})
+    assert host_profile.main(["--threads", "8", "--llama-bench", str(fake), "--out", str(tmp_path / "record.json")]) == 0
+    fields = yaml.safe_load(capsys.readouterr().out.split("for the stack file (node_pools.<pool>):\n", 1)[1])
+    assert fields["cpu_decode_by_threads"][8]["kv_deep_slowdown"] == pytest.approx(1.4)
+    assert fields["cpu_quantized_kv"] == {"q8_0": pytest.approx(1.3), "q4_0": pytest.approx(1.2)}
+    values = cpu_cluster(threads=8)
+    values["node_pools"]["minipc"].update(fields)
+    chat = plan_capacity(parse_stack(values)).servers["chat"]
+    assert chat.decode_range_tok_s is None and chat.decode_predicted_tok_s["full"] < chat.decode_predicted_tok_s["half"]

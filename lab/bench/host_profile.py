@@ -109,6 +109,10 @@ def main(argv: list[str]) -> int:
         slowdown = kv_deep_slowdown(rates[(t, 0)], rates[(t, args.depth)], rates[(t, 2 * args.depth)])
         slowdowns[t] = round(slowdown, 2)
         figures[t] = {"block_us": round(cost.block_us), "kv_gbs_per_thread": round(cost.kv_gbs, 2)}
+        if not 1.0 <= slowdown <= 10.0:
+            print(f"host_profile: with {t} threads a position at {2 * args.depth} took {slowdown:.2f} times its time at "
+                  f"{args.depth}, outside 1-10: the node was busy; the figure is held to that range, run it again on a "
+                  "quiet node", file=sys.stderr)
         if args.depth == KV_PROFILE_DEPTH:
             # The plan's figure is stated for these two depths only; at another --depth the record keeps it.
             figures[t]["kv_deep_slowdown"] = round(min(max(slowdown, 1.0), 10.0), 2)
