@@ -6,6 +6,7 @@ Timing on a shared machine varies, so the test holds what the figures are made o
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -44,14 +45,16 @@ def test_the_printed_lines_are_pool_fields_the_plan_uses(profile):
     assert set(record["slowdown_at_twice_the_depth"]) == {"2"} and record["slowdown_at_twice_the_depth"]["2"] > 0
     for cache in ("f16", "q8_0"):
         values = plain_values("cpu-cluster")
-        values["node_pools"]["minipc"].update(fields)
+        values["node_pools"]["minipc"].update(copy.deepcopy(fields))
         values["models"]["chat"].update(threads=2, cache_type_k=cache, cache_type_v=cache)
-        # Past 4096 positions the node's slow-down is not measured: a range that says so; with it, one figure.
+        # Past 4096 positions the node's slow-down is not measured: a range from none to the most measured, and the
+        # summary says why; with it, one figure.
         deep = plan_capacity(parse_stack(values)).servers["chat"]
         assert deep.decode_range_tok_s is not None and any("past 4096 positions" in why for why in deep.decode_range_why)
         values["node_pools"]["minipc"]["cpu_decode_by_threads"][2]["kv_deep_slowdown"] = 1.4
         chat = plan_capacity(parse_stack(values)).servers["chat"]
         assert chat.decode_range_tok_s is None and chat.decode_predicted_tok_s["full"] < chat.decode_predicted_tok_s["empty"]
+        assert deep.decode_predicted_tok_s["full"] < chat.decode_predicted_tok_s["full"]
         # Without the node's ratio a quantized cache's decode is a range, and the summary says why.
         del values["node_pools"]["minipc"]["cpu_quantized_kv"]
         unmeasured = plan_capacity(parse_stack(values)).servers["chat"]
