@@ -379,13 +379,18 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
         gpu_kv_rate=(gpu_bandwidth or 1) * 1e9 * (main.kv_share if main else 1),
         dense=cpu_read - expert_read, experts=expert_read, kv_per_position=kv_bytes_per_position(model, facts),
         kv_layers_share=kv_layers_share,
-        group=(facts.attention_heads / facts.kv_heads) if facts.attention_heads else HOST_KV_GROUP,
+        group=query_heads(facts) / facts.kv_heads,
         threads=model.threads, cpu_kv_scale=cpu_kv_scale(model, facts, pool))
 
 
 def cpu_quantized_ratio(kind: str) -> float:
     """CPU_QUANTIZED_KV's ratio for a cache type; a type not measured: the slowest measured."""
     return CPU_QUANTIZED_KV.get(kind, max(CPU_QUANTIZED_KV.values()))
+
+
+def query_heads(facts: "ModelFacts") -> int:
+    """The model's query heads; where the facts do not give them, HOST_KV_GROUP per KV head."""
+    return facts.attention_heads or facts.kv_heads * HOST_KV_GROUP
 
 
 def head_rounds(heads: int, threads: int) -> float:
@@ -408,7 +413,7 @@ def cpu_kv_scale(model: "ModelServer", facts: "ModelFacts", pool: "NodePool") ->
     if kind is None:
         return 1.0, 1.0
     per_byte = 2 * KV_TYPE_BYTES["f16"] / (KV_TYPE_BYTES[model.cache_type_k or "f16"] + KV_TYPE_BYTES[model.cache_type_v or "f16"])
-    rounds = head_rounds(facts.attention_heads or facts.kv_heads * HOST_KV_GROUP, model.threads)
+    rounds = head_rounds(query_heads(facts), model.threads)
     # host-profile measures K and V of one type: a mixed pair keeps the range.
     measured = (pool.cpu_quantized_kv or {}).get(kind) if model.cache_type_k == model.cache_type_v else None
     if measured is not None:
@@ -432,7 +437,7 @@ def quantized_kv_terms(model: "ModelServer", facts: "ModelFacts", main: Optional
     if kind is None or main is None or card_share <= 0:
         return (0.0, 0.0), (0.0, 0.0)
     blocks = (facts.full_attention_layers or facts.layers) * card_share
-    unit = blocks * (facts.attention_heads or facts.kv_heads * HOST_KV_GROUP) * facts.head_dim
+    unit = blocks * query_heads(facts) * facts.head_dim
     measured = main.quantized_kv.get(kind)
     block_us, unit_ps = measured or H200_QUANTIZED_KV.get(kind, H200_QUANTIZED_KV["q4_0"])
     slow = (blocks * block_us / 1e6, unit * unit_ps / 1e12)

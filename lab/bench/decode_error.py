@@ -257,8 +257,9 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
         cal = RANGE
     detail = (f"t{threads}" + (f" ngl {ngl}" if ngl else "") + (f" cmoe {cpu_moe}" if cpu_moe else "")
               + (" token routing" if r.get("routing") == "token" else ""))
-    host = run.get("host") or ""
-    device = r["device"] if host in r["device"] else host if host.startswith(r["device"]) else f"{r['device']}, {host}"
+    machine = run.get("host") or ""  # the run's host label (host, above, is its read bandwidth)
+    device = (r["device"] if machine in r["device"] else machine if machine.startswith(r["device"])
+              else f"{r['device']}, {machine}")
     return (device, f"{r['shape']} {r['quant']}", r["depth"], r["tok_s"], predicted, cal,
             f"lab/bench/measure_decode.py, b10729 ({Path(path).name})", where, detail, cache, span)
 
