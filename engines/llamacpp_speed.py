@@ -42,6 +42,9 @@ class DecodeProfile:
     # position already in the context per query head x head_dim x attention block), beside its bytes at kv_share.
     # Empty where not measured: the prediction is then a range (QuantizedKV).
     quantized_kv: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # A weight class measured on two cards of one chip at different bandwidths, in place of its share: class ->
+    # ((GB/s of bandwidth, GB/s reached), (the same on the other card)); card_read_gbs puts another card on the line.
+    read_line: dict[str, tuple[tuple[float, float], tuple[float, float]]] = field(default_factory=dict)
 
 
 # A quantized KV cache on CUDA with flash attention decodes slower than f16 on an H200, and slower the deeper the
@@ -67,15 +70,18 @@ PROFILES: dict[str, DecodeProfile] = {
     # the KV read. A mixture-of-experts block's extra cost on CUDA is not measured: taken as a block's.
     "nvidia": DecodeProfile(block_us=40.0, moe_block_us=40.0, share={"f16": 0.90, "q8": 0.80, "kquant": 0.73},
                             kv_share=0.40, source="RTX 4090/3090 llama-bench, XiongjieDai aa72e0ec"),
-    # Measured: an NVIDIA H200 (4.8 TB/s), CUDA build of b10729, lab/bench/measure_decode.py on real shapes
-    # (bench/results-decode-h200.json): Llama-3.1-8B Q4_K_M / Q8_0 / F16 266 / 251 / 207 t/s at depth 0
-    # and 215 / 206 / 176 at 16k, Qwen3-30B-A3B 297 t/s. On a card this fast decode is mostly fixed
-    # cost: ~35 us per block, K-quants at 38% of the bandwidth, Q8_0 62%, F16 90%. A Gated DeltaNet block of
-    # Qwen3.6-35B-A3B costs 67 us more: solved on a file whose routing depends on the token (199.7 t/s,
-    # bench/results-speed-h200.json; a zero-weight file, every token routed alike, decodes at 239).
-    "nvidia-datacenter": DecodeProfile(block_us=35.0, moe_block_us=15.0, share={"f16": 0.90, "q8": 0.62, "kquant": 0.38},
-                                       kv_share=0.50, source="H200 llama-bench (bench/results-decode-h200.json, results-speed-h200.json)",
-                                       recurrent_block_us=67.0, quantized_kv=H200_QUANTIZED_KV),
+    # Measured on the GH100 chip at two bandwidths, an NVIDIA H200 (4.8 TB/s) and an H100 SXM (3.35 TB/s): CUDA builds
+    # of b10729, lab/bench/measure_decode.py on real shapes from 1.7B to 70B, dense, MoE and hybrid, at depths 0-64k
+    # (bench/results-decode-h200.json, results-speed-h200.json, results-kvcache-h200*.json, results-speed-h100.json).
+    # Solved together by least squares (python -m lab.bench.decode_fit, which tests/test_speed_model.py holds these
+    # to): ~45 us per block, 7.5 more for a mixture-of-experts block, 63 more for a Gated DeltaNet block; F16 at 92 %
+    # of the bandwidth, Q8_0 at 65 %; K-quants barely follow the bandwidth (1.91 TB/s on the H200, 1.84 on the H100:
+    # the chip's compute, not its memory, sets most of their time). Measured on the H200 first (then K-quants at 38 %
+    # of its bandwidth, 35 us a block); the H100's rows showed the plan 10-16 % low there (issue #44).
+    "nvidia-datacenter": DecodeProfile(block_us=45.0, moe_block_us=7.5, share={"f16": 0.92, "q8": 0.65},
+                                       read_line={"kquant": ((4800.0, 1910.0), (3350.0, 1835.0))},
+                                       kv_share=0.50, source="H200 and H100 llama-bench (lab/bench/decode_fit.py)",
+                                       recurrent_block_us=63.0, quantized_kv=H200_QUANTIZED_KV),
     # Intel Iris Xe, Vulkan (seed 000, llama-bench on the homelab node, against its 53.9 GB/s measured
     # for dense decoding): dense 8B Q4_K_M 10.78 t/s and dense 27B (16.5 GB/token) 3.3 t/s read at the
     # full 53.9 GB/s; the MoE block's extra cost (1.3 ms: routing on 96 EUs) is calibrated on the
@@ -269,7 +275,20 @@ def weight_class(model: "ModelServer", facts: "ModelFacts") -> str:
 
 def share_of(shares: dict[str, float], kind: str) -> float:
     """A class's share; a profile that has no figure for legacy quants reads them as K-quants."""
-    return shares.get(kind, shares["kquant"])
+    return shares[kind] if kind in shares else shares["kquant"]
+
+
+def card_read_gbs(profile: DecodeProfile, kind: str, bandwidth: float) -> float:
+    """GB/s a card of this profile reads a weight class at: its share of the bandwidth, or where the class was
+    measured on two cards of one chip (read_line), the time per byte on the line through them against 1/bandwidth
+    (at a bandwidth outside the two, the line extended), never faster than the profile's F16 share of the bandwidth
+    (what streaming reaches). Legacy quants follow K-quants where the profile has no figure of their own."""
+    line = profile.read_line.get("kquant" if kind == "legacy" and "legacy" not in profile.share else kind)
+    if line is None:
+        return bandwidth * share_of(profile.share, kind)
+    (b0, r0), (b1, r1) = line
+    per_byte = 1 / r0 + (1 / r1 - 1 / r0) / (1 / b1 - 1 / b0) * (1 / bandwidth - 1 / b0)
+    return min(1 / per_byte, bandwidth * profile.share["f16"])
 
 
 def kv_bytes_per_position(model: "ModelServer", facts: "ModelFacts") -> float:
@@ -375,7 +394,7 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
         kv_quantized=quantized_kv_terms(model, facts, main, place.gpu_blocks / facts.layers if discrete else
                                         0.0 if cpu_only else 1.0),
         fixed=fixed, host_blocks=facts.layers if cpu_only else ram_blocks if discrete else 0,
-        gpu_read=gpu_read, gpu_rate=(gpu_bandwidth or 1) * 1e9 * (share_of(main.share, kind) if main else 1),
+        gpu_read=gpu_read, gpu_rate=(card_read_gbs(main, kind, gpu_bandwidth or 1) if main else (gpu_bandwidth or 1)) * 1e9,
         gpu_kv_rate=(gpu_bandwidth or 1) * 1e9 * (main.kv_share if main else 1),
         dense=cpu_read - expert_read, experts=expert_read, kv_per_position=kv_bytes_per_position(model, facts),
         kv_layers_share=kv_layers_share,

@@ -143,13 +143,19 @@ def preset_facts(preset: str) -> dict:
 # Rows of results-speed-h200.json a profile was solved from: (shape, quant, threads, layers offloaded or None,
 # blocks of experts in RAM or None, depth). HOST (engines/llamacpp_speed.py): the weight share from Llama-3.1-8B
 # all in RAM, the KV rate from the same at depth 4096, the experts' share and per-block cost from Qwen3-30B-A3B
-# with 24 and 48 blocks in RAM at 4 and 16 threads; the hybrid's DeltaNet cost from Qwen3.6-35B-A3B on the card.
+# with 24 and 48 blocks in RAM at 4 and 16 threads.
 SPEED_CALIBRATION = ({("llama-3.1-8b", "Q4_K_M", t, 0, None, d) for t in (4, 8, 16) for d in (0, 4096)}
-                     | {("qwen3-30b-a3b", "Q4_K_M", t, None, m, 0) for t in (4, 16) for m in (24, 48)}
-                     | {("qwen3.6-35b-a3b", "Q4_K_M", 16, None, None, 0)})
-# Rows of lab/bench/measure_decode.py results the profiles were solved from (shape, quant, depth).
-H200_CALIBRATION = ({("llama-3.1-8b", q, d) for q in ("Q4_K_M", "Q8_0", "F16") for d in (0, 16384)}
-                    | {("qwen3-30b-a3b", "Q4_K_M", 0), ("qwen3.6-35b-a3b", "Q4_K_M", 0)})
+                     | {("qwen3-30b-a3b", "Q4_K_M", t, None, m, 0) for t in (4, 16) for m in (24, 48)})
+# The runs the GH100 profile (PROFILES["nvidia-datacenter"]) was solved from (python -m lab.bench.decode_fit), by
+# file and run (None: every run of the file): each row there with every layer on the card is `cal`, as is issue #44's
+# table (KV_CACHE_TABLE); rows of runs measured after are its predictions.
+DATACENTER_FIT = {"results-decode-h200.json": None, "results-speed-h200.json": None, "results-kvcache-h200-2.json": None,
+                  "results-speed-h100.json": ("H100 machine, lease 8", "H100 machine, lease 9", "H100 machine, lease 10")}
+
+
+def in_datacenter_fit(path: str, run: dict) -> bool:
+    hosts = DATACENTER_FIT.get(Path(path).name, ())
+    return hosts is None or run.get("host") in (hosts or ())
 
 
 def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[dict], set, Optional[dict]]:
@@ -238,9 +244,9 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     span = (low, high) if low and high > low * 1.005 else None
     key = (r["shape"], r["quant"], threads, r["depth"])
     # The profiles were solved on f16 caches: a quantized cache's row is never one of theirs.
-    cal = cache == "f16" and (r.get("cal", (r["shape"], r["quant"], r["depth"]) in H200_CALIBRATION
-                                     and profile == "nvidia-datacenter" and "host" not in run) or (
-        r["shape"], r["quant"], threads, r.get("ngl") if r.get("ngl") != 99 else None, cpu_moe, r["depth"]) in SPEED_CALIBRATION)
+    cal = (cache == "f16" and (r["shape"], r["quant"], threads, r.get("ngl") if r.get("ngl") != 99 else None, cpu_moe,
+                               r["depth"]) in SPEED_CALIBRATION) or (
+        profile == "nvidia-datacenter" and on_card and ngl is None and not cpu_moe and in_datacenter_fit(path, run))
     if not on_card and (key in cost_rows or (*key, cache) in cost_rows):
         cal = "node figures"  # the host's decode figures were solved from this row (make host-profile's)
     if PRESETS[r["shape"]].n_expert and r.get("routing") != "token":
@@ -274,8 +280,8 @@ MEASURED = {
 
 
 # Issue #44's table (llama-bench b10729 on an H200, flash attention on, every layer on the card, three cache types at
-# depths 0-32k): the rows H200_QUANTIZED_KV (engines/llamacpp_speed.py) was solved from, so its quantized rows are
-# `cal`; its f16 rows were measured before that and after the H200 profile was set.
+# depths 0-32k): the rows H200_QUANTIZED_KV (engines/llamacpp_speed.py) was solved from, and with its f16 rows part of
+# the GH100 profile's fit (DATACENTER_FIT), so every row is `cal`.
 KV_CACHE_TABLE = ROOT / "bench" / "results-kvcache-h200.json"
 KV_CACHE_SHAPES = {"Qwen3-8B": "qwen3-8b", "Qwen3-14B": "qwen3-14b", "Qwen3-30B-A3B": "qwen3-30b-a3b"}
 
@@ -288,7 +294,7 @@ def kv_cache_rows() -> list[tuple]:
         for depth, measured in zip(record["depths"], row["tok_s"]):
             predicted = prediction("nvidia-datacenter", "cuda", 4800, True, preset_facts(shape), row["quant"],
                                    expected_weights_bytes(shape, row["quant"]) / GIB, depth, 1, cache=row["cache"])
-            out.append(("NVIDIA H200", f"{shape} {row['quant']}", depth, measured, predicted, row["cache"] != "f16",
+            out.append(("NVIDIA H200", f"{shape} {row['quant']}", depth, measured, predicted, True,
                         f"issue #44 ({KV_CACHE_TABLE.name})", "GPU only", "token routing" if "A3B" in row["model"] else "",
                         row["cache"], None))
     return out
