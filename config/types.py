@@ -132,7 +132,7 @@ class NodePool(Strict):
     decode_profile: Optional[Literal["nvidia", "nvidia-datacenter", "intel-igpu", "amd-apu", "amd-discrete-rocm",
                                      "amd-discrete-vulkan", "intel-arc-a", "intel-arc-b"]] = doc(
         "How the pool's GPUs turn bandwidth into tokens, for the decode prediction (engines/llamacpp_speed.py: "
-        "measured or published per device class; nvidia: GeForce cards, nvidia-datacenter: H100/H200, amd-discrete-*: "
+        "measured or published per device class; nvidia: GeForce cards, nvidia-datacenter: H100 SXM/H200, a range at another bandwidth, amd-discrete-*: "
         "Radeon RX 7000, intel-arc-a: A770/A750, intel-arc-b: B580/B570). null: by backend and card (cuda: nvidia, rocm "
         "with vram: amd-discrete-rocm, rocm without: amd-apu); Vulkan and SYCL need it named, else no prediction. "
         "What a CPU reads (a CPU pool, layers or experts kept in RAM) follows the node's read bandwidth at the "

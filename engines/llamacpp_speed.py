@@ -278,17 +278,25 @@ def share_of(shares: dict[str, float], kind: str) -> float:
     return shares[kind] if kind in shares else shares["kquant"]
 
 
-def card_read_gbs(profile: DecodeProfile, kind: str, bandwidth: float) -> float:
-    """GB/s a card of this profile reads a weight class at: its share of the bandwidth, or where the class was
-    measured on two cards of one chip (read_line), the time per byte on the line through them against 1/bandwidth
-    (at a bandwidth outside the two, the line extended), never faster than the profile's F16 share of the bandwidth
-    (what streaming reaches). Legacy quants follow K-quants where the profile has no figure of their own."""
+def card_read_gbs(profile: DecodeProfile, kind: str, bandwidth: float) -> tuple[float, float]:
+    """(slow, fast) GB/s a card of this profile reads a weight class at: its share of the bandwidth, or where the class
+    was measured on two cards of one chip (read_line), the time per byte on the line through them against
+    1/bandwidth, never faster than the profile's F16 share of the bandwidth (what streaming reaches). At a bandwidth
+    outside the two the line is not backed (another chip's compute, another card's memory): a range from it to the
+    nearer card's share of the bandwidth (CARD_READ_UNMEASURED). Legacy quants follow K-quants where the profile has
+    no figure of their own."""
     line = profile.read_line.get("kquant" if kind == "legacy" and "legacy" not in profile.share else kind)
     if line is None:
-        return bandwidth * share_of(profile.share, kind)
-    (b0, r0), (b1, r1) = line
+        rate = bandwidth * share_of(profile.share, kind)
+        return rate, rate
+    (b0, r0), (b1, r1) = sorted(line)
     per_byte = 1 / r0 + (1 / r1 - 1 / r0) / (1 / b1 - 1 / b0) * (1 / bandwidth - 1 / b0)
-    return min(1 / per_byte, bandwidth * profile.share["f16"])
+    on_line = min(1 / per_byte, bandwidth * profile.share["f16"])
+    if b0 <= bandwidth <= b1:
+        return on_line, on_line
+    nearer_bandwidth, nearer_rate = (b0, r0) if bandwidth < b0 else (b1, r1)
+    share = bandwidth * nearer_rate / nearer_bandwidth
+    return min(on_line, share), max(on_line, share)
 
 
 def kv_bytes_per_position(model: "ModelServer", facts: "ModelFacts") -> float:
@@ -322,7 +330,7 @@ class DecodeTerms:
     fixed: float  # seconds: the card's blocks, blocks whose experts are in RAM
     host_blocks: int  # blocks the CPU runs (HostCost.block_us each)
     gpu_read: float  # bytes per token the card (or unified memory) reads, at gpu_rate
-    gpu_rate: float  # bytes/s
+    gpu_rate: tuple[float, float]  # bytes/s at the slow end and at the fast end (equal unless card_read_gbs is a range)
     gpu_kv_rate: float  # bytes/s for the KV cache on that side
     dense: float  # bytes of dense weights per token the CPU reads
     experts: float  # bytes of routed experts per token the CPU reads
@@ -348,7 +356,7 @@ class DecodeTerms:
         per_token, per_position = self.kv_quantized[end]
         seconds = self.fixed + self.host_blocks * cost.block_us / 1e6 + per_token + per_position * depth
         if self.gpu_read > 0 or gpu_kv > 0:
-            seconds += self.gpu_read / self.gpu_rate + gpu_kv / self.gpu_kv_rate
+            seconds += self.gpu_read / self.gpu_rate[end] + gpu_kv / self.gpu_kv_rate
         if self.dense + self.experts > 0:
             ceiling = self.threads * HOST.thread_gbs * 1e9
             seconds += self.dense / min(read_gbs * 1e9 * HOST.weight_share, ceiling)
@@ -394,7 +402,8 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
         kv_quantized=quantized_kv_terms(model, facts, main, place.gpu_blocks / facts.layers if discrete else
                                         0.0 if cpu_only else 1.0),
         fixed=fixed, host_blocks=facts.layers if cpu_only else ram_blocks if discrete else 0,
-        gpu_read=gpu_read, gpu_rate=(card_read_gbs(main, kind, gpu_bandwidth or 1) if main else (gpu_bandwidth or 1)) * 1e9,
+        gpu_read=gpu_read, gpu_rate=tuple(rate * 1e9 for rate in (card_read_gbs(main, kind, gpu_bandwidth or 1) if main
+                                                                  else (gpu_bandwidth or 1, gpu_bandwidth or 1))),
         gpu_kv_rate=(gpu_bandwidth or 1) * 1e9 * (main.kv_share if main else 1),
         dense=cpu_read - expert_read, experts=expert_read, kv_per_position=kv_bytes_per_position(model, facts),
         kv_layers_share=kv_layers_share,
@@ -467,6 +476,9 @@ QUANTIZED_KV_CPU = ("its {kind} KV cache on the CPU: from {ratio:g} times an f16
                     "f16's time (a 16-thread host), not measured on this node (make host-profile)")
 KV_DEEP_UNMEASURED = (f"this node's attention past {KV_PROFILE_DEPTH} positions not measured (kv_deep_slowdown, make "
                      "host-profile): from no slow-down to the most measured")
+CARD_READ_UNMEASURED = ("its {quant} weights' read measured on two cards of this profile ({low:g} and {high:g} GB/s), "
+                        "not at this card's {bandwidth:g}: from the nearer card's share of the bandwidth to the line "
+                        "through both")
 QUANTIZED_KV_UNMEASURED = ("its {kind} KV cache's decode not measured on this backend: from the cost measured on an "
                            "H200 to its bytes alone (llama.cpp PR #16208: q4_0 faster than f16 on an RTX 4090)")
 
@@ -484,6 +496,11 @@ def range_reasons(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", b
     elif (terms.kv_layers_share < 1 and (model.ctx_size or 0) > KV_PROFILE_DEPTH and pool.cpu_decode_by_threads
           and not any(f.kv_deep_slowdown for f in pool.cpu_decode_by_threads.values())):
         reasons.append(KV_DEEP_UNMEASURED)
+    if terms.gpu_rate[0] != terms.gpu_rate[1]:
+        main, kind = PROFILES[profile_name(pool, backend)], weight_class(model, facts)
+        (low, _), (high, _) = sorted(main.read_line[kind if kind in main.read_line else "kquant"])
+        reasons.append(CARD_READ_UNMEASURED.format(quant=quant_of(model.hf_repo or ":Q4_K_M"), low=low, high=high,
+                                                   bandwidth=pool.vram_bandwidth_gbs if discrete else pool.memory_bandwidth_gbs))
     if terms.kv_quantized[0] != terms.kv_quantized[1]:
         reasons.append(QUANTIZED_KV_UNMEASURED.format(kind=quantized_kv_type(model)))
     if terms.cpu_kv_scale[0] != terms.cpu_kv_scale[1] and terms.kv_layers_share < 1:
