@@ -442,3 +442,17 @@ def test_make_host_profile_prints_the_slow_down_past_4096_positions_it_measured(
     values["node_pools"]["minipc"].update(fields)
     chat = plan_capacity(parse_stack(values)).servers["chat"]
     assert chat.decode_range_tok_s is None and chat.decode_predicted_tok_s["full"] < chat.decode_predicted_tok_s["half"]
+
+
+def test_a_quantized_row_beside_a_hosts_solving_rows_is_counted_unless_the_profile_used_it():
+    """The CI machine's second run of 2026-12-05 (bench/results-decode-cpu.json) solved its figures from its f16 rows
+    at 0, 4096 and 8192; its q4_0 rows at the same depths were not used (no make host-profile there), so make bench
+    counts them. On a make host-profile run the quantized rows at 0 and 4096 gave cpu_quantized_kv: calibration."""
+    from lab.bench import decode_error
+
+    table = decode_error.rows(decode_error.MEASURED)
+    second = {(row[9], row[2]): row[5] for row in table if row[0] == "CI machine, 2026-12-05, second run"}
+    assert {second[("f16", d)] for d in (0, 4096, 8192)} == {"node figures"}
+    assert not second[("q4_0", 0)] and {second[("q4_0", d)] for d in (4096, 8192)} == {decode_error.RANGE}
+    profiled = [row for row in table if "lease 11" in row[0] and row[7] == "CPU only" and row[9] != "f16"]
+    assert len(profiled) == 4 and {row[5] for row in profiled} == {"node figures"}

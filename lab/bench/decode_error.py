@@ -250,7 +250,7 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     cal = (cache == "f16" and (r["shape"], r["quant"], threads, r.get("ngl") if r.get("ngl") != 99 else None, cpu_moe,
                                r["depth"]) in SPEED_CALIBRATION) or (
         profile == "nvidia-datacenter" and on_card and ngl is None and not cpu_moe and in_datacenter_fit(path, run))
-    if not on_card and (key in cost_rows or (*key, cache) in cost_rows):
+    if not on_card and ((cache == "f16" and key in cost_rows) or (*key, cache) in cost_rows):
         cal = "node figures"  # the host's decode figures were solved from this row (make host-profile's)
     if PRESETS[r["shape"]].n_expert and r.get("routing") != "token":
         cal = "zero routing"  # every token routed alike (issue #33 item 7): shown, not counted
