@@ -46,6 +46,11 @@ class DecodeProfile:
     # ((GB/s of bandwidth, GB/s reached), (the same on the other card)); card_read_gbs puts another card on the line.
     read_line: dict[str, tuple[tuple[float, float], tuple[float, float]]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # One figure per weight class (a share or a line, not both); F16's share caps every line, K-quants need one.
+        if "f16" not in self.share or "kquant" not in {*self.share, *self.read_line} or set(self.share) & set(self.read_line):
+            raise ValueError(f"DecodeProfile ({self.source}): one share or read_line per weight class, f16 and kquant given")
+
 
 # A quantized KV cache on CUDA with flash attention decodes slower than f16 on an H200, and slower the deeper the
 # context (issue #44's table: bench/results-kvcache-h200.json, llama-bench b10729, Qwen3-8B/14B/30B-A3B at 0-32k):
@@ -73,7 +78,7 @@ PROFILES: dict[str, DecodeProfile] = {
     # Measured on the GH100 chip at two bandwidths, an NVIDIA H200 (4.8 TB/s) and an H100 SXM (3.35 TB/s): CUDA builds
     # of b10729, lab/bench/measure_decode.py on real shapes from 1.7B to 70B, dense, MoE and hybrid, at depths 0-64k
     # (bench/results-decode-h200.json, results-speed-h200.json, results-kvcache-h200*.json, results-speed-h100.json).
-    # Solved together by least squares (python -m lab.bench.decode_fit, which tests/test_speed_model.py holds these
+    # Solved together by least squares (python -m lab.bench.decode_fit, which tests/test_datacenter_profile.py holds these
     # to): ~45 us per block, 7.5 more for a mixture-of-experts block, 63 more for a Gated DeltaNet block; F16 at 92 %
     # of the bandwidth, Q8_0 at 65 %; K-quants barely follow the bandwidth (1.91 TB/s on the H200, 1.84 on the H100:
     # the chip's compute, not its memory, sets most of their time). Measured on the H200 first (then K-quants at 38 %
@@ -285,18 +290,35 @@ def card_read_gbs(profile: DecodeProfile, kind: str, bandwidth: float) -> tuple[
     outside the two the line is not backed (another chip's compute, another card's memory): a range from it to the
     nearer card's share of the bandwidth (CARD_READ_UNMEASURED). Legacy quants follow K-quants where the profile has
     no figure of their own."""
-    line = profile.read_line.get("kquant" if kind == "legacy" and "legacy" not in profile.share else kind)
+    line = read_line_of(profile, kind)
     if line is None:
         rate = bandwidth * share_of(profile.share, kind)
         return rate, rate
-    (b0, r0), (b1, r1) = sorted(line)
+    (b0, r0), (b1, r1) = line
     per_byte = 1 / r0 + (1 / r1 - 1 / r0) / (1 / b1 - 1 / b0) * (1 / bandwidth - 1 / b0)
     on_line = min(1 / per_byte, bandwidth * profile.share["f16"])
     if b0 <= bandwidth <= b1:
         return on_line, on_line
     nearer_bandwidth, nearer_rate = (b0, r0) if bandwidth < b0 else (b1, r1)
-    share = bandwidth * nearer_rate / nearer_bandwidth
-    return min(on_line, share), max(on_line, share)
+    at_nearer_share = bandwidth * nearer_rate / nearer_bandwidth
+    return min(on_line, at_nearer_share), max(on_line, at_nearer_share)
+
+
+def read_line_of(profile: DecodeProfile, kind: str) -> Optional[tuple[tuple[float, float], tuple[float, float]]]:
+    """The profile's read_line for a weight class, its two cards in order of bandwidth; legacy quants take K-quants'
+    where the profile has no share of their own. None: the class is read at its share."""
+    line = profile.read_line.get("kquant" if kind == "legacy" and "legacy" not in profile.share else kind)
+    return tuple(sorted(line)) if line else None
+
+
+def routes_experts(facts: "ModelFacts") -> bool:
+    """A mixture-of-experts model: its blocks cost DecodeProfile.moe_block_us more."""
+    return bool(facts.expert_params_b or facts.active_params_b)
+
+
+def recurrent_blocks(facts: "ModelFacts") -> int:
+    """A hybrid's linear-attention (Gated DeltaNet) blocks, DecodeProfile.recurrent_block_us more each."""
+    return facts.layers - facts.full_attention_layers if facts.full_attention_layers and facts.recurrent_state_mib else 0
 
 
 def kv_bytes_per_position(model: "ModelServer", facts: "ModelFacts") -> float:
@@ -331,6 +353,7 @@ class DecodeTerms:
     host_blocks: int  # blocks the CPU runs (HostCost.block_us each)
     gpu_read: float  # bytes per token the card (or unified memory) reads, at gpu_rate
     gpu_rate: tuple[float, float]  # bytes/s at the slow end and at the fast end (equal unless card_read_gbs is a range)
+    gpu_rate_bandwidth: float  # GB/s: the bandwidth gpu_rate was read at (the card's, or unified memory's)
     gpu_kv_rate: float  # bytes/s for the KV cache on that side
     dense: float  # bytes of dense weights per token the CPU reads
     experts: float  # bytes of routed experts per token the CPU reads
@@ -393,9 +416,8 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
     fixed = 0.0
     if not cpu_only:
         fixed = place.gpu_blocks if discrete else facts.layers
-        fixed = fixed * (main.block_us + (main.moe_block_us if facts.expert_params_b or facts.active_params_b else 0.0)) / 1e6
-        if facts.full_attention_layers and facts.recurrent_state_mib:
-            fixed += (facts.layers - facts.full_attention_layers) * main.recurrent_block_us / 1e6
+        fixed = fixed * (main.block_us + (main.moe_block_us if routes_experts(facts) else 0.0)) / 1e6
+        fixed += recurrent_blocks(facts) * main.recurrent_block_us / 1e6
         if discrete:
             fixed += experts_on_cpu * HOST.expert_block_us / 1e6
     return DecodeTerms(
@@ -404,6 +426,7 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
         fixed=fixed, host_blocks=facts.layers if cpu_only else ram_blocks if discrete else 0,
         gpu_read=gpu_read, gpu_rate=tuple(rate * 1e9 for rate in (card_read_gbs(main, kind, gpu_bandwidth or 1) if main
                                                                   else (gpu_bandwidth or 1, gpu_bandwidth or 1))),
+        gpu_rate_bandwidth=gpu_bandwidth or 1,
         gpu_kv_rate=(gpu_bandwidth or 1) * 1e9 * (main.kv_share if main else 1),
         dense=cpu_read - expert_read, experts=expert_read, kv_per_position=kv_bytes_per_position(model, facts),
         kv_layers_share=kv_layers_share,
@@ -478,15 +501,15 @@ KV_DEEP_UNMEASURED = (f"this node's attention past {KV_PROFILE_DEPTH} positions 
                      "host-profile): from no slow-down to the most measured")
 CARD_READ_UNMEASURED = ("its {quant} weights' read measured on two cards of this profile ({low:g} and {high:g} GB/s), "
                         "not at this card's {bandwidth:g}: from the nearer card's share of the bandwidth to the line "
-                        "through both")
+                        "through both (no faster than F16 streams)")
 QUANTIZED_KV_UNMEASURED = ("its {kind} KV cache's decode not measured on this backend: from the cost measured on an "
                            "H200 to its bytes alone (llama.cpp PR #16208: q4_0 faster than f16 on an RTX 4090)")
 
 
 def range_reasons(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
                   discrete: bool) -> list[str]:
-    """Why a server's decode is a range, in the summary's words: the node's CPU not measured, or its quantized
-    KV cache not measured on this backend."""
+    """Why a server's decode is a range, in the summary's words: the node's CPU not measured, its quantized KV cache
+    not measured on this backend, or its weights' read not measured at this card's bandwidth (card_read_gbs)."""
     terms = decode_terms(model, facts, pool, backend, discrete)
     if terms is None:
         return []
@@ -496,11 +519,10 @@ def range_reasons(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", b
     elif (terms.kv_layers_share < 1 and (model.ctx_size or 0) > KV_PROFILE_DEPTH and pool.cpu_decode_by_threads
           and not any(f.kv_deep_slowdown for f in pool.cpu_decode_by_threads.values())):
         reasons.append(KV_DEEP_UNMEASURED)
-    if terms.gpu_rate[0] != terms.gpu_rate[1]:
-        main, kind = PROFILES[profile_name(pool, backend)], weight_class(model, facts)
-        (low, _), (high, _) = sorted(main.read_line[kind if kind in main.read_line else "kquant"])
-        reasons.append(CARD_READ_UNMEASURED.format(quant=quant_of(model.hf_repo or ":Q4_K_M"), low=low, high=high,
-                                                   bandwidth=pool.vram_bandwidth_gbs if discrete else pool.memory_bandwidth_gbs))
+    if terms.gpu_read > 0 and terms.gpu_rate[0] != terms.gpu_rate[1]:
+        (first_gbs, _), (second_gbs, _) = read_line_of(PROFILES[profile_name(pool, backend)], weight_class(model, facts))
+        reasons.append(CARD_READ_UNMEASURED.format(quant=quant_of(model.hf_repo or ":Q4_K_M"), low=first_gbs,
+                                                   high=second_gbs, bandwidth=terms.gpu_rate_bandwidth))
     if terms.kv_quantized[0] != terms.kv_quantized[1]:
         reasons.append(QUANTIZED_KV_UNMEASURED.format(kind=quantized_kv_type(model)))
     if terms.cpu_kv_scale[0] != terms.cpu_kv_scale[1] and terms.kv_layers_share < 1:
@@ -521,7 +543,8 @@ def predict_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", b
 def predict_range_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
                         discrete: bool, depths: dict[str, int]) -> Optional[dict[str, tuple[float, float]]]:
     """(low, high) decode rate at each depth: equal unless the CPU does part of the work on a node whose read
-    bandwidth (host_read_gbs) or decode figures (host_cost) are known only as a range."""
+    bandwidth (host_read_gbs) or decode figures (host_cost) are known only as a range, a quantized cache's cost is
+    not measured on the backend, or the card's read of its weights is known only as a range (card_read_gbs)."""
     terms = decode_terms(model, facts, pool, backend, discrete)
     if terms is None:
         return None

@@ -323,12 +323,12 @@ def test_a_quantized_cache_on_a_cpu_waits_for_the_thread_with_the_most_heads():
     assert (1 / span["deep"][1] - 1 / span["empty"][1]) / (1 / f16["deep"][0] - 1 / f16["empty"][0]) == pytest.approx(1.2)
 
 
-def test_head_rounds_held_out_of_sample_on_the_gpu_machine():
-    """Lease 9 (an H100 machine, bench/results-speed-h100.json) was measured after the model, head_rounds with it, was
-    frozen: Qwen3-14B (40 heads) and Llama-3.2-3B (24 heads) with quantized caches on 12 and 8 of their blocks in RAM
-    at 8192 positions, 16 threads. llama-bench's rates there were within 16 % of the plan then, and are within 18 %
-    since the GH100 profile was solved on both cards (the H100's part reads K-quants faster); without head_rounds the
-    plan would be over 25 % high."""
+def test_head_rounds_on_lease_9s_rows_with_layers_in_ram():
+    """Lease 9 (an H100 machine, bench/results-speed-h100.json) was measured after head_rounds was frozen (3c91f6f):
+    Qwen3-14B (40 heads) and Llama-3.2-3B (24 heads) with quantized caches on 12 and 8 of their blocks in RAM at 8192
+    positions, 16 threads, within 16 % of the plan then. The GH100 profile was solved since on both cards, lease 9's
+    GPU-only rows among them (not these), and its card part reads K-quants faster: within 18 % of the range's fast end
+    now. Without head_rounds the plan would be over 25 % high."""
     from lab.bench import decode_error
     import engines.llamacpp_speed as speed
 

@@ -8,7 +8,7 @@ reproduced are left out), each row weighted by its rate so that the error minimi
 per block, the extra per mixture-of-experts block and per Gated DeltaNet block, F16's and Q8_0's share of the
 bandwidth, and K-quants' time per byte as a line in 1/bandwidth (what the two cards' bandwidths tell apart). The KV
 cache's share and a quantized cache's cost (H200_QUANTIZED_KV, solved before on issue #44's table) are held.
-tests/test_speed_model.py holds the profile's figures to this solution.
+tests/test_datacenter_profile.py holds the profile's figures to this solution and this fit to the rows make bench marks `cal`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.llamacpp_speed import PROFILES, decode_terms, weight_class
-from lab.bench.decode_error import (DATACENTER_FIT, GIB, KV_CACHE_SHAPES, KV_CACHE_TABLE, MEASURED, preset_facts,
+from engines.llamacpp_speed import PROFILES, decode_terms, recurrent_blocks, routes_experts, weight_class
+from lab.bench.decode_error import (GIB, KV_CACHE_SHAPES, KV_CACHE_TABLE, MEASURED, in_datacenter_fit, preset_facts,
                                     server_and_pool)
-from lab.contract.real_shape import PRESETS, expected_weights_bytes
+from lab.contract.real_shape import expected_weights_bytes
 
 UNKNOWNS = ("block_us", "moe_block_us", "recurrent_block_us", "f16", "q8", "kquant_per_bandwidth", "kquant_ps")
 
@@ -35,21 +35,14 @@ def fit_rows() -> list[dict]:
         for depth, tok_s in zip(record["depths"], row["tok_s"]):
             out.append(dict(shape=KV_CACHE_SHAPES[row["model"]], quant=row["quant"], cache=row["cache"], depth=depth,
                             bandwidth=4800, tok_s=tok_s))
-    for path, (profile, _, bandwidth, discrete) in MEASURED.items():
-        hosts = DATACENTER_FIT.get(Path(path).name, ())
-        if profile != "nvidia-datacenter" or hosts == ():
+    for path, (profile, _, bandwidth, _) in MEASURED.items():
+        if profile != "nvidia-datacenter":
             continue
         record = json.loads(Path(path).read_text())
         for run in record["runs"] if isinstance(record, dict) else [{"rows": record}]:
-            if (hosts is not None and run.get("host") not in hosts) or run.get("not_counted"):
-                continue
-            for r in run["rows"]:
-                on_card = r.get("ngl") is None or r["ngl"] >= 99
-                routed = not PRESETS[r["shape"]].n_expert or r.get("routing") == "token"
-                if r.get("n_prompt") or not on_card or r.get("n_cpu_moe") or not routed:
-                    continue
-                out.append(dict(shape=r["shape"], quant=r["quant"], cache=r.get("type_k") or "f16", depth=r["depth"],
-                                bandwidth=bandwidth, tok_s=r["tok_s"], weights=r.get("weights_bytes")))
+            out += [dict(shape=r["shape"], quant=r["quant"], cache=r.get("type_k") or "f16", depth=r["depth"],
+                         bandwidth=bandwidth, tok_s=r["tok_s"], weights=r.get("weights_bytes"))
+                    for r in run["rows"] if in_datacenter_fit(path, run, r)]
     return out
 
 
@@ -62,10 +55,9 @@ def features(row: dict) -> tuple[dict[str, float], float]:
     terms = decode_terms(model, model_facts, pool, "cuda", True)
     bandwidth = row["bandwidth"] * 1e9
     blocks = model_facts.layers
-    moe = blocks if model_facts.expert_params_b else 0
-    recurrent = (blocks - model_facts.full_attention_layers) if model_facts.full_attention_layers else 0
     coefficients = dict.fromkeys(UNKNOWNS, 0.0)
-    coefficients.update(block_us=blocks / 1e6, moe_block_us=moe / 1e6, recurrent_block_us=recurrent / 1e6)
+    coefficients.update(block_us=blocks / 1e6, moe_block_us=(blocks if routes_experts(model_facts) else 0) / 1e6,
+                        recurrent_block_us=recurrent_blocks(model_facts) / 1e6)
     kind = weight_class(model, model_facts)
     if kind in ("f16", "q8"):
         coefficients[kind] = terms.gpu_read / bandwidth  # times 1/share
