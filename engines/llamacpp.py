@@ -17,7 +17,7 @@ from .base import Credentials, Engine, Problem
 from .llamacpp_flags import extra_args_problems
 from .llamacpp_ceiling import faster_than_on_card
 from .llamacpp_prefill import prefill
-from .llamacpp_speed import predict_range_tok_s, range_reasons
+from .llamacpp_speed import is_range, predict_range_tok_s, range_reasons
 from .llamacpp_split import RPC_RANGE_WHY, one_node_instead, split_estimate
 from .llamacpp_memory import (
     BITS_PER_WEIGHT,
@@ -219,7 +219,7 @@ class LlamaCpp(Engine):
         span = predict_range_tok_s(model, facts, pool, backend, discrete,
                                    {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size})
         decode = {name: low for name, (low, _) in span.items()} if span else None
-        ranged = bool(span) and any(high > low * 1.005 for low, high in span.values())
+        ranged = bool(span) and any(is_range(low, high) for low, high in span.values())
         prompt = prefill(model, facts, pool, backend, discrete)
         download = weights_bytes(model, facts)
         if facts.mmproj is not None:

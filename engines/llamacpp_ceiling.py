@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 from common.quantity import Quantity
 
 from .llamacpp_memory import layout, quant_of
-from .llamacpp_speed import host_read_gbs, predict_range_tok_s, profile_name
+from .llamacpp_speed import host_read_gbs, is_range, predict_range_tok_s, profile_name
 
 if TYPE_CHECKING:
     from config.types import ModelFacts, ModelServer, NodePool
@@ -78,7 +78,7 @@ def faster_than_on_card(model: "ModelServer", facts: "ModelFacts", pool: "NodePo
     if ceiling is None:
         return None
     low, high = span["empty"]
-    figure = f"{low:.1f}" if high <= low * 1.005 else f"{low:.1f}-{high:.1f}"
+    figure = f"{low:.1f}-{high:.1f}" if is_range(low, high) else f"{low:.1f}"
     if on_card:
         if high <= ceiling[0] * (1 + DECODE_FLAG_TOLERANCE):
             return None

@@ -531,6 +531,12 @@ def range_reasons(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", b
     return reasons
 
 
+def is_range(low: float, high: float) -> bool:
+    """Whether a (low, high) decode figure is a range as the plan prints it: its ends more than 0.5 % apart (closer,
+    one figure)."""
+    return high > low * 1.005
+
+
 def predict_tok_s(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
                   discrete: bool, depths: dict[str, int]) -> Optional[dict[str, float]]:
     """Predicted decode rate at each named context depth (tokens already in the context); None where

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from common.constants import LLAMACPP_IMAGE_BUILD
 from config.types import ModelFacts, ModelServer, NodePool
-from engines.llamacpp_speed import (KV_DEEP_DEPTH, HostCost, kv_deep_slowdown, predict_range_tok_s, quantized_kv_ratio,
-                                    solve_host_cost)
+from engines.llamacpp_speed import (KV_DEEP_DEPTH, HostCost, is_range, kv_deep_slowdown, predict_range_tok_s,
+                                    quantized_kv_ratio, solve_host_cost)
 from config.catalog import lookup
 from lab.contract.real_shape import PRESETS, expected_weights_bytes, tensor_table
 
@@ -219,7 +219,7 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
     out = []
     for device, profile, backend, bw, discrete, facts, quant, weights, depth, gpus, measured, cal, source in RECORDS:
         low, high = prediction_range(profile, backend, bw, discrete, facts, quant, weights, depth, gpus) or (None, None)
-        span = (low, high) if low and high > low * 1.005 else None
+        span = (low, high) if low and is_range(low, high) else None
         name = facts if isinstance(facts, str) else f"{facts['params_b']:g}B dense"
         where = "GPU only" if discrete else ("CPU only" if backend == "cpu" else "GPU, unified memory")
         out.append((device, f"{name} {quant}", depth, measured, low, RANGE if span and not cal else cal, source, where,
@@ -228,8 +228,7 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
     for path, (profile, backend, bandwidth, discrete) in measured_files.items():
         if not Path(path).exists():
             continue
-        record = json.loads(Path(path).read_text())
-        runs = record["runs"] if isinstance(record, dict) else [{"rows": record}]
+        runs = recorded_runs(path)
         for run in runs:
             host, cost, cost_rows, quantized = node_figures(runs, run)
             for r in run["rows"]:
@@ -255,7 +254,7 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     # Where the host's figures were not measured (none, or not its attention past KV_PROFILE_DEPTH) the plan prints a
     # range (its summary says why; the plan's own test for one, engines/llamacpp.py), so the row is held to that
     # range, not to one end of it as a point (range_summary), and is counted there, not among the points.
-    span = (low, high) if low and high > low * 1.005 else None
+    span = (low, high) if low and is_range(low, high) else None
     key = (r["shape"], r["quant"], threads, r["depth"])
     # HOST's rows (SPEED_CALIBRATION) and a row recorded as calibration (cal: true) are f16; the GH100 fit takes every
     # cache type.
@@ -315,13 +314,19 @@ def kv_cache_rows() -> list[tuple]:
     return out
 
 
+def recorded_runs(path: str) -> list[dict]:
+    """A results file's runs; an early file that is a bare list of rows is one run with no host."""
+    record = json.loads(Path(path).read_text())
+    return record["runs"] if isinstance(record, dict) else [{"rows": record}]
+
+
 def recorded_node_figures() -> dict[str, tuple[dict, dict]]:
     """Each measured host's read bandwidth and decode figures by threads, as make host-profile gives them."""
     out = {}
     for path in MEASURED:
-        record = json.loads(Path(path).read_text())
-        for run in record["runs"] if isinstance(record, dict) else []:
-            host, costs, _, _ = node_figures(record["runs"], run)
+        runs = recorded_runs(path)
+        for run in runs:
+            host, costs, _, _ = node_figures(runs, run)
             if costs:
                 out[run["host"]] = (host, costs)
     return out
@@ -354,8 +359,8 @@ def main(argv: list[str]) -> int:
     print()
     within, count = range_summary(table)
     if count:
-        print(f"decode where the plan prints a range (a host's figures, or a card's K-quant read at its bandwidth, not measured): {within} of {count} measurements "
-              f"within it ({within / count:.0%}; goal 90%)")
+        print("decode where the plan prints a range (a host's figures, or a card's K-quant read at its bandwidth, not "
+              f"measured): {within} of {count} measurements within it ({within / count:.0%}; goal 90%)")
     for where, within, count in summary(table):
         print(f"decode {where}: {within} of {count} predictions within +-{TOLERANCE:.0%} ({within / count:.0%}; goal 90%)")
     return 0

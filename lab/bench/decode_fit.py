@@ -13,15 +13,15 @@ tests/test_datacenter_profile.py holds the profile's figures to this solution an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
-from engines.llamacpp_speed import PROFILES, decode_terms, recurrent_blocks, routes_experts, weight_class
+from engines.llamacpp_speed import HostCost, decode_terms, recurrent_blocks, routes_experts, weight_class
 from lab.bench.decode_error import (GIB, KV_CACHE_SHAPES, KV_CACHE_TABLE, MEASURED, in_datacenter_fit, preset_facts,
-                                    server_and_pool)
+                                    recorded_runs, server_and_pool)
 from lab.contract.real_shape import expected_weights_bytes
 
 UNKNOWNS = ("block_us", "moe_block_us", "recurrent_block_us", "f16", "q8", "kquant_per_bandwidth", "kquant_ps")
@@ -38,8 +38,7 @@ def fit_rows() -> list[dict]:
     for path, (profile, _, bandwidth, _) in MEASURED.items():
         if profile != "nvidia-datacenter":
             continue
-        record = json.loads(Path(path).read_text())
-        for run in record["runs"] if isinstance(record, dict) else [{"rows": record}]:
+        for run in recorded_runs(path):
             out += [dict(shape=r["shape"], quant=r["quant"], cache=r.get("type_k") or "f16", depth=r["depth"],
                          bandwidth=bandwidth, tok_s=r["tok_s"], weights=r.get("weights_bytes"))
                     for r in run["rows"] if in_datacenter_fit(path, run, r)]
@@ -64,9 +63,9 @@ def features(row: dict) -> tuple[dict[str, float], float]:
     else:
         coefficients["kquant_per_bandwidth"] = terms.gpu_read / bandwidth
         coefficients["kquant_ps"] = terms.gpu_read / 1e12
-    per_token, per_position = terms.kv_quantized[0]
-    held = (terms.kv_per_position * row["depth"] / (bandwidth * PROFILES["nvidia-datacenter"].kv_share)
-            + per_token + per_position * row["depth"])
+    # The plan's own time for the rest, the fixed costs and the weights taken out: the KV cache's read at kv_share and a
+    # quantized cache's cost (every layer on the card: no CPU term).
+    held = dataclasses.replace(terms, fixed=0.0, gpu_read=0.0).seconds(row["depth"], 0.0, HostCost(0.0, float("inf")))
     return coefficients, held
 
 
