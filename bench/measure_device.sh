@@ -49,8 +49,10 @@ case "$MODE" in
       --max-seconds "${RPC_SECONDS:-$LEFT}" ;;
   speed|profile)
     # The host first: its read bandwidth (speed), or make host-profile's figures, bandwidth included (profile).
+    # Every job is also planned with the host's read bandwidth around it (measure_decode --host-bandwidth).
+    cc -O2 -march=native -fopenmp bench/host_bandwidth.c -o /tmp/host_bandwidth || exit 1
     if [ "$MODE" = speed ]; then
-      cc -O2 -march=native -fopenmp bench/host_bandwidth.c -o /tmp/host_bandwidth && /tmp/host_bandwidth 8 1 2 4 8 16 | tee "$OUT/host-bandwidth.txt"
+      /tmp/host_bandwidth 8 1 2 4 8 16 | tee "$OUT/host-bandwidth.txt"
       JOBS=${2:-bench/jobs-h200.json}
     else
       # rc 1 with figures written: a quantized cache's ratio was out of bounds (said above); the grid still runs.
@@ -60,6 +62,6 @@ case "$MODE" in
     fi
     LEFT=$(( 575 - ($(date +%s) - T0) ))
     python3 -m lab.bench.measure_decode --jobs "$JOBS" --llama-bench "$BIN/llama-bench" --device "$GPU" \
-      --out "$OUT/speed.json" --max-seconds "$LEFT" ;;
+      --out "$OUT/speed.json" --max-seconds "$LEFT" --host-bandwidth /tmp/host_bandwidth ;;
 esac
 echo "== done at $(( $(date +%s) - T0 )) s"

@@ -26,7 +26,7 @@ from lab.llama_build import build  # a module that builds: its tests are marked 
 def profile(tmp_path_factory) -> tuple[str, dict]:
     bench = build(program="llama-bench")
     out = tmp_path_factory.mktemp("host-profile") / "record.json"
-    run = subprocess.run([sys.executable, "-m", "lab.bench.host_profile", "--threads", "2", "--depth", "2048",
+    run = subprocess.run([sys.executable, "-m", "lab.bench.host_profile", "--threads", "2", "--depth", "1024",
                           "--llama-bench", str(bench), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout, json.loads(out.read_text())
@@ -90,19 +90,21 @@ def test_the_figures_it_prints_give_back_the_rates_it_measured(profile):
 
 def test_a_quantized_cache_planned_with_the_printed_ratio_slows_with_depth_as_measured(profile):
     """The ratio's plumbing end to end: a CPU server of the profiled shape with a q8_0 or q4_0 cache, planned with the
-    printed figures, pays between an empty context and the depth what llama-bench measured with that cache."""
+    printed figures, pays between an empty context and twice the depth (where the tool measures a quantized cache)
+    what llama-bench measured with that cache."""
     _, record = profile
+    deep = 2 * record["depth"]
     from lab.bench import decode_error
     threads = max(int(t) for t in record["cpu_decode_by_threads"])
     for cache, ratio in record["cpu_quantized_kv"].items():
         rates = {r["depth"]: r["tok_s"] for r in record["rows"] if r["kv_type"] == cache}
         model, facts, pool = decode_error.server_and_pool(
             "cpu", "cpu", None, False, decode_error.preset_facts(record["shape"]), record["quant"],
-            decode_error.expected_weights_bytes(record["shape"], record["quant"]) / decode_error.GIB, record["depth"], 1,
+            decode_error.expected_weights_bytes(record["shape"], record["quant"]) / decode_error.GIB, deep, 1,
             threads=threads, host={int(t): v for t, v in record["host_read_gbs"].items()},
             cost=record["cpu_decode_by_threads"], cache=cache, quantized=record["cpu_quantized_kv"])
-        planned = predict_range_tok_s(model, facts, pool, "cpu", False, {"empty": 0, "deep": record["depth"]})
+        planned = predict_range_tok_s(model, facts, pool, "cpu", False, {"empty": 0, "deep": deep})
         assert planned["deep"][0] == planned["deep"][1]  # measured: one figure
-        assert ratio > 0
+        assert ratio > 0 and set(rates) == {0, deep}
         assert 1 / planned["deep"][0] - 1 / planned["empty"][0] == pytest.approx(
-            1 / rates[record["depth"]] - 1 / rates[0], rel=0.03), cache
+            1 / rates[deep] - 1 / rates[0], rel=0.03), cache

@@ -119,6 +119,12 @@ def solved_cost(shape: str, quant: str, threads: int, depth: int, empty_tok_s: f
     return solve_host_cost(model, model_facts, pool, depth, 1 / empty_tok_s, 1 / deep_tok_s)
 
 
+def planned_deep_rate(empty_tok_s: float, profile_tok_s: float, slowdown: float) -> float:
+    """The f16 rate at twice the profiling depth as the plan gives it from the node's figures: the time per position
+    at the profiling depth, times the node's slow-down (make host-profile's third depth; 1 where not stated)."""
+    return 1 / (1 / empty_tok_s + 2 * slowdown * (1 / profile_tok_s - 1 / empty_tok_s))
+
+
 def placement(discrete: bool, ngl, cpu_moe) -> str:
     if not discrete:
         return "CPU only"
@@ -184,9 +190,11 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
         bandwidth = run.get("host_read_gbs")
         return ({int(k): v for k, v in bandwidth.items()} if bandwidth else None), None, set(), None
     host = {int(k): v for k, v in home["host_read_gbs"].items()}
-    source_rows = [r for r in home["rows"] if not r.get("n_prompt") and not r.get("ngl") and r["depth"] in (0, source["depth"])
+    source_rows = [r for r in home["rows"] if not r.get("n_prompt") and not r.get("ngl")
+                   and r["depth"] in (0, source["depth"], 2 * source["depth"])
                    and (r["shape"], r["quant"]) == (source["shape"], source["quant"])]
-    rates = {(r["threads"], r["depth"]): r["tok_s"] for r in source_rows if (r.get("type_k") or "f16") == "f16"}
+    rates = {(r["threads"], r["depth"]): r["tok_s"] for r in source_rows if (r.get("type_k") or "f16") == "f16"
+             and r["depth"] < 2 * source["depth"]}
     costs, used, deep_used = {}, set(), set()
     # The same shape at twice the depth, in any run of this host: its kv_deep_slowdown (make host-profile's third depth).
     deep_rates = {r["threads"]: r["tok_s"] for other in runs if other.get("host") == run.get("host")
@@ -207,11 +215,18 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
     quantized = {}
     for kind in ("q8_0", "q4_0"):
         deep = {r["depth"]: r["tok_s"] for r in source_rows if r.get("type_k") == kind and r["threads"] == most}
-        if home.get("host_profile") and len(deep) == 2 and (most, 0) in rates and (most, source["depth"]) in rates:
-            quantized[kind] = round(quantized_kv_ratio((rates[(most, 0)], rates[(most, source["depth"])]),
-                                                       (deep[0], deep[source["depth"]]), PRESETS[source["shape"]].n_head,
-                                                       most), 2)
-            used |= {(source["shape"], source["quant"], most, d, kind) for d in (0, source["depth"])}
+        if not (home.get("host_profile") and 0 in deep and (most, 0) in rates and (most, source["depth"]) in rates):
+            continue
+        # The tool states the ratio at twice the depth, against the f16 time per position the plan gives there; a
+        # profile recorded before it did (leases 7 and 11) measured the quantized caches at the depth itself.
+        at = 2 * source["depth"] if 2 * source["depth"] in deep else source["depth"] if source["depth"] in deep else None
+        if at is None:
+            continue
+        f16 = rates[(most, source["depth"])] if at == source["depth"] else planned_deep_rate(
+            rates[(most, 0)], rates[(most, source["depth"])], round((costs.get(most) or {}).get("kv_deep_slowdown", 1.0), 2))
+        quantized[kind] = round(quantized_kv_ratio((rates[(most, 0)], f16), (deep[0], deep[at]),
+                                                   PRESETS[source["shape"]].n_head, most), 2)
+        used |= {(source["shape"], source["quant"], most, d, kind) for d in (0, at)}
     return host, costs or None, (used if run is home else set()) | deep_used, quantized or None
 
 
@@ -246,6 +261,9 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     ngl = r.get("ngl") if r.get("ngl") is not None and r.get("ngl") < 99 else None
     cache = r.get("type_k") or "f16"
     cpu_moe, threads = r.get("n_cpu_moe") or None, r.get("threads") or 8
+    if host and r.get("read_gbs_around"):
+        # The host's read bandwidth read around this row's job (measure_decode --host-bandwidth): a shared host's drifts.
+        host = {**host, threads: sum(r["read_gbs_around"]) / len(r["read_gbs_around"])}
     on_card = discrete and ngl != 0
     low, high = prediction_range(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
                                  on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,

@@ -26,11 +26,13 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,8 +50,26 @@ def bench(binary: str, model: Path, depths: list[int], tokens: int, ngl: int, th
     return json.loads(out.stdout)
 
 
-def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_path: Path) -> list[dict]:
-    """Each job's llama-bench grid, one row per test (written as it goes: a call cut short keeps rows)."""
+def job_threads(args: list[str]) -> list[int]:
+    """The thread counts a job's llama-bench arguments name (-t 4,8,16), none where they name none."""
+    value = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-t", "--threads")), "")
+    return [int(t) for t in value.split(",") if t.strip().isdigit()]
+
+
+def read_now(host_bandwidth: Optional[str], threads: list[int]) -> dict[int, float]:
+    """The host's read bandwidth now at these thread counts (bench/host_bandwidth.c over 2 GiB, about a second): a
+    shared host's drifts (58-78 GB/s with 16 threads within 25 minutes on one lease), so a job beside layers or
+    experts in RAM is planned with the bandwidth read around it, not only the one read at profiling."""
+    if not host_bandwidth or not threads:
+        return {}
+    out = subprocess.run([host_bandwidth, "2", *map(str, threads)], capture_output=True, text=True, timeout=120)
+    return {int(t): float(g) for t, g in re.findall(r"threads (\d+) read_gbs ([\d.]+)", out.stdout)}
+
+
+def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_path: Path,
+             host_bandwidth: Optional[str] = None) -> list[dict]:
+    """Each job's llama-bench grid, one row per test (written as it goes: a call cut short keeps rows); with
+    host_bandwidth, each row also carries the host's read bandwidth at its threads read before and after its job."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="shapes-") as tmp:
         for job in jobs:
@@ -60,6 +80,7 @@ def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_pa
             extra = {"routing": routing} if routing != "zero" else {}
             path = write_real_shape(job["shape"], Path(tmp) / f"{job['shape']}-{job['quant']}-{routing}.gguf", job["quant"], **extra)
             cmd = [binary, "-m", str(path), "-r", str(job.get("repetitions", 2)), "-o", "json", *job["args"]]
+            before = read_now(host_bandwidth, job_threads(job["args"]))
             started = time.monotonic()
             try:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10, deadline - time.monotonic()))
@@ -67,8 +88,10 @@ def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_pa
                 error = None if out.returncode == 0 else out.stderr.strip().splitlines()[-3:]
             except subprocess.TimeoutExpired as e:
                 results, error = [], f"timed out: {(e.stdout or b'')[-400:]!r}"
+            after = read_now(host_bandwidth, job_threads(job["args"]))
             for r in results:
-                rows.append({
+                read = [v for v in (before.get(r.get("n_threads")), after.get(r.get("n_threads"))) if v]
+                rows.append({**({"read_gbs_around": read} if read else {}),
                     "device": device, "shape": job["shape"], "quant": job["quant"], "routing": routing,
                     "weights_bytes": expected_weights_bytes(job["shape"], job["quant"]), "n_prompt": r.get("n_prompt"),
                     "n_gen": r.get("n_gen"), "depth": r.get("n_depth", 0), "tok_s": r.get("avg_ts"), "stddev": r.get("stddev_ts"),
@@ -102,6 +125,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--extra", default="", help="more llama-bench arguments, space-separated")
     parser.add_argument("--jobs", help="a JSON list of grids (see above) instead of --shapes")
     parser.add_argument("--max-seconds", type=float, default=3600)
+    parser.add_argument("--host-bandwidth", default=None, help="bench/host_bandwidth.c built: read the host's bandwidth "
+                        "around each job (--jobs)")
     args = parser.parse_args(argv)
     binary = args.llama_bench
     if binary is None:
@@ -110,7 +135,7 @@ def main(argv: list[str]) -> int:
         binary = str(build(program="llama-bench"))
     if args.jobs:
         deadline = time.monotonic() + args.max_seconds
-        run_jobs(binary, json.loads(Path(args.jobs).read_text()), args.device, deadline, Path(args.out))
+        run_jobs(binary, json.loads(Path(args.jobs).read_text()), args.device, deadline, Path(args.out), args.host_bandwidth)
         return 0
     depths = [0, args.ctx // 2, args.ctx] if args.ctx else [0]
     rows = []
