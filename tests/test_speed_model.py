@@ -473,3 +473,21 @@ def test_a_quantized_row_beside_a_hosts_solving_rows_is_counted_unless_the_profi
     assert not second[("q4_0", 0)] and {second[("q4_0", d)] for d in (4096, 8192)} == {decode_error.RANGE}
     profiled = [row for row in table if "lease 11" in row[0] and row[7] == "CPU only" and row[9] != "f16"]
     assert len(profiled) == 4 and {row[5] for row in profiled} == {"node figures"}
+
+
+def test_a_row_is_planned_with_the_host_bandwidth_read_around_its_job():
+    """A shared host's read bandwidth drifts (lease 11: 58-78 GB/s with 16 threads within 25 minutes), so
+    measure_decode --host-bandwidth reads it before and after each job and make bench plans a row beside layers in
+    RAM with their mean, not the profile's figure: the same plan as a node stating that bandwidth."""
+    from lab.bench import decode_error
+
+    runs = decode_error.recorded_runs(str(decode_error.ROOT / "bench" / "results-speed-h200.json"))
+    run = next(r for r in runs if r.get("jobs") == "bench/jobs-gpu-9.json")
+    host, cost, used, quantized = decode_error.node_figures(runs, run)
+    row = next(r for r in run["rows"] if r["shape"] == "qwen3-8b" and r["depth"] == 0)
+    args = (run, "results-speed-h200.json", "nvidia-datacenter", "cuda", 4800, True)
+    profiled = decode_error.measured_row(row, *args, host, cost, used, quantized)
+    around = decode_error.measured_row({**row, "read_gbs_around": [58.0, 64.0]}, *args, host, cost, used, quantized)
+    stated = decode_error.measured_row(row, *args, {**host, 16: 61.0}, cost, used, quantized)
+    assert host[16] > 61.0 and around[4] < profiled[4]
+    assert around[4] == pytest.approx(stated[4], rel=1e-9)
