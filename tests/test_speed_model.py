@@ -491,3 +491,28 @@ def test_a_row_is_planned_with_the_host_bandwidth_read_around_its_job():
     stated = decode_error.measured_row(row, *args, {**host, 16: 61.0}, cost, used, quantized)
     assert host[16] > 61.0 and around[4] < profiled[4]
     assert around[4] == pytest.approx(stated[4], rel=1e-9)
+
+
+def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
+    """Every make host-profile run recorded (bench/results-*.json, host_profile: true) is read back by make bench
+    (node_figures) to the figures the tool printed on that host: the f16 figures, and the quantized ratios in the
+    form the tool had then (at 4096 for leases 7 and 11; at 8192 since 9802421, on lease 12 and the CI machine of
+    2026-12-06, against the f16 time per position the plan gives there)."""
+    from lab.bench import decode_error
+
+    seen = set()
+    for path in decode_error.MEASURED:
+        runs = decode_error.recorded_runs(path)
+        for run in (r for r in runs if r.get("host_profile")):
+            _, costs, _, quantized = decode_error.node_figures(runs, run)
+            printed = run["cpu_decode_by_threads_printed"]
+            for threads, figures in printed.items():
+                assert costs[int(threads)]["block_us"] == pytest.approx(figures["block_us"], abs=0.5)
+                assert costs[int(threads)]["kv_gbs_per_thread"] == pytest.approx(figures["kv_gbs_per_thread"], abs=0.005)
+                if "kv_deep_slowdown" in figures:
+                    assert costs[int(threads)]["kv_deep_slowdown"] == pytest.approx(figures["kv_deep_slowdown"], abs=0.005)
+            assert quantized == pytest.approx(run["cpu_quantized_kv_printed"], abs=0.0051), run["host"]
+            deep = any(r["depth"] == 8192 and r.get("type_k") in ("q8_0", "q4_0") for r in run["rows"])
+            seen.add((run["host"], deep))
+    assert {("H100 machine, lease 12", True), ("CI machine, 2026-12-06", True), ("H200 machine, lease 11", False),
+            ("H200 machine, lease 7", False)} <= seen

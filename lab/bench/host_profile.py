@@ -19,8 +19,9 @@ llama.cpp's decode costs it beyond reading the weights, printed as the two stack
    CI machine's q4_0 did not), and the plan prints the decode of a half and a full context.
 
 Run it on the node that serves (or one of its kind), with nothing else running: a second H200 host read 30 %
-faster and attended twice as fast as the first (docs/capacity-planning.md, "Decode speed"). About two minutes
-on 16 cores, 12-15 on 2 (the depths' prompts are processed on the CPU, once per cache type), after llama.cpp's build.
+faster and attended twice as fast as the first (docs/capacity-planning.md, "Decode speed"). About five minutes
+on 16 cores, 34 on 2 (the depths' prompts are processed on the CPU, once per cache type, and a quantized cache's
+8192 positions cost most), after llama.cpp's build.
 """
 
 from __future__ import annotations
