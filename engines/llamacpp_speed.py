@@ -64,7 +64,8 @@ H200_QUANTIZED_KV = {"q8_0": (12.0, 0.75), "q4_0": (12.5, 0.92)}
 # b10729, Qwen3-1.7B Q4_K_M at depths 0 and 4096: bench/results-decode-cpu.json, the KV cache run; Llama-3.2-3B of
 # that run, not used, lies within 7 %). On the GPU lease's 16-thread host the partial-offload rows with a quantized
 # cache (bench/results-kvcache-h200-2.json) paid about f16's time. So a CPU's part of a quantized cache is a range:
-# this ratio at the slow end, f16's time at the fast end (QUANTIZED_KV_CPU says so in the plan).
+# this ratio at the slow end, f16's time at the fast end (QUANTIZED_KV_CPU says so in the plan). Stated at 4096; make
+# host-profile's form at 8192 gave 1.82 and 2.3 on the same machine (2026-12-06): the slow end stays the larger.
 CPU_QUANTIZED_KV = {"q8_0": 2.37, "q4_0": 2.60}
 
 PROFILES: dict[str, DecodeProfile] = {
