@@ -31,7 +31,16 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 # build carried, GGML_NATIVE off as lab/llama_build.py builds it) skips the build: for profile and speed grids
 # that run on the host's CPU alone (-ngl 0).
 if [ -n "${CPU_BENCH:-}" ]; then
+  # The default grids put layers on the card: a CPU build needs a grid of -ngl 0 jobs, named.
+  [ -n "${2:-}" ] || { echo "CPU_BENCH runs a jobs file of -ngl 0 jobs, given as the second argument"; exit 2; }
+  python3 -c "import json, sys; jobs = json.load(open(sys.argv[1]))
+sys.exit(0 if all(j['args'][j['args'].index('-ngl') + 1] == '0' for j in jobs) else 1)" "$2" \
+    || { echo "CPU_BENCH: $2 has jobs with layers on the card (-ngl other than 0)"; exit 2; }
   BIN=$(cd "$(dirname "$CPU_BENCH")" && pwd)
+  # The real-shape files take their tokenizer from the source's vocab GGUFs (lab/contract/gguf_layout.py), carried
+  # beside the binary in models/ (those of the shapes run), where the unpacked source would be.
+  VOCAB=$(python3 -c "from lab.contract.gguf_layout import vocab_dir; print(vocab_dir())")
+  mkdir -p "$VOCAB" && cp "$BIN"/models/*.gguf "$VOCAB"/ || exit 1
 else
   python3 -m lab.llama_build || { tail -40 /tmp/soak-cache/*.build.log; exit 1; }
   BIN=$(dirname "$(ls /tmp/soak-cache/llama-b10729-*-cuda/bin/llama-bench)")

@@ -119,7 +119,7 @@ class NodePool(Strict):
     )
     cpu_quantized_kv: Optional[dict[Literal["q8_0", "q4_0"], Annotated[Number, Field(ge=0.25, le=20)]]] = doc(
         "What a quantized KV cache costs the node's CPU per position in the context, as a multiple of an f16 cache's "
-        "time ({q8_0: 2.37, q4_0: 2.6} on a 2-core EPYC), measured by `make host-profile` (llama-bench at 8192 "
+        "time ({q8_0: 1.82, q4_0: 2.3} on a 2-core EPYC), measured by `make host-profile` (llama-bench at 8192 "
         "positions with each cache type, at the node's largest thread count, against the f16 time there that "
         "cpu_decode_by_threads gives). null: the plan shows the range from the slowest host measured "
         "(engines/llamacpp_speed.py, CPU_QUANTIZED_KV) to f16's time.", default=None

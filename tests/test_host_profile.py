@@ -36,11 +36,12 @@ def test_the_printed_lines_are_pool_fields_the_plan_uses(profile):
     stdout, record = profile
     lines = stdout.split("for the stack file (node_pools.<pool>):\n", 1)[1]
     fields = yaml.safe_load(lines)
-    assert set(fields) == {"memory_bandwidth_by_threads", "cpu_decode_by_threads", "cpu_quantized_kv"}
+    # At a --depth other than 4096 the slow-down past it and the quantized ratios (measured at twice the depth) are
+    # recorded, not printed: the plan's figures are stated for 4096 and 8192 positions.
+    assert set(fields) == {"memory_bandwidth_by_threads", "cpu_decode_by_threads"}
     assert set(fields["cpu_decode_by_threads"]) == {2} == set(fields["memory_bandwidth_by_threads"])
-    assert fields["cpu_quantized_kv"] == record["cpu_quantized_kv"] and set(fields["cpu_quantized_kv"]) == {"q8_0", "q4_0"}
-    # At a --depth other than 4096 the slow-down past it is recorded (measured at twice the depth), not printed: the
-    # plan's figure is stated for 4096 and 8192 positions.
+    assert set(record["cpu_quantized_kv"]) == {"q8_0", "q4_0"}
+    fields["cpu_quantized_kv"] = record["cpu_quantized_kv"]
     assert all("kv_deep_slowdown" not in f for f in fields["cpu_decode_by_threads"].values())
     assert set(record["slowdown_at_twice_the_depth"]) == {"2"} and record["slowdown_at_twice_the_depth"]["2"] > 0
     for cache in ("f16", "q8_0"):

@@ -8,6 +8,7 @@ they are not measured; prefill and the first token of a full-context prompt are 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -496,7 +497,7 @@ def test_a_row_is_planned_with_the_host_bandwidth_read_around_its_job():
 def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
     """Every make host-profile run recorded (bench/results-*.json, host_profile: true) is read back by make bench
     (node_figures) to the figures the tool printed on that host: the f16 figures, and the quantized ratios in the
-    form the tool had then (at 4096 for leases 7 and 11; at 8192 since 9802421, on lease 12 and the CI machine of
+    form the tool had then (at 4096 for leases 7-11; at 8192 since 9802421, on lease 12 and the CI machine of
     2026-12-06, against the f16 time per position the plan gives there)."""
     from lab.bench import decode_error
 
@@ -516,3 +517,28 @@ def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
             seen.add((run["host"], deep))
     assert {("H100 machine, lease 12", True), ("CI machine, 2026-12-06", True), ("H200 machine, lease 11", False),
             ("H200 machine, lease 7", False)} <= seen
+
+
+def test_measure_decode_reads_the_host_bandwidth_around_each_job(tmp_path, monkeypatch):
+    """measure_decode --host-bandwidth (scripted here: llama-bench and bench/host_bandwidth.c stand-ins) reads the
+    bandwidth at the job's threads before and after it and writes both on each of its rows; a reading that fails
+    leaves the rows without it (planned with the profile's) and the grid goes on."""
+    from lab.bench import measure_decode
+
+    bench = tmp_path / "llama-bench"
+    bench.write_text("#!/usr/bin/env python3\nimport json, sys\nargs = dict(zip(sys.argv[1::2], sys.argv[2::2]))\n"
+                     "print(json.dumps([{'n_depth': int(d), 'avg_ts': 10.0, 'n_threads': int(args['-t']), "
+                     "'n_gpu_layers': 0, 'n_prompt': 0, 'n_gen': 16, 'n_cpu_moe': 0} for d in args['-d'].split(',')]))\n")
+    counter = tmp_path / "reads"
+    reader = tmp_path / "host_bandwidth"
+    reader.write_text(f"#!/bin/sh\nn=$(cat {counter} 2>/dev/null || echo 0); echo $((n + 1)) > {counter}\n"
+                      "[ \"$n\" -ge 2 ] && exit 1\n"
+                      "shift; for t in \"$@\"; do echo \"threads $t read_gbs $((60 + 4 * n)).5\"; done\n")
+    for script in (bench, reader):
+        script.chmod(0o755)
+    monkeypatch.setattr(measure_decode, "write_real_shape", lambda shape, path, quant, **kw: (path.write_bytes(b""), path)[1])
+    job = {"shape": "qwen3-8b", "quant": "Q4_K_M", "args": ["-ngl", "0", "-t", "16", "-d", "0,8192"]}
+    rows = measure_decode.run_jobs(str(bench), [job, job], "scripted", time.monotonic() + 60, tmp_path / "out.json",
+                                   str(reader))
+    assert [r.get("read_gbs_around") for r in rows] == [[60.5, 64.5], [60.5, 64.5], None, None]
+    assert [r["depth"] for r in rows] == [0, 8192, 0, 8192] and measure_decode.job_threads(job["args"]) == [16]

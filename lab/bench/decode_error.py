@@ -119,6 +119,11 @@ def solved_cost(shape: str, quant: str, threads: int, depth: int, empty_tok_s: f
     return solve_host_cost(model, model_facts, pool, depth, 1 / empty_tok_s, 1 / deep_tok_s)
 
 
+def stated_slowdown(slowdown: float) -> float:
+    """A kv_deep_slowdown as make host-profile states it for the stack file: held to 1-10 (what the pool takes), rounded."""
+    return round(min(max(slowdown, 1.0), 10.0), 2)
+
+
 def planned_deep_rate(empty_tok_s: float, profile_tok_s: float, slowdown: float) -> float:
     """The f16 rate at twice the profiling depth as the plan gives it from the node's figures: the time per position
     at the profiling depth, times the node's slow-down (make host-profile's third depth; 1 where not stated)."""
@@ -208,8 +213,8 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
             costs[threads] = {"block_us": cost.block_us, "kv_gbs_per_thread": cost.kv_gbs}
             used |= {(source["shape"], source["quant"], threads, d) for d in (0, source["depth"])}
             if threads in deep_rates and 2 * source["depth"] == KV_DEEP_DEPTH:
-                costs[threads]["kv_deep_slowdown"] = kv_deep_slowdown(rates[(threads, 0)], rates[(threads, source["depth"])],
-                                                                      deep_rates[threads])
+                costs[threads]["kv_deep_slowdown"] = stated_slowdown(kv_deep_slowdown(
+                    rates[(threads, 0)], rates[(threads, source["depth"])], deep_rates[threads]))
                 deep_used.add((source["shape"], source["quant"], threads, KV_DEEP_DEPTH))
     most = max((t for t, _ in rates), default=None)
     quantized = {}
@@ -217,13 +222,15 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
         deep = {r["depth"]: r["tok_s"] for r in source_rows if r.get("type_k") == kind and r["threads"] == most}
         if not (home.get("host_profile") and 0 in deep and (most, 0) in rates and (most, source["depth"]) in rates):
             continue
-        # The tool states the ratio at twice the depth, against the f16 time per position the plan gives there; a
-        # profile recorded before it did (leases 7 and 11) measured the quantized caches at the depth itself.
+        # The tool states the ratio at twice the depth, against the f16 time per position the plan gives there (its
+        # slow-down included: without one the ratio is not stated); a profile recorded before it did (leases 7-11)
+        # measured the quantized caches at the depth itself.
         at = 2 * source["depth"] if 2 * source["depth"] in deep else source["depth"] if source["depth"] in deep else None
-        if at is None:
+        slowdown = (costs.get(most) or {}).get("kv_deep_slowdown")
+        if at is None or (at != source["depth"] and slowdown is None):
             continue
         f16 = rates[(most, source["depth"])] if at == source["depth"] else planned_deep_rate(
-            rates[(most, 0)], rates[(most, source["depth"])], round((costs.get(most) or {}).get("kv_deep_slowdown", 1.0), 2))
+            rates[(most, 0)], rates[(most, source["depth"])], slowdown)
         quantized[kind] = round(quantized_kv_ratio((rates[(most, 0)], f16), (deep[0], deep[at]),
                                                    PRESETS[source["shape"]].n_head, most), 2)
         used |= {(source["shape"], source["quant"], most, d, kind) for d in (0, at)}

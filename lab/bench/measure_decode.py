@@ -57,12 +57,20 @@ def job_threads(args: list[str]) -> list[int]:
 
 
 def read_now(host_bandwidth: Optional[str], threads: list[int]) -> dict[int, float]:
-    """The host's read bandwidth now at these thread counts (bench/host_bandwidth.c over 2 GiB, about a second): a
-    shared host's drifts (58-78 GB/s with 16 threads within 25 minutes on one lease), so a job beside layers or
-    experts in RAM is planned with the bandwidth read around it, not only the one read at profiling."""
+    """The host's read bandwidth now at these thread counts (bench/host_bandwidth.c over 4 GiB, as make host-profile
+    reads it; a few seconds): a shared host's drifts (58-78 GB/s with 16 threads within 25 minutes on one lease), so
+    a job beside layers or experts in RAM is planned with the bandwidth read around it, not only the one read at
+    profiling. None read (the tool failed or ran past a minute): {}, and the row keeps the profile's."""
     if not host_bandwidth or not threads:
         return {}
-    out = subprocess.run([host_bandwidth, "2", *map(str, threads)], capture_output=True, text=True, timeout=120)
+    try:
+        out = subprocess.run([host_bandwidth, "4", *map(str, threads)], capture_output=True, text=True, timeout=60)
+    except (subprocess.TimeoutExpired, OSError) as e:
+        print(f"host bandwidth not read: {e}", flush=True)
+        return {}
+    if out.returncode != 0:
+        print(f"host bandwidth not read: {out.stderr.strip()[-200:]}", flush=True)
+        return {}
     return {int(t): float(g) for t, g in re.findall(r"threads (\d+) read_gbs ([\d.]+)", out.stdout)}
 
 
