@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from engines.llamacpp_speed import KV_PROFILE_DEPTH, kv_deep_slowdown, quantized_kv_ratio
 from lab.bench.decode_error import planned_deep_rate, solved_cost, stated_slowdown
+from lab.bench.measure_decode import bandwidth_lines
 from lab.contract.real_shape import PRESETS, write_real_shape
 
 SHAPE, QUANT = "qwen3-1.7b", "Q4_K_M"  # small: its blocks and KV cache weigh against its weights
@@ -57,7 +57,7 @@ def read_bandwidth(threads: list[int], workdir: Path) -> dict[int, float]:
     subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", str(ROOT / "bench" / "host_bandwidth.c"), "-o", str(binary)],
                    check=True)
     out = subprocess.run([str(binary), "4", *map(str, threads)], check=True, capture_output=True, text=True).stdout
-    return {int(t): float(gbs) for t, gbs in re.findall(r"threads (\d+) read_gbs ([\d.]+)", out)}
+    return bandwidth_lines(out)
 
 
 def decode_rates(binary: str, threads: list[int], depths: list[int], workdir: Path, kv_type: str = "f16") -> list[dict]:

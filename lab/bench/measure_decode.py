@@ -56,6 +56,11 @@ def job_threads(args: list[str]) -> list[int]:
     return [int(t) for t in value.split(",") if t.strip().isdigit()]
 
 
+def bandwidth_lines(text: str) -> dict[int, float]:
+    """GB/s by thread count from bench/host_bandwidth.c's output ("threads N read_gbs X" a line)."""
+    return {int(t): float(g) for t, g in re.findall(r"threads (\d+) read_gbs ([\d.]+)", text)}
+
+
 def read_now(host_bandwidth: Optional[str], threads: list[int]) -> dict[int, float]:
     """The host's read bandwidth now at these thread counts (bench/host_bandwidth.c over 4 GiB, as make host-profile
     reads it; a few seconds): a shared host's drifts (58-78 GB/s with 16 threads within 25 minutes on one lease), so
@@ -71,7 +76,7 @@ def read_now(host_bandwidth: Optional[str], threads: list[int]) -> dict[int, flo
     if out.returncode != 0:
         print(f"host bandwidth not read: {out.stderr.strip()[-200:]}", flush=True)
         return {}
-    return {int(t): float(g) for t, g in re.findall(r"threads (\d+) read_gbs ([\d.]+)", out.stdout)}
+    return bandwidth_lines(out.stdout)
 
 
 def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_path: Path,
@@ -88,7 +93,8 @@ def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_pa
             extra = {"routing": routing} if routing != "zero" else {}
             path = write_real_shape(job["shape"], Path(tmp) / f"{job['shape']}-{job['quant']}-{routing}.gguf", job["quant"], **extra)
             cmd = [binary, "-m", str(path), "-r", str(job.get("repetitions", 2)), "-o", "json", *job["args"]]
-            before = read_now(host_bandwidth, job_threads(job["args"]))
+            threads = job_threads(job["args"])
+            before = read_now(host_bandwidth, threads)
             started = time.monotonic()
             try:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10, deadline - time.monotonic()))
@@ -96,7 +102,7 @@ def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_pa
                 error = None if out.returncode == 0 else out.stderr.strip().splitlines()[-3:]
             except subprocess.TimeoutExpired as e:
                 results, error = [], f"timed out: {(e.stdout or b'')[-400:]!r}"
-            after = read_now(host_bandwidth, job_threads(job["args"]))
+            after = read_now(host_bandwidth, threads)
             for r in results:
                 read = [v for v in (before.get(r.get("n_threads")), after.get(r.get("n_threads"))) if v]
                 rows.append({**({"read_gbs_around": read} if read else {}),
