@@ -410,16 +410,18 @@ def test_a_cpus_time_per_position_grows_past_the_profiled_depth_as_the_node_meas
 
 
 FAKE_BENCH = '''#!/usr/bin/env python3
-import json, sys
+import json, os, sys
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 per_position = {"f16": 2e-6, "q8_0": 2.6e-6, "q4_0": 2.4e-6}[args["-ctk"]]
+# A host whose speed moved during this cache type's run: every time it measures is this many times as long.
+slower = float(os.environ.get("SLOWER_" + args["-ctk"].upper(), "1"))
 rows = []
 for threads in map(int, args["-t"].split(",")):
     for depth in map(int, args["-d"].split(",")):
         # f16 slows past 4096 positions (1.4 times at 8192); the quantized caches do not (the CI machine's q4_0).
         deep = 0.4 if args["-ctk"] == "f16" else 0.0
         scale = 1.0 if depth <= 4096 else 1.0 + deep * min(1.0, (depth - 4096) / 4096)
-        rows.append({"n_threads": threads, "n_depth": depth, "avg_ts": 1 / (0.02 + per_position * scale * depth),
+        rows.append({"n_threads": threads, "n_depth": depth, "avg_ts": 1 / (0.02 + per_position * scale * depth) / slower,
                      "stddev_ts": 0.0, "cpu_info": "scripted", "build_number": 10729, "backends": "CPU"})
 print(json.dumps(rows))
 '''
@@ -462,6 +464,50 @@ def test_make_host_profile_prints_the_slow_down_past_4096_positions_it_measured(
         assert 1 / planned["deep"][0] - 1 / planned["empty"][0] == pytest.approx(1 / measured - 1 / empty, rel=0.01), cache
 
 
+@pytest.mark.parametrize("slower, refused", [(1 / 0.7, True), (1.1, False)])
+def test_make_host_profile_states_no_ratio_for_a_cache_whose_empty_run_shows_the_host_moved(
+        tmp_path, monkeypatch, capsys, slower, refused):
+    """A cache type does not change an empty context's decode, so a q8_0 run whose empty rate is 30 % below f16's
+    (lease 11's H200 host: 37.9 against 54.3 tok/s) ran on a host whose speed moved: the tool prints no q8_0 ratio,
+    says why on one line, exits 1, and keeps the f16 figures and the steady q4_0 ratio; a 10 % move (within what
+    steady hosts showed, 2-14 %) still gives one. make bench reads a record the same way (node_figures)."""
+    import yaml
+    from lab.bench import host_profile
+
+    fake = tmp_path / "llama-bench"
+    fake.write_text(FAKE_BENCH)
+    fake.chmod(0o755)
+    monkeypatch.setenv("SLOWER_Q8_0", str(slower))
+    monkeypatch.setattr(host_profile, "write_real_shape", lambda shape, path, quant: path.write_bytes(b""))
+    monkeypatch.setattr(host_profile, "read_bandwidth", lambda threads, workdir: {t: 70.0 for t in threads})
+    rc = host_profile.main(["--threads", "8", "--llama-bench", str(fake), "--out", str(tmp_path / "record.json")])
+    out, err = capsys.readouterr()
+    fields = yaml.safe_load(out.split("for the stack file (node_pools.<pool>):\n", 1)[1])
+    assert fields["cpu_decode_by_threads"][8]["kv_deep_slowdown"] == pytest.approx(1.4)
+    assert fields["cpu_quantized_kv"]["q4_0"] == pytest.approx(1.2 / 1.4, abs=0.006)
+    assert ("q8_0" not in fields["cpu_quantized_kv"]) is refused and (rc == 1) is refused
+    if refused:
+        assert [line for line in err.splitlines() if "q8_0" in line and "-30%" in line and "moved" in line]
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert set(record["cpu_quantized_kv"]) == ({"q4_0"} if refused else {"q8_0", "q4_0"})
+
+
+def test_make_bench_refuses_the_ratio_of_a_recorded_profile_whose_host_moved():
+    """Lease 11's profile (bench/results-speed-h200.json) printed a q8_0 ratio from a run whose empty context went
+    37.9 tok/s against f16's 54.3: make bench reads that profile as the tool now does, with no q8_0 ratio (its CPU
+    caches then planned as a host with none measured), and keeps its q4_0 ratio (13 % off, within 15 %)."""
+    from lab.bench import decode_error
+
+    runs = decode_error.recorded_runs(str(decode_error.ROOT / "bench" / "results-speed-h200.json"))
+    run = next(r for r in runs if r.get("host_profile") and r["host"] == "H200 machine, lease 11")
+    empty = {r.get("type_k") or "f16": r["tok_s"] for r in run["rows"] if r["depth"] == 0}
+    assert decode_error.profile_moved(empty["f16"], empty["q8_0"]) == pytest.approx(-0.30, abs=0.01)
+    assert decode_error.profile_moved(empty["f16"], empty["q4_0"]) is None
+    _, _, _, quantized = decode_error.node_figures(runs, run)
+    assert "q8_0" in run["cpu_quantized_kv_printed"] and set(quantized) == {"q4_0"}
+    assert quantized["q4_0"] == pytest.approx(run["cpu_quantized_kv_printed"]["q4_0"], abs=0.0051)
+
+
 def test_a_quantized_row_beside_a_hosts_solving_rows_is_counted_unless_the_profile_used_it():
     """The CI machine's second run of 2026-12-05 (bench/results-decode-cpu.json) solved its figures from its f16 rows
     at 0, 4096 and 8192; its q4_0 rows at the same depths were not used (no make host-profile there), so make bench
@@ -472,8 +518,10 @@ def test_a_quantized_row_beside_a_hosts_solving_rows_is_counted_unless_the_profi
     second = {(row[9], row[2]): row[5] for row in table if row[0] == "CI machine, 2026-12-05, second run"}
     assert {second[("f16", d)] for d in (0, 4096, 8192)} == {"node figures"}
     assert not second[("q4_0", 0)] and {second[("q4_0", d)] for d in (4096, 8192)} == {decode_error.RANGE}
-    profiled = [row for row in table if "lease 11" in row[0] and row[7] == "CPU only" and row[9] != "f16"]
-    assert len(profiled) == 4 and {row[5] for row in profiled} == {"node figures"}
+    profiled = {(row[9], row[2]): row[5] for row in table if "lease 11" in row[0] and row[7] == "CPU only" and row[9] != "f16"}
+    # Its q8_0 runs, whose ratio the tool now refuses (the host moved), are the profile's own: shown, not counted.
+    assert profiled == {("q4_0", 0): "node figures", ("q4_0", 4096): "node figures",
+                        ("q8_0", 0): "refused by the profile", ("q8_0", 4096): "refused by the profile"}
 
 
 def test_a_row_is_planned_with_the_host_bandwidth_read_around_its_job():
@@ -512,7 +560,10 @@ def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
                 assert costs[int(threads)]["kv_gbs_per_thread"] == pytest.approx(figures["kv_gbs_per_thread"], abs=0.005)
                 if "kv_deep_slowdown" in figures:
                     assert costs[int(threads)]["kv_deep_slowdown"] == pytest.approx(figures["kv_deep_slowdown"], abs=0.005)
-            assert quantized == pytest.approx(run["cpu_quantized_kv_printed"], abs=0.0051), run["host"]
+            # Less the ratios of a cache whose empty run shows the host moved (refused since; the test above).
+            steady = {kind: ratio for kind, ratio in run["cpu_quantized_kv_printed"].items()
+                      if not (run["host"] == "H200 machine, lease 11" and kind == "q8_0")}
+            assert quantized == pytest.approx(steady, abs=0.0051), run["host"]
             deep = any(r["depth"] == 8192 and r.get("type_k") in ("q8_0", "q4_0") for r in run["rows"])
             seen.add((run["host"], deep))
     assert {("H100 machine, lease 12", True), ("CI machine, 2026-12-06", True), ("H200 machine, lease 11", False),

@@ -130,6 +130,20 @@ def planned_deep_rate(empty_tok_s: float, profile_tok_s: float, slowdown: float)
     return 1 / (1 / empty_tok_s + 2 * slowdown * (1 / profile_tok_s - 1 / empty_tok_s))
 
 
+# An empty context's decode does not depend on the cache type (16 tokens read almost no cache): a quantized run whose
+# empty rate is further than this from f16's ran on a host whose speed moved between the runs, and its ratio, a
+# difference of two such rates, says more of the move than of the cache. The plan's own tolerance (make bench's 15 %):
+# a host that moves more during its profile cannot back a figure within it. Recorded profiles: 2-14 %, one 30 %.
+PROFILE_STEADY = 0.15
+
+
+def profile_moved(f16_empty_tok_s: float, quantized_empty_tok_s: float) -> float | None:
+    """How far a quantized cache's empty-context rate in make host-profile's run lies from f16's, where it is further
+    than PROFILE_STEADY (the host moved: the tool states no ratio for that cache); None where steady."""
+    moved = quantized_empty_tok_s / f16_empty_tok_s - 1
+    return moved if abs(moved) > PROFILE_STEADY else None
+
+
 def placement(discrete: bool, ngl, cpu_moe) -> str:
     if not discrete:
         return "CPU only"
@@ -229,6 +243,8 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
         slowdown = (costs.get(most) or {}).get("kv_deep_slowdown")
         if at is None or (at != source["depth"] and slowdown is None):
             continue
+        if profile_moved(rates[(most, 0)], deep[0]) is not None:
+            continue  # the tool refuses this cache's ratio (the host moved between the runs)
         f16 = rates[(most, source["depth"])] if at == source["depth"] else planned_deep_rate(
             rates[(most, 0)], rates[(most, source["depth"])], slowdown)
         quantized[kind] = round(quantized_kv_ratio((rates[(most, 0)], f16), (deep[0], deep[at]),
@@ -288,6 +304,8 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
         profile == "nvidia-datacenter" and in_datacenter_fit(path, run, r))
     if not on_card and ((cache == "f16" and key in cost_rows) or (*key, cache) in cost_rows):
         cal = "node figures"  # the host's decode figures were solved from this row (make host-profile's)
+    elif not on_card and run.get("host_profile"):
+        cal = "refused by the profile"  # make host-profile's own run of a cache whose ratio it refused (profile_moved)
     if PRESETS[r["shape"]].n_expert and r.get("routing") != "token":
         cal = "zero routing"  # every token routed alike (issue #33 item 7): shown, not counted
     if isinstance(r.get("cal"), str):

@@ -17,7 +17,9 @@ llama.cpp's decode costs it beyond reading the weights, printed as the two stack
    slower, not faster: q8_0 1.82 and q4_0 2.3 times on a 2-core EPYC, 1.86 and 1.96 on an H100 machine's 16-thread
    Xeon). Printed for the stack file at the default depth only (the plan's figure is stated at 8192). Stated at the deeper
    depth because whether a quantized cache slows past 4096 positions as f16 does differs from host to host (the
-   CI machine's q4_0 did not), and the plan prints the decode of a half and a full context.
+   CI machine's q4_0 did not), and the plan prints the decode of a half and a full context. A cache type does not
+   change an empty context's decode: where a quantized run's empty rate lies more than 15 % from f16's, the node's
+   speed moved between the runs (an H200 host's q8_0 ran 30 % slow empty on lease 11), and that cache gets no ratio.
 
 Run it on the node that serves (or one of its kind), with nothing else running: a second H200 host read 30 %
 faster and attended twice as fast as the first (docs/capacity-planning.md, "Decode speed"). About five minutes
@@ -38,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 from engines.llamacpp_speed import KV_PROFILE_DEPTH, kv_deep_slowdown, quantized_kv_ratio
-from lab.bench.decode_error import planned_deep_rate, solved_cost, stated_slowdown
+from lab.bench.decode_error import PROFILE_STEADY, planned_deep_rate, profile_moved, solved_cost, stated_slowdown
 from lab.bench.measure_decode import bandwidth_lines
 from lab.contract.real_shape import PRESETS, write_real_shape
 
@@ -133,6 +135,14 @@ def main(argv: list[str]) -> int:
     f16_deep = planned_deep_rate(rates[(most, 0)], rates[(most, args.depth)], figures[most].get("kv_deep_slowdown", 1.0))
     for kind in kv_types:
         deep = {r["depth"]: r["tok_s"] for r in rows if r["kv_type"] == kind}
+        moved = profile_moved(rates[(most, 0)], deep[0])
+        if moved is not None:
+            print(f"host_profile: the {kind} cache's empty context ran {deep[0]:.2f} tok/s against f16's "
+                  f"{rates[(most, 0)]:.2f} ({moved:+.0%}; a cache type does not change an empty context's decode, so "
+                  f"the node's speed moved by more than {PROFILE_STEADY:.0%} between the runs): no {kind} ratio; run it "
+                  "again on a quiet node", file=sys.stderr)
+            failed = True
+            continue
         ratio = quantized_kv_ratio((rates[(most, 0)], f16_deep), (deep[0], deep[2 * args.depth]), PRESETS[SHAPE].n_head, most)
         if not (deep[2 * args.depth] < deep[0] and RATIO_BOUNDS[0] <= ratio <= RATIO_BOUNDS[1]):
             # The f16 figures above stand; only this cache's line is left out.
