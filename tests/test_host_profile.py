@@ -26,8 +26,14 @@ from lab.llama_build import build  # a module that builds: its tests are marked 
 def profile(tmp_path_factory) -> tuple[str, dict]:
     bench = build(program="llama-bench")
     out = tmp_path_factory.mktemp("host-profile") / "record.json"
-    run = subprocess.run([sys.executable, "-m", "lab.bench.host_profile", "--threads", "2", "--depth", "1024",
-                          "--llama-bench", str(bench), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    # A shared machine's speed can move during a run, and the tool then refuses it (exit 1, "run it again on a quiet
+    # node"): as a user would, run it again, at most three times in all.
+    for _ in range(3):
+        run = subprocess.run([sys.executable, "-m", "lab.bench.host_profile", "--threads", "2", "--depth", "1024",
+                              "--llama-bench", str(bench), "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                             timeout=600)
+        if not (run.returncode == 1 and "run it again on a quiet node" in run.stderr):
+            break
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout, json.loads(out.read_text())
 

@@ -144,6 +144,35 @@ def profile_moved(f16_empty_tok_s: float, quantized_empty_tok_s: float) -> float
     return moved if abs(moved) > PROFILE_STEADY else None
 
 
+def spread(tok_s: float, stddev: float | None) -> float | None:
+    """How far llama-bench's repetitions of one rate spread (stddev over mean), where further than PROFILE_STEADY (the
+    node's speed moved during the run: lease 13's first f16 empty rate, 31.7 +- 10.3 tok/s); None where steady."""
+    moved = (stddev or 0.0) / tok_s
+    return moved if moved > PROFILE_STEADY else None
+
+
+def profile_refusal(source_rows: list[dict], depth: int) -> str | None:
+    """Why make host-profile refuses a profile's f16 figures (it exits 1: run it again), from its f16 rows at 0, depth
+    and twice it: a rate whose repetitions spread past PROFILE_STEADY, or at the default depth (where the tool states
+    it) a slow-down past the depth outside 1-10 (the rates moved more than the attention did); None where it stands. make bench solves a host's figures from the first
+    profile of the host that stands, as a user reruns the tool until it does."""
+    f16 = [r for r in source_rows if (r.get("type_k") or r.get("kv_type") or "f16") == "f16"]
+    for r in f16:
+        if spread(r["tok_s"], r.get("stddev")) is not None:
+            return (f"with {r['threads']} threads the rate at {r['depth']} spread {r['stddev'] / r['tok_s']:.0%} over its "
+                    f"runs (more than {PROFILE_STEADY:.0%}): the node's speed moved")
+    rates = {(r["threads"], r["depth"]): r["tok_s"] for r in f16}
+    for threads in sorted({t for t, _ in rates}):
+        # Held at the profile's own depth only, where the tool states the slow-down (2 * depth == KV_DEEP_DEPTH).
+        if (2 * depth == KV_DEEP_DEPTH and all((threads, d) in rates for d in (0, depth, 2 * depth))
+                and rates[(threads, depth)] < rates[(threads, 0)]):
+            slowdown = kv_deep_slowdown(rates[(threads, 0)], rates[(threads, depth)], rates[(threads, 2 * depth)])
+            if not 1.0 <= slowdown <= 10.0:
+                return (f"with {threads} threads a position at {2 * depth} took {slowdown:.2f} times its time at {depth}, "
+                        "outside 1-10: the node's speed moved")
+    return None
+
+
 def placement(discrete: bool, ngl, cpu_moe) -> str:
     if not discrete:
         return "CPU only"
@@ -195,6 +224,13 @@ def in_datacenter_fit(path: str, run: dict, r: dict) -> bool:
     return in_run and on_card and routed and not r.get("n_prompt")
 
 
+def profile_rows(run: dict, source: dict) -> list[dict]:
+    """A run's CPU-only decode rows of the shape host_cost_from names, at 0, its depth and twice it."""
+    return [r for r in run["rows"] if not r.get("n_prompt") and not r.get("ngl")
+            and r["depth"] in (0, source["depth"], 2 * source["depth"])
+            and (r["shape"], r["quant"]) == (source["shape"], source["quant"])]
+
+
 def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[dict], set, Optional[dict]]:
     """What `make host-profile` gives a user for the host a run was measured on: its read bandwidth by threads,
     its decode figures by threads (cpu_decode_by_threads), both from the one run of that host that holds the
@@ -204,20 +240,21 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
     source = run.get("host_cost_from")
     home = next((other for other in runs if other.get("host") == run.get("host") and other.get("host_read_gbs")
                  and any(r["shape"] == source["shape"] and r["quant"] == source["quant"] and not r.get("ngl")
-                         and r["depth"] == source["depth"] for r in other["rows"])), None) if source else None
+                         and r["depth"] == source["depth"] for r in other["rows"])
+                 and profile_refusal(profile_rows(other, source), source["depth"]) is None), None) if source else None
     if home is None:
         bandwidth = run.get("host_read_gbs")
         return ({int(k): v for k, v in bandwidth.items()} if bandwidth else None), None, set(), None
     host = {int(k): v for k, v in home["host_read_gbs"].items()}
-    source_rows = [r for r in home["rows"] if not r.get("n_prompt") and not r.get("ngl")
-                   and r["depth"] in (0, source["depth"], 2 * source["depth"])
-                   and (r["shape"], r["quant"]) == (source["shape"], source["quant"])]
+    source_rows = profile_rows(home, source)
     rates = {(r["threads"], r["depth"]): r["tok_s"] for r in source_rows if (r.get("type_k") or "f16") == "f16"
              and r["depth"] < 2 * source["depth"]}
     costs, used, deep_used = {}, set(), set()
-    # The same shape at twice the depth, in any run of this host: its kv_deep_slowdown (make host-profile's third depth).
-    deep_rates = {r["threads"]: r["tok_s"] for other in runs if other.get("host") == run.get("host")
-                  and not other.get("not_counted") for r in other["rows"]
+    # The same shape at twice the depth: its kv_deep_slowdown (make host-profile's third depth), from the profile itself
+    # where it has the row (sorted last, so its rate stands), else from a run of this host that is not a profile (lease 10's).
+    deep_rates = {r["threads"]: r["tok_s"] for other in sorted(runs, key=lambda other: other is home)
+                  if other.get("host") == run.get("host") and not other.get("not_counted")
+                  and (other is home or not other.get("host_profile")) for r in other["rows"]
                   if (r["shape"], r["quant"], r["depth"]) == (source["shape"], source["quant"], 2 * source["depth"])
                   and not r.get("n_prompt") and not r.get("ngl") and (r.get("type_k") or "f16") == "f16"}
     for threads in sorted({t for t, _ in rates}):
@@ -243,14 +280,18 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
         slowdown = (costs.get(most) or {}).get("kv_deep_slowdown")
         if at is None or (at != source["depth"] and slowdown is None):
             continue
-        if profile_moved(rates[(most, 0)], deep[0]) is not None:
-            continue  # the tool refuses this cache's ratio (the host moved between the runs)
+        spreads = [r for r in source_rows if r.get("type_k") == kind and r["threads"] == most
+                   and r["depth"] in (0, at) and spread(r["tok_s"], r.get("stddev")) is not None]
+        if profile_moved(rates[(most, 0)], deep[0]) is not None or spreads:
+            continue  # the tool refuses this cache's ratio (the host moved between or during the runs)
         f16 = rates[(most, source["depth"])] if at == source["depth"] else planned_deep_rate(
             rates[(most, 0)], rates[(most, source["depth"])], slowdown)
         quantized[kind] = round(quantized_kv_ratio((rates[(most, 0)], f16), (deep[0], deep[at]),
                                                    PRESETS[source["shape"]].n_head, most), 2)
         used |= {(source["shape"], source["quant"], most, d, kind) for d in (0, at)}
-    return host, costs or None, (used if run is home else set()) | deep_used, quantized or None
+    # A profile the tool refuses gave none of these figures: its rows are its own, not the home's (measured_row).
+    return host, costs or None, (used if run is home else set()) | (set() if run.get("host_profile") and run is not home
+                                                                    else deep_used), quantized or None
 
 
 def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]:
