@@ -123,10 +123,11 @@ host-bandwidth:
 	@n=$$(nproc); t=""; for c in 1 2 4 8 16 32 64 128; do [ $$c -lt $$n ] && t="$$t $$c"; done; bench/results/host_bandwidth 4 $$t $$n
 
 # The read bandwidth and what llama.cpp's decode costs this node's CPU (block time, KV cache rate) with N threads,
-# from a real llama-bench run (builds llama.cpp on first use, ~5 min on 2 cores; then ~5 min on 16 cores, 34 on 2):
+# from real llama-bench runs, three passes interleaved and each point's median (builds llama.cpp on first use, ~5 min
+# on 2 cores; then ~2 min on 16 cores with the CUDA build, ~15 with a CPU build; ~100 on 2 cores, PASSES=1 for 34):
 # copy the three printed lines into node_pools.<pool>. THREADS="4,16" measures those counts (default: powers of two and all cores).
 host-profile: $(VENV)/.installed
-	$(BIN)/python -m lab.bench.host_profile $(if $(THREADS),--threads $(THREADS))
+	$(BIN)/python -m lab.bench.host_profile $(if $(THREADS),--threads $(THREADS)) $(if $(PASSES),--passes $(PASSES))
 
 # The link between two nodes for a split over RPC (models.<key>.rpc.link; docs/rpc-split.md): on the helper's node
 # `make link-profile` (it waits for one client), then on the main server's node `make link-profile HOST=<helper node>`;

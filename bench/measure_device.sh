@@ -11,7 +11,7 @@
 # llama-bench grid of KV cache types (bench/jobs-h200-kvcache.json, or the jobs file given), rpc one model split over
 # a ggml-rpc-server behind shaped links (lab/bench/measure_rpc.py, bench/jobs-rpc-h200.json; an optional jobs file
 # of measure_decode's first, the second argument); profile runs make host-profile's
-# lab/bench/host_profile.py (4, 8 and 16 threads) and then a speed grid, the node's figures first. The CUDA build (sm_90, ~5 min
+# lab/bench/host_profile.py (4, 8 and 16 threads, HP_PASSES passes: 3) and then a speed grid, the node's figures first. The CUDA build (sm_90, ~5 min
 # on 16 cores) is cached in /tmp/soak-cache, outside the repo copy: a warm machine keeps it between calls. BUDGET_S
 # (575) is the seconds the call may run, build included.
 set -u
@@ -72,7 +72,8 @@ case "$MODE" in
       JOBS=${2:-bench/jobs-h200.json}
     else
       # rc 1 with figures written: a quantized cache's ratio was out of bounds (said above); the grid still runs.
-      python3 -m lab.bench.host_profile --threads "${HP_THREADS:-4,8,16}" --llama-bench "$BIN/llama-bench" --out "$OUT/host-profile.json"
+      python3 -m lab.bench.host_profile --threads "${HP_THREADS:-4,8,16}" --passes "${HP_PASSES:-3}" \
+        --llama-bench "$BIN/llama-bench" --out "$OUT/host-profile.json"
       [ -s "$OUT/host-profile.json" ] || exit 1
       JOBS=${2:-bench/jobs-h200-4.json}
     fi

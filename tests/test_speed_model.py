@@ -415,6 +415,15 @@ args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 per_position = {"f16": 2e-6, "q8_0": 2.6e-6, "q4_0": 2.4e-6}[args["-ctk"]]
 # A host whose speed moved during this cache type's run: every time it measures is this many times as long.
 slower = float(os.environ.get("SLOWER_" + args["-ctk"].upper(), "1"))
+# Or during one call of this program (the MOVED_CALL-th, counted in COUNTER): slower and spread like lease 13's first.
+moved = False
+if os.environ.get("COUNTER"):
+    with open(os.environ["COUNTER"], "a+") as counter:
+        counter.seek(0)
+        call = len(counter.read()) + 1
+        counter.write("x")
+    moved = str(call) == os.environ.get("MOVED_CALL")
+    slower *= 1 / 0.55 if moved else 1.0
 rows = []
 for threads in map(int, args["-t"].split(",")):
     for depth in map(int, args["-d"].split(",")):
@@ -424,6 +433,7 @@ for threads in map(int, args["-t"].split(",")):
         rate = 1 / (0.02 + per_position * scale * depth) / slower
         # llama-bench's spread over the repetitions of this rate (stddev over mean), for the empty f16 context.
         spread = float(os.environ.get("SPREAD_F16", "0")) if args["-ctk"] == "f16" and depth == 0 else 0.0
+        spread = 0.32 if moved else spread
         rows.append({"n_threads": threads, "n_depth": depth, "avg_ts": rate,
                      "stddev_ts": rate * spread, "cpu_info": "scripted", "build_number": 10729, "backends": "CPU"})
 print(json.dumps(rows))
@@ -520,6 +530,44 @@ def test_make_host_profile_prints_no_figures_from_a_run_the_host_moved_during(tm
         return
     assert rc == 1 and "for the stack file" not in out and "cpu_decode_by_threads" not in record
     assert why in record["refused"] and [line for line in err.splitlines() if why in line and "no figures" in line]
+
+
+@pytest.mark.parametrize("passes", [1, 3])
+def test_make_host_profile_takes_each_points_median_over_its_passes(tmp_path, monkeypatch, capsys, passes):
+    """The host moves during the tool's first llama-bench call (the f16 grid: 45 % slower, its repetitions spread 32 %,
+    as lease 13's first profile). One pass is refused; with three, interleaved, each point's median leaves that
+    call out and the figures are the steady host's (a slow-down of 1.4, q8_0 and q4_0 at 1.3 / 1.4 and 1.2 / 1.4), the
+    spread the passes showed printed; the record keeps every pass, and make bench folds them as the tool did."""
+    import yaml
+    from lab.bench import decode_error, host_profile
+
+    fake = tmp_path / "llama-bench"
+    fake.write_text(FAKE_BENCH)
+    fake.chmod(0o755)
+    monkeypatch.setenv("COUNTER", str(tmp_path / "calls"))
+    monkeypatch.setenv("MOVED_CALL", "1")
+    monkeypatch.setattr(host_profile, "write_real_shape", lambda shape, path, quant: path.write_bytes(b""))
+    monkeypatch.setattr(host_profile, "read_bandwidth", lambda threads, workdir: {t: 70.0 for t in threads})
+    rc = host_profile.main(["--threads", "8", "--passes", str(passes), "--llama-bench", str(fake),
+                            "--out", str(tmp_path / "record.json")])
+    out, err = capsys.readouterr()
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert len((tmp_path / "calls").read_text()) == 3 * passes
+    assert sorted({r["pass"] for r in record["rows"]}) == list(range(passes))
+    if passes == 1:
+        assert rc == 1 and "spread 32% over its runs" in err and "for the stack file" not in out
+        return
+    assert rc == 0 and "the passes of one point differed by up to 82%" in out
+    fields = yaml.safe_load(out.split("for the stack file (node_pools.<pool>):\n", 1)[1])
+    assert fields["cpu_decode_by_threads"][8]["kv_deep_slowdown"] == pytest.approx(1.4)
+    assert fields["cpu_quantized_kv"] == {"q8_0": pytest.approx(1.3 / 1.4, abs=0.006),
+                                          "q4_0": pytest.approx(1.2 / 1.4, abs=0.006)}
+    # make bench reads the record's passes as the tool did: the f16 rates it solves from are the steady ones.
+    rows = [{**r, "shape": record["shape"], "quant": record["quant"], "type_k": r["kv_type"]} for r in record["rows"]]
+    folded = decode_error.profile_rows({"rows": rows}, {"shape": record["shape"], "quant": record["quant"], "depth": 4096})
+    empty = [r for r in folded if r["kv_type"] == "f16" and r["depth"] == 0]
+    assert len(folded) == 7 and len(empty) == 1 and empty[0]["passes"] == 3
+    assert empty[0]["tok_s"] == pytest.approx(1 / 0.02) and decode_error.profile_refusal(folded, 4096) is None
 
 
 def test_make_bench_plans_a_host_from_its_first_profile_the_tool_stands_by():

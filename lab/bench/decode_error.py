@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Optional
@@ -224,11 +225,24 @@ def in_datacenter_fit(path: str, run: dict, r: dict) -> bool:
     return in_run and on_card and routed and not r.get("n_prompt")
 
 
+def median_rows(rows: list[dict]) -> list[dict]:
+    """make host-profile's passes folded into one row per (cache type, threads, depth): the median rate over the passes
+    (one pass the host moved in does not move it) and the median of llama-bench's spreads; a record of one pass, or
+    none named, is its own."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r.get("type_k") or r.get("kv_type") or "f16", r["threads"], r["depth"]), []).append(r)
+    return [{**group[0], "tok_s": statistics.median(r["tok_s"] for r in group),
+             "stddev": statistics.median(r.get("stddev") or 0.0 for r in group), "passes": len(group)}
+            for group in groups.values()]
+
+
 def profile_rows(run: dict, source: dict) -> list[dict]:
-    """A run's CPU-only decode rows of the shape host_cost_from names, at 0, its depth and twice it."""
-    return [r for r in run["rows"] if not r.get("n_prompt") and not r.get("ngl")
-            and r["depth"] in (0, source["depth"], 2 * source["depth"])
-            and (r["shape"], r["quant"]) == (source["shape"], source["quant"])]
+    """A run's CPU-only decode rows of the shape host_cost_from names, at 0, its depth and twice it, its passes folded
+    (median_rows)."""
+    return median_rows([r for r in run["rows"] if not r.get("n_prompt") and not r.get("ngl")
+                        and r["depth"] in (0, source["depth"], 2 * source["depth"])
+                        and (r["shape"], r["quant"]) == (source["shape"], source["quant"])])
 
 
 def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[dict], set, Optional[dict]]:

@@ -1,7 +1,7 @@
 """Measure a node's CPU for the decode prediction (`make host-profile`): what it reads with N threads and what
 llama.cpp's decode costs it beyond reading the weights, printed as the two stack-file lines of its pool.
 
-    python -m lab.bench.host_profile [--threads 4,16] [--depth 4096] [--llama-bench PATH] [--out record.json]
+    python -m lab.bench.host_profile [--threads 4,16] [--depth 4096] [--passes 3] [--llama-bench PATH] [--out record.json]
 
 1. bench/host_bandwidth.c reads 4 GiB with each thread count: memory_bandwidth_by_threads.
 2. llama-bench (-ngl 0: on a GPU build too, the CPU decodes) generates 16 tokens of a real-shape Qwen3-1.7B
@@ -23,11 +23,15 @@ llama.cpp's decode costs it beyond reading the weights, printed as the two stack
 Nor does a rate whose three repetitions spread more than 15 % (stddev over mean) stand: for f16 the tool prints no
 figures and exits 1 (as for a slow-down at twice the depth outside 1-10): run it again. Lease 13's H200 host gave one
 f16 empty rate of 31.7 +- 10.3 tok/s, then slow-downs of 0.99, 1.42 and 0.96 in three more runs within minutes.
+So steps 2 and 4 run --passes times (3), interleaved, and each point's rate is its median over the passes
+(decode_error.median_rows, which make bench reads a record with too): a minute the host moves spoils one pass of a
+point, not the figure. The spread the passes showed is printed.
 
 Run it on the node that serves (or one of its kind), with nothing else running: a second H200 host read 30 %
-faster and attended twice as fast as the first (docs/capacity-planning.md, "Decode speed"). About five minutes
-on 16 cores, 34 on 2 (the depths' prompts are processed on the CPU, once per cache type, and a quantized cache's
-8192 positions cost most), after llama.cpp's build.
+faster and attended twice as fast as the first (docs/capacity-planning.md, "Decode speed"). A pass takes about
+40 s on 16 cores with llama.cpp's CUDA build (its prompts go to the card), five minutes with a CPU build, 34 on 2
+cores (the depths' prompts are processed on the CPU, once per cache type, and a quantized cache's 8192 positions
+cost most), after llama.cpp's build; --passes 1 on a small node whose quiet you trust.
 """
 
 from __future__ import annotations
@@ -43,8 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 from engines.llamacpp_speed import KV_PROFILE_DEPTH, kv_deep_slowdown, quantized_kv_ratio
-from lab.bench.decode_error import (PROFILE_STEADY, planned_deep_rate, profile_moved, profile_refusal, solved_cost, spread,
-                                    stated_slowdown)
+from lab.bench.decode_error import (PROFILE_STEADY, median_rows, planned_deep_rate, profile_moved, profile_refusal,
+                                    solved_cost, spread, stated_slowdown)
 from lab.bench.measure_decode import bandwidth_lines
 from lab.contract.real_shape import PRESETS, write_real_shape
 
@@ -90,13 +94,15 @@ def main(argv: list[str]) -> int:
                              "stack file at the default only)")
     parser.add_argument("--llama-bench", default=None, help="default: the build tool's (LLAMA_CPP_BACKEND picks CPU or CUDA)")
     parser.add_argument("--kv-types", default="q8_0,q4_0", help="quantized KV cache types to measure (empty: none)")
+    parser.add_argument("--passes", type=int, default=3,
+                        help="measure everything this many times, interleaved, and take each point's median (default 3)")
     parser.add_argument("--out", default=None, help="also write the measurements and figures as JSON")
     args = parser.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")] if args.threads else default_threads()
     kv_types = [t for t in args.kv_types.split(",") if t]
-    if any(t <= 0 for t in threads) or args.depth <= 0 or not set(kv_types) <= {"q8_0", "q4_0"}:
-        print("host_profile: --threads are positive counts, --depth a positive token count and --kv-types some of "
-              "q8_0,q4_0", file=sys.stderr)
+    if any(t <= 0 for t in threads) or args.depth <= 0 or args.passes <= 0 or not set(kv_types) <= {"q8_0", "q4_0"}:
+        print("host_profile: --threads are positive counts, --depth a positive token count, --passes a positive count "
+              "and --kv-types some of q8_0,q4_0", file=sys.stderr)
         return 2
     binary = args.llama_bench
     if binary is None:
@@ -105,15 +111,26 @@ def main(argv: list[str]) -> int:
         binary = str(build(program="llama-bench"))
     with tempfile.TemporaryDirectory(prefix="host-profile-") as tmp:
         bandwidth = read_bandwidth(threads, Path(tmp))
-        rows = decode_rates(binary, threads, [args.depth, 2 * args.depth], Path(tmp))
-        for kind in kv_types:
-            rows += decode_rates(binary, [max(threads)], [2 * args.depth], Path(tmp), kind)
+        measured = []
+        for n in range(args.passes):
+            # Interleaved: a host that moves for a minute moves one pass of each point, which the median leaves out.
+            measured += [{**r, "pass": n} for r in decode_rates(binary, threads, [args.depth, 2 * args.depth], Path(tmp))]
+            for kind in kv_types:
+                measured += [{**r, "pass": n} for r in decode_rates(binary, [max(threads)], [2 * args.depth], Path(tmp), kind)]
+    rows = median_rows(measured)
+    if args.passes > 1:
+        points: dict[tuple, list[float]] = {}
+        for m in measured:
+            points.setdefault((m["kv_type"], m["threads"], m["depth"]), []).append(m["tok_s"])
+        moved = max(max(rates) / min(rates) - 1 for rates in points.values())
+        print(f"{args.passes} passes: each figure below is from the median rate of each point; the passes of one point "
+              f"differed by up to {moved:.0%}")
     refusal = profile_refusal(rows, args.depth)
     if refusal:
         # No figures: the record keeps the rates (and why), for the lab.
         if args.out:
             Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "depth": args.depth, "shape": SHAPE,
-                                                  "quant": QUANT, "rows": rows, "refused": refusal}, indent=1))
+                                                  "quant": QUANT, "rows": measured, "refused": refusal}, indent=1))
         print(f"host_profile: {refusal}; no figures: run it again on a quiet node", file=sys.stderr)
         return 1
     rates = {(r["threads"], r["depth"]): r["tok_s"] for r in rows if r["kv_type"] == "f16"}
@@ -171,7 +188,7 @@ def main(argv: list[str]) -> int:
               f"{2 * args.depth}: {ratios[kind]:g} times the f16 cache's time per position there")
     if args.out:
         Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "depth": args.depth, "shape": SHAPE, "quant": QUANT,
-                                              "rows": rows, "cpu_decode_by_threads": figures,
+                                              "rows": measured, "cpu_decode_by_threads": figures,
                                               "slowdown_at_twice_the_depth": slowdowns,
                                               "cpu_quantized_kv": ratios}, indent=1))
     print("for the stack file (node_pools.<pool>):")
