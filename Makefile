@@ -124,7 +124,7 @@ host-bandwidth:
 
 # The read bandwidth and what llama.cpp's decode costs this node's CPU (block time, KV cache rate) with N threads,
 # from real llama-bench runs, three passes interleaved and each point's median (builds llama.cpp on first use, ~5 min
-# on 2 cores; then ~2 min on 16 cores with the CUDA build, ~15 with a CPU build; ~100 on 2 cores, PASSES=1 for 34):
+# on 2 cores; then ~2 min at 16 threads alone with the CUDA build, ~15 with a CPU build; ~100 on 2 cores, PASSES=1 for 34):
 # copy the three printed lines into node_pools.<pool>. THREADS="4,16" measures those counts (default: powers of two and all cores).
 host-profile: $(VENV)/.installed
 	$(BIN)/python -m lab.bench.host_profile $(if $(THREADS),--threads $(THREADS)) $(if $(PASSES),--passes $(PASSES))

@@ -71,7 +71,8 @@ case "$MODE" in
       /tmp/host_bandwidth 8 1 2 4 8 16 | tee "$OUT/host-bandwidth.txt"
       JOBS=${2:-bench/jobs-h200.json}
     else
-      # rc 1 with figures written: a quantized cache's ratio was out of bounds (said above); the grid still runs.
+      # rc 1 with a record written: a quantized cache's ratio, or the whole profile, refused (said above: the host moved;
+      # the record keeps the rates and why); the grid still runs, planned from whichever profile of the host stands.
       python3 -m lab.bench.host_profile --threads "${HP_THREADS:-4,8,16}" --passes "${HP_PASSES:-3}" \
         --llama-bench "$BIN/llama-bench" --out "$OUT/host-profile.json"
       [ -s "$OUT/host-profile.json" ] || exit 1

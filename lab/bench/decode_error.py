@@ -131,11 +131,18 @@ def planned_deep_rate(empty_tok_s: float, profile_tok_s: float, slowdown: float)
     return 1 / (1 / empty_tok_s + 2 * slowdown * (1 / profile_tok_s - 1 / empty_tok_s))
 
 
+def cache_type(r: dict) -> str:
+    """A decode row's KV cache type: type_k in a recorded row, kv_type in make host-profile's record, f16 if neither."""
+    return r.get("type_k") or r.get("kv_type") or "f16"
+
+
 # An empty context's decode does not depend on the cache type (16 tokens read almost no cache): a quantized run whose
 # empty rate is further than this from f16's ran on a host whose speed moved between the runs, and its ratio, a
-# difference of two such rates, says more of the move than of the cache. The plan's own tolerance (make bench's 15 %):
-# a host that moves more during its profile cannot back a figure within it. Recorded profiles: 2-14 %, one 30 %.
+# difference of two such rates, says more of the move than of the cache. So does a rate whose repetitions spread more.
+# The plan's own tolerance (make bench's 15 %): a host that moves more during its profile cannot back a figure within
+# it. Recorded profiles that stood: empty rates 2-14 % apart, repetitions spread 2-13 %; lease 11's q8_0 30 % apart.
 PROFILE_STEADY = 0.15
+RATIO_BOUNDS = (0.25, 20.0)  # what the pool's cpu_quantized_kv takes (config/types.py)
 
 
 def profile_moved(f16_empty_tok_s: float, quantized_empty_tok_s: float) -> float | None:
@@ -154,23 +161,49 @@ def spread(tok_s: float, stddev: float | None) -> float | None:
 
 def profile_refusal(source_rows: list[dict], depth: int) -> str | None:
     """Why make host-profile refuses a profile's f16 figures (it exits 1: run it again), from its f16 rows at 0, depth
-    and twice it: a rate whose repetitions spread past PROFILE_STEADY, or at the default depth (where the tool states
-    it) a slow-down past the depth outside 1-10 (the rates moved more than the attention did); None where it stands. make bench solves a host's figures from the first
-    profile of the host that stands, as a user reruns the tool until it does."""
-    f16 = [r for r in source_rows if (r.get("type_k") or r.get("kv_type") or "f16") == "f16"]
+    and twice it (passes folded): a rate whose repetitions spread past PROFILE_STEADY, a context of depth tokens no
+    slower than the empty one, or at the default depth (where the tool states it) a slow-down past the depth outside
+    1-10 (the rates moved more than the attention did); None where it stands. make bench solves a host's figures from
+    the first profile of the host that stands, as a user reruns the tool until it does."""
+    f16 = [r for r in source_rows if cache_type(r) == "f16"]
     for r in f16:
         if spread(r["tok_s"], r.get("stddev")) is not None:
             return (f"with {r['threads']} threads the rate at {r['depth']} spread {r['stddev'] / r['tok_s']:.0%} over its "
                     f"runs (more than {PROFILE_STEADY:.0%}): the node's speed moved")
     rates = {(r["threads"], r["depth"]): r["tok_s"] for r in f16}
     for threads in sorted({t for t, _ in rates}):
+        if (threads, 0) in rates and (threads, depth) in rates and not rates[(threads, depth)] < rates[(threads, 0)]:
+            return (f"with {threads} threads the context of {depth} tokens was not slower than the empty one "
+                    f"({rates[(threads, depth)]:.2f} against {rates[(threads, 0)]:.2f} tok/s): the node was busy, or "
+                    "the depth too small")
         # Held at the profile's own depth only, where the tool states the slow-down (2 * depth == KV_DEEP_DEPTH).
-        if (2 * depth == KV_DEEP_DEPTH and all((threads, d) in rates for d in (0, depth, 2 * depth))
-                and rates[(threads, depth)] < rates[(threads, 0)]):
+        if 2 * depth == KV_DEEP_DEPTH and all((threads, d) in rates for d in (0, depth, 2 * depth)):
             slowdown = kv_deep_slowdown(rates[(threads, 0)], rates[(threads, depth)], rates[(threads, 2 * depth)])
             if not 1.0 <= slowdown <= 10.0:
                 return (f"with {threads} threads a position at {2 * depth} took {slowdown:.2f} times its time at {depth}, "
                         "outside 1-10: the node's speed moved")
+    return None
+
+
+def quantized_refusal(kind: str, f16_empty_tok_s: float, empty: dict, deep: dict, ratio: float) -> str | None:
+    """Why make host-profile states no ratio for a quantized cache (the f16 figures stand; it exits 1), from that
+    cache's rows at an empty context and at depth (passes folded) and the ratio they give: a rate whose repetitions
+    spread past PROFILE_STEADY, an empty rate further than that from f16's (profile_moved), a depth no slower than
+    the empty context, or a ratio outside what the pool takes; None where it stands. make bench reads recorded
+    profiles by this rule too."""
+    for r in (empty, deep):
+        if spread(r["tok_s"], r.get("stddev")) is not None:
+            return (f"the {kind} cache's rate at {r['depth']} spread {r['stddev'] / r['tok_s']:.0%} over its runs (more "
+                    f"than {PROFILE_STEADY:.0%}: the node's speed moved): no {kind} ratio")
+    moved = profile_moved(f16_empty_tok_s, empty["tok_s"])
+    if moved is not None:
+        return (f"the {kind} cache's empty context ran {empty['tok_s']:.2f} tok/s against f16's {f16_empty_tok_s:.2f} "
+                f"({moved:+.0%}; a cache type does not change an empty context's decode, so the node's speed moved by "
+                f"more than {PROFILE_STEADY:.0%} between the runs): no {kind} ratio")
+    if not (deep["tok_s"] < empty["tok_s"] and RATIO_BOUNDS[0] <= ratio <= RATIO_BOUNDS[1]):
+        return (f"the {kind} cache gave {empty['tok_s']:.2f} tok/s empty and {deep['tok_s']:.2f} at {deep['depth']} "
+                f"({ratio:.2f} times f16's time per position, outside {RATIO_BOUNDS[0]:g}-{RATIO_BOUNDS[1]:g}): the node "
+                "was busy")
     return None
 
 
@@ -231,7 +264,7 @@ def median_rows(rows: list[dict]) -> list[dict]:
     none named, is its own."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r.get("type_k") or r.get("kv_type") or "f16", r["threads"], r["depth"]), []).append(r)
+        groups.setdefault((cache_type(r), r["threads"], r["depth"]), []).append(r)
     return [{**group[0], "tok_s": statistics.median(r["tok_s"] for r in group),
              "stddev": statistics.median(r.get("stddev") or 0.0 for r in group), "passes": len(group)}
             for group in groups.values()]
@@ -261,16 +294,17 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
         return ({int(k): v for k, v in bandwidth.items()} if bandwidth else None), None, set(), None
     host = {int(k): v for k, v in home["host_read_gbs"].items()}
     source_rows = profile_rows(home, source)
-    rates = {(r["threads"], r["depth"]): r["tok_s"] for r in source_rows if (r.get("type_k") or "f16") == "f16"
+    rates = {(r["threads"], r["depth"]): r["tok_s"] for r in source_rows if cache_type(r) == "f16"
              and r["depth"] < 2 * source["depth"]}
     costs, used, deep_used = {}, set(), set()
     # The same shape at twice the depth: its kv_deep_slowdown (make host-profile's third depth), from the profile itself
-    # where it has the row (sorted last, so its rate stands), else from a run of this host that is not a profile (lease 10's).
-    deep_rates = {r["threads"]: r["tok_s"] for other in sorted(runs, key=lambda other: other is home)
-                  if other.get("host") == run.get("host") and not other.get("not_counted")
-                  and (other is home or not other.get("host_profile")) for r in other["rows"]
+    # (its passes folded) where it has the row, else from a run of this host that is not a profile (lease 10's).
+    deep_rates = {r["threads"]: r["tok_s"] for other in runs if other.get("host") == run.get("host")
+                  and not other.get("not_counted") and not other.get("host_profile") for r in other["rows"]
                   if (r["shape"], r["quant"], r["depth"]) == (source["shape"], source["quant"], 2 * source["depth"])
-                  and not r.get("n_prompt") and not r.get("ngl") and (r.get("type_k") or "f16") == "f16"}
+                  and not r.get("n_prompt") and not r.get("ngl") and cache_type(r) == "f16"}
+    deep_rates.update({r["threads"]: r["tok_s"] for r in source_rows
+                       if cache_type(r) == "f16" and r["depth"] == 2 * source["depth"]})
     for threads in sorted({t for t, _ in rates}):
         if (threads, 0) in rates and (threads, source["depth"]) in rates:
             cost = solved_cost(source["shape"], source["quant"], threads, source["depth"], rates[(threads, 0)],
@@ -284,7 +318,8 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
     most = max((t for t, _ in rates), default=None)
     quantized = {}
     for kind in ("q8_0", "q4_0"):
-        deep = {r["depth"]: r["tok_s"] for r in source_rows if r.get("type_k") == kind and r["threads"] == most}
+        mine = {r["depth"]: r for r in source_rows if cache_type(r) == kind and r["threads"] == most}
+        deep = {d: r["tok_s"] for d, r in mine.items()}
         if not (home.get("host_profile") and 0 in deep and (most, 0) in rates and (most, source["depth"]) in rates):
             continue
         # The tool states the ratio at twice the depth, against the f16 time per position the plan gives there (its
@@ -294,14 +329,12 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
         slowdown = (costs.get(most) or {}).get("kv_deep_slowdown")
         if at is None or (at != source["depth"] and slowdown is None):
             continue
-        spreads = [r for r in source_rows if r.get("type_k") == kind and r["threads"] == most
-                   and r["depth"] in (0, at) and spread(r["tok_s"], r.get("stddev")) is not None]
-        if profile_moved(rates[(most, 0)], deep[0]) is not None or spreads:
-            continue  # the tool refuses this cache's ratio (the host moved between or during the runs)
         f16 = rates[(most, source["depth"])] if at == source["depth"] else planned_deep_rate(
             rates[(most, 0)], rates[(most, source["depth"])], slowdown)
-        quantized[kind] = round(quantized_kv_ratio((rates[(most, 0)], f16), (deep[0], deep[at]),
-                                                   PRESETS[source["shape"]].n_head, most), 2)
+        ratio = quantized_kv_ratio((rates[(most, 0)], f16), (deep[0], deep[at]), PRESETS[source["shape"]].n_head, most)
+        if quantized_refusal(kind, rates[(most, 0)], mine[0], mine[at], ratio) is not None:
+            continue  # the tool states no ratio for this cache (the host moved between or during the runs)
+        quantized[kind] = round(ratio, 2)
         used |= {(source["shape"], source["quant"], most, d, kind) for d in (0, at)}
     # A profile the tool refuses gave none of these figures: its rows are its own, not the home's (measured_row).
     return host, costs or None, (used if run is home else set()) | (set() if run.get("host_profile") and run is not home
@@ -337,7 +370,7 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     if weights is None:
         weights = expected_weights_bytes(r["shape"], r["quant"])
     ngl = r.get("ngl") if r.get("ngl") is not None and r.get("ngl") < 99 else None
-    cache = r.get("type_k") or "f16"
+    cache = cache_type(r)
     cpu_moe, threads = r.get("n_cpu_moe") or None, r.get("threads") or 8
     if host and r.get("read_gbs_around"):
         # The host's read bandwidth read around this row's job (measure_decode --host-bandwidth): a shared host's drifts.
@@ -360,7 +393,7 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     if not on_card and ((cache == "f16" and key in cost_rows) or (*key, cache) in cost_rows):
         cal = "node figures"  # the host's decode figures were solved from this row (make host-profile's)
     elif not on_card and run.get("host_profile"):
-        cal = "refused by the profile"  # make host-profile's own run of a cache whose ratio it refused (profile_moved)
+        cal = "refused by the profile"  # make host-profile's own row of a profile or a ratio it refuses (not the home's)
     if PRESETS[r["shape"]].n_expert and r.get("routing") != "token":
         cal = "zero routing"  # every token routed alike (issue #33 item 7): shown, not counted
     if isinstance(r.get("cal"), str):
