@@ -440,7 +440,21 @@ print(json.dumps(rows))
 '''
 
 
-def test_make_host_profile_prints_the_slow_down_past_4096_positions_it_measured(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """make host-profile's tool with FAKE_BENCH for llama-bench, no model file written and 70 GB/s read at any
+    thread count: the scripted llama-bench's path."""
+    from lab.bench import host_profile
+
+    bench = tmp_path / "llama-bench"
+    bench.write_text(FAKE_BENCH)
+    bench.chmod(0o755)
+    monkeypatch.setattr(host_profile, "write_real_shape", lambda shape, path, quant: path.write_bytes(b""))
+    monkeypatch.setattr(host_profile, "read_bandwidth", lambda threads, workdir: {t: 70.0 for t in threads})
+    return bench
+
+
+def test_make_host_profile_prints_the_slow_down_past_4096_positions_it_measured(tmp_path, capsys, fake):
     """The tool's own arithmetic at its default depth, with llama-bench scripted (tests/test_host_profile.py runs the
     real one, at a shorter depth that prints no slow-down): a node whose f16 time per position is 1.4 times as long
     at 8192 as at 4096, and whose q8_0 and q4_0 caches take 1.3 and 1.2 times f16's up to 4096 and do not slow past
@@ -449,11 +463,6 @@ def test_make_host_profile_prints_the_slow_down_past_4096_positions_it_measured(
     import yaml
     from lab.bench import host_profile
 
-    fake = tmp_path / "llama-bench"
-    fake.write_text(FAKE_BENCH)
-    fake.chmod(0o755)
-    monkeypatch.setattr(host_profile, "write_real_shape", lambda shape, path, quant: path.write_bytes(b""))
-    monkeypatch.setattr(host_profile, "read_bandwidth", lambda threads, workdir: {t: 70.0 for t in threads})
     assert host_profile.main(["--threads", "8", "--llama-bench", str(fake), "--out", str(tmp_path / "record.json")]) == 0
     fields = yaml.safe_load(capsys.readouterr().out.split("for the stack file (node_pools.<pool>):\n", 1)[1])
     assert fields["cpu_decode_by_threads"][8]["kv_deep_slowdown"] == pytest.approx(1.4)
@@ -479,7 +488,7 @@ def test_make_host_profile_prints_the_slow_down_past_4096_positions_it_measured(
 
 @pytest.mark.parametrize("slower, refused", [(1 / 0.7, True), (1.1, False)])
 def test_make_host_profile_states_no_ratio_for_a_cache_whose_empty_run_shows_the_host_moved(
-        tmp_path, monkeypatch, capsys, slower, refused):
+        tmp_path, monkeypatch, capsys, fake, slower, refused):
     """A cache type does not change an empty context's decode, so a q8_0 run whose empty rate is 30 % below f16's
     (lease 11's H200 host: 37.9 against 54.3 tok/s) ran on a host whose speed moved: the tool prints no q8_0 ratio,
     says why on one line, exits 1, and keeps the f16 figures and the steady q4_0 ratio; a 10 % move (within what
@@ -487,12 +496,7 @@ def test_make_host_profile_states_no_ratio_for_a_cache_whose_empty_run_shows_the
     import yaml
     from lab.bench import host_profile
 
-    fake = tmp_path / "llama-bench"
-    fake.write_text(FAKE_BENCH)
-    fake.chmod(0o755)
     monkeypatch.setenv("SLOWER_Q8_0", str(slower))
-    monkeypatch.setattr(host_profile, "write_real_shape", lambda shape, path, quant: path.write_bytes(b""))
-    monkeypatch.setattr(host_profile, "read_bandwidth", lambda threads, workdir: {t: 70.0 for t in threads})
     rc = host_profile.main(["--threads", "8", "--llama-bench", str(fake), "--out", str(tmp_path / "record.json")])
     out, err = capsys.readouterr()
     fields = yaml.safe_load(out.split("for the stack file (node_pools.<pool>):\n", 1)[1])
@@ -508,20 +512,15 @@ def test_make_host_profile_states_no_ratio_for_a_cache_whose_empty_run_shows_the
 @pytest.mark.parametrize("env, why", [({"SPREAD_F16": "0.32"}, "spread 32% over its runs"),
                                       ({"F16_DEEP": "-0.2"}, "took 0.80 times its time at 4096, outside 1-10"),
                                       ({"SPREAD_F16": "0.1"}, None)])
-def test_make_host_profile_prints_no_figures_from_a_run_the_host_moved_during(tmp_path, monkeypatch, capsys, env, why):
+def test_make_host_profile_prints_no_figures_from_a_run_the_host_moved_during(tmp_path, monkeypatch, capsys, fake, env, why):
     """A profile whose f16 rate spread more than 15 % over llama-bench's repetitions (lease 13's first: 31.7 +- 10.3
     tok/s empty), or whose slow-down at twice the depth falls outside 1-10 (its second and fourth: 0.99, 0.96), is
     refused: one line says why, no stack-file lines, exit 1, the record keeps the rates and the reason. A 10 % spread
     (steady hosts' profiles showed up to 13 %) stands."""
     from lab.bench import host_profile
 
-    fake = tmp_path / "llama-bench"
-    fake.write_text(FAKE_BENCH)
-    fake.chmod(0o755)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(host_profile, "write_real_shape", lambda shape, path, quant: path.write_bytes(b""))
-    monkeypatch.setattr(host_profile, "read_bandwidth", lambda threads, workdir: {t: 70.0 for t in threads})
     rc = host_profile.main(["--threads", "8", "--llama-bench", str(fake), "--out", str(tmp_path / "record.json")])
     out, err = capsys.readouterr()
     record = json.loads((tmp_path / "record.json").read_text())
@@ -533,7 +532,7 @@ def test_make_host_profile_prints_no_figures_from_a_run_the_host_moved_during(tm
 
 
 @pytest.mark.parametrize("passes", [1, 3])
-def test_make_host_profile_takes_each_points_median_over_its_passes(tmp_path, monkeypatch, capsys, passes):
+def test_make_host_profile_takes_each_points_median_over_its_passes(tmp_path, monkeypatch, capsys, fake, passes):
     """The host moves during the tool's first llama-bench call (the f16 grid: 45 % slower, its repetitions spread 32 %,
     as lease 13's first profile). One pass is refused; with three, interleaved, each point's median leaves that
     call out and the figures are the steady host's (a slow-down of 1.4, q8_0 and q4_0 at 1.3 / 1.4 and 1.2 / 1.4), the
@@ -541,13 +540,8 @@ def test_make_host_profile_takes_each_points_median_over_its_passes(tmp_path, mo
     import yaml
     from lab.bench import decode_error, host_profile
 
-    fake = tmp_path / "llama-bench"
-    fake.write_text(FAKE_BENCH)
-    fake.chmod(0o755)
     monkeypatch.setenv("COUNTER", str(tmp_path / "calls"))
     monkeypatch.setenv("MOVED_CALL", "1")
-    monkeypatch.setattr(host_profile, "write_real_shape", lambda shape, path, quant: path.write_bytes(b""))
-    monkeypatch.setattr(host_profile, "read_bandwidth", lambda threads, workdir: {t: 70.0 for t in threads})
     rc = host_profile.main(["--threads", "8", "--passes", str(passes), "--llama-bench", str(fake),
                             "--out", str(tmp_path / "record.json")])
     out, err = capsys.readouterr()

@@ -260,13 +260,14 @@ def in_datacenter_fit(path: str, run: dict, r: dict) -> bool:
 
 def median_rows(rows: list[dict]) -> list[dict]:
     """make host-profile's passes folded into one row per (cache type, threads, depth): the median rate over the passes
-    (one pass the host moved in does not move it) and the median of llama-bench's spreads; a record of one pass, or
-    none named, is its own."""
+    (one pass the host moved in does not move it), the median of llama-bench's spreads, and how far the passes' rates
+    lay apart (passes_apart: the fastest over the slowest, less 1); a record of one pass, or none named, is its own."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((cache_type(r), r["threads"], r["depth"]), []).append(r)
     return [{**group[0], "tok_s": statistics.median(r["tok_s"] for r in group),
-             "stddev": statistics.median(r.get("stddev") or 0.0 for r in group), "passes": len(group)}
+             "stddev": statistics.median(r.get("stddev") or 0.0 for r in group), "passes": len(group),
+             "passes_apart": max(r["tok_s"] for r in group) / min(r["tok_s"] for r in group) - 1}
             for group in groups.values()]
 
 
@@ -285,10 +286,15 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
     where that run measured quantized caches too (the tool's step 4), their ratios (cpu_quantized_kv).
     Every run of the host is predicted from these, as a user's servers would be."""
     source = run.get("host_cost_from")
-    home = next((other for other in runs if other.get("host") == run.get("host") and other.get("host_read_gbs")
-                 and any(r["shape"] == source["shape"] and r["quant"] == source["quant"] and not r.get("ngl")
-                         and r["depth"] == source["depth"] for r in other["rows"])
-                 and profile_refusal(profile_rows(other, source), source["depth"]) is None), None) if source else None
+
+    def stands(other: dict) -> bool:
+        """A run of this host with its read bandwidth, the source shape at the profiling depth, and no refusal."""
+        if other.get("host") != run.get("host") or not other.get("host_read_gbs"):
+            return False
+        mine = profile_rows(other, source)
+        return any(r["depth"] == source["depth"] for r in mine) and profile_refusal(mine, source["depth"]) is None
+
+    home = next((other for other in runs if stands(other)), None) if source else None
     if home is None:
         bandwidth = run.get("host_read_gbs")
         return ({int(k): v for k, v in bandwidth.items()} if bandwidth else None), None, set(), None
@@ -299,12 +305,10 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
     costs, used, deep_used = {}, set(), set()
     # The same shape at twice the depth: its kv_deep_slowdown (make host-profile's third depth), from the profile itself
     # (its passes folded) where it has the row, else from a run of this host that is not a profile (lease 10's).
-    deep_rates = {r["threads"]: r["tok_s"] for other in runs if other.get("host") == run.get("host")
-                  and not other.get("not_counted") and not other.get("host_profile") for r in other["rows"]
-                  if (r["shape"], r["quant"], r["depth"]) == (source["shape"], source["quant"], 2 * source["depth"])
-                  and not r.get("n_prompt") and not r.get("ngl") and cache_type(r) == "f16"}
-    deep_rates.update({r["threads"]: r["tok_s"] for r in source_rows
-                       if cache_type(r) == "f16" and r["depth"] == 2 * source["depth"]})
+    others = [profile_rows(other, source) for other in runs if other.get("host") == run.get("host")
+              and not other.get("not_counted") and not other.get("host_profile")]
+    deep_rates = {r["threads"]: r["tok_s"] for rows_ in [*others, source_rows]  # the profile's last: its rate stands
+                  for r in rows_ if cache_type(r) == "f16" and r["depth"] == 2 * source["depth"]}
     for threads in sorted({t for t, _ in rates}):
         if (threads, 0) in rates and (threads, source["depth"]) in rates:
             cost = solved_cost(source["shape"], source["quant"], threads, source["depth"], rates[(threads, 0)],
@@ -336,9 +340,11 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
             continue  # the tool states no ratio for this cache (the host moved between or during the runs)
         quantized[kind] = round(ratio, 2)
         used |= {(source["shape"], source["quant"], most, d, kind) for d in (0, at)}
-    # A profile the tool refuses gave none of these figures: its rows are its own, not the home's (measured_row).
-    return host, costs or None, (used if run is home else set()) | (set() if run.get("host_profile") and run is not home
-                                                                    else deep_used), quantized or None
+    # The rows the figures came from, as this run holds them: all of them for the home; for another profile of the
+    # host (refused, or not the first that stands) none, its rows its own (measured_row); for any other run the row
+    # at twice the depth it may have supplied.
+    mine = used | deep_used if run is home else set() if run.get("host_profile") else deep_used
+    return host, costs or None, mine, quantized or None
 
 
 def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]:

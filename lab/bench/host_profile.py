@@ -29,9 +29,10 @@ point, not the figure. The spread the passes showed is printed.
 
 Run it on the node that serves (or one of its kind), with nothing else running: a second H200 host read 30 %
 faster and attended twice as fast as the first (docs/capacity-planning.md, "Decode speed"). A pass takes about
-40 s at 16 threads alone with llama.cpp's CUDA build (each further thread count adds its own runs) (its prompts go to the card), five minutes with a CPU build, 34 on 2
-cores (the depths' prompts are processed on the CPU, once per cache type, and a quantized cache's 8192 positions
-cost most), after llama.cpp's build; --passes 1 on a small node whose quiet you trust.
+40 s at 16 threads alone with llama.cpp's CUDA build (its prompts go to the card; each further thread count adds its
+own runs), five minutes with a CPU build, 34 on 2 cores (the depths' prompts are processed on the CPU, once per cache
+type, and a quantized cache's 8192 positions cost most), after llama.cpp's build; --passes 1 on a small node whose
+quiet you trust.
 """
 
 from __future__ import annotations
@@ -126,12 +127,8 @@ def main(argv: list[str]) -> int:
         print(f"host_profile: {refusal}; no figures: run it again on a quiet node", file=sys.stderr)
         return 1
     if args.passes > 1:
-        points: dict[tuple, list[float]] = {}
-        for m in measured:
-            points.setdefault((cache_type(m), m["threads"], m["depth"]), []).append(m["tok_s"])
-        moved = max(max(rates) / min(rates) - 1 for rates in points.values())
         print(f"{args.passes} passes: each figure below is from the median rate of each point; the passes of one point "
-              f"differed by up to {moved:.0%}")
+              f"differed by up to {max(r['passes_apart'] for r in rows):.0%}")
     rates = {(r["threads"], r["depth"]): r["tok_s"] for r in rows if cache_type(r) == "f16"}
     figures, slowdowns = {}, {}
     for t in threads:
