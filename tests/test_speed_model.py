@@ -713,11 +713,36 @@ def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
             seen.add((run["host"], deep))
     assert {("H100 machine, lease 12", True), ("CI machine, 2026-12-06", True), ("H200 machine, lease 11", False),
             ("H200 machine, lease 7", False), ("H200 machine, lease 13", True), ("H100 machine, lease 8", False),
-            ("H100 machine, lease 9", False), ("H100 machine, lease 10", False)} <= seen
-    # Refused: exactly lease 13's first, second and fourth profiles.
-    runs = decode_error.recorded_runs(str(decode_error.ROOT / "bench" / "results-speed-h200.json"))
-    profiles = [n for n, r in enumerate(r for r in runs if r.get("host_profile")) if r["host"] == "H200 machine, lease 13"]
-    assert refused == [("H200 machine, lease 13", profiles[n]) for n in (0, 1, 3)]
+            ("H100 machine, lease 9", False), ("H100 machine, lease 10", False), ("H100 machine, lease 14", True)} <= seen
+    # Refused: exactly lease 13's first, second and fourth profiles, and lease 14's first (a spread of 16 % at 4096).
+    expected = []
+    for name, host, which in (("results-speed-h200.json", "H200 machine, lease 13", (0, 1, 3)),
+                              ("results-speed-h100.json", "H100 machine, lease 14", (0,))):
+        runs = decode_error.recorded_runs(str(decode_error.ROOT / "bench" / name))
+        profiles = [n for n, r in enumerate(r for r in runs if r.get("host_profile")) if r["host"] == host]
+        expected += [(host, profiles[n]) for n in which]
+    assert sorted(refused) == sorted(expected)
+
+
+def test_the_out_of_sample_line_counts_only_hosts_measured_after_the_freeze():
+    """make bench's out-of-sample lines (decode_error.FROZEN) count the rows of hosts measured after the model's last
+    freeze: each such host is recorded, every one of its runs says it was measured after that commit, the commit is
+    in this repository's history, and no run of another host says so."""
+    import subprocess
+    from lab.bench import decode_error
+
+    commit, hosts = decode_error.FROZEN
+    subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=decode_error.ROOT, check=True)
+    runs = [run for path in decode_error.MEASURED for run in decode_error.recorded_runs(path)]
+    after = {run["host"] for run in runs if f"frozen in {commit}" in run.get("what", "")
+             or f"frozen ({commit}" in run.get("what", "")}
+    assert after == set(hosts)
+    for host in hosts:
+        mine = [run for run in runs if run.get("host") == host]
+        assert mine and all(commit in run["what"] for run in mine), host
+    table = decode_error.rows(decode_error.MEASURED)
+    counted = sum(count for _, _, count in decode_error.summary([row for row in table if row[0].endswith(hosts)]))
+    assert counted >= 40  # lease 14: 97 points (its profiles' own rows are not counted)
 
 
 def test_measure_decode_reads_the_host_bandwidth_around_each_job(tmp_path, monkeypatch):
