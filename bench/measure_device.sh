@@ -13,7 +13,8 @@
 # of measure_decode's first, the second argument); profile runs make host-profile's
 # lab/bench/host_profile.py (4, 8 and 16 threads, HP_PASSES passes: 3) and then a speed grid, the node's figures first. The CUDA build (sm_90, ~5 min
 # on 16 cores) is cached in /tmp/soak-cache, outside the repo copy: a warm machine keeps it between calls. BUDGET_S
-# (575) is the seconds the call may run, build included.
+# (575) is the seconds the call may run, build included. SPEED_PASSES (1) runs a speed grid that many times,
+# interleaved; make bench takes each point's median (the same job moved up to 28 % between calls on lease 14).
 set -u
 T0=$(date +%s)
 MODE=${1:-vram}
@@ -80,6 +81,6 @@ case "$MODE" in
     fi
     LEFT=$(( ${BUDGET_S:-575} - ($(date +%s) - T0) ))
     python3 -m lab.bench.measure_decode --jobs "$JOBS" --llama-bench "$BIN/llama-bench" --device "$GPU" \
-      --out "$OUT/speed.json" --max-seconds "$LEFT" --host-bandwidth /tmp/host_bandwidth ;;
+      --out "$OUT/speed.json" --max-seconds "$LEFT" --host-bandwidth /tmp/host_bandwidth --passes "${SPEED_PASSES:-1}" ;;
 esac
 echo "== done at $(( $(date +%s) - T0 )) s"

@@ -768,3 +768,47 @@ def test_measure_decode_reads_the_host_bandwidth_around_each_job(tmp_path, monke
                                    str(reader))
     assert [r.get("read_gbs_around") for r in rows] == [[60.5, 64.5], [60.5, 64.5], None, None]
     assert [r["depth"] for r in rows] == [0, 8192, 0, 8192] and measure_decode.job_threads(job["args"]) == [16]
+
+
+def test_measure_decode_passes_interleave_and_make_bench_takes_each_points_median(tmp_path, monkeypatch):
+    """measure_decode --passes 3 (a scripted llama-bench whose rate moves from call to call, as lease 14's host did)
+    runs every job once before any runs again, each row naming its pass; make bench reads the grid back with one row
+    per point at the median of its passes (one pass the host moved in does not move it) and every bandwidth read
+    around them, and the table counts each point once."""
+    from lab.bench import decode_error, measure_decode
+
+    rates = [10.0, 20.0, 40.0, 22.0, 12.0, 21.0]  # by call: A, B, A, B, A, B
+    counter = tmp_path / "calls"
+    bench = tmp_path / "llama-bench"
+    bench.write_text("#!/usr/bin/env python3\nimport json, sys\nargs = dict(zip(sys.argv[1::2], sys.argv[2::2]))\n"
+                     f"n = int(open({str(counter)!r}).read()) if __import__('os').path.exists({str(counter)!r}) else 0\n"
+                     f"open({str(counter)!r}, 'w').write(str(n + 1))\n"
+                     f"print(json.dumps([{{'n_depth': 0, 'avg_ts': {rates!r}[n], 'stddev_ts': 0.1, 'n_threads': 16, "
+                     "'n_gpu_layers': 0, 'n_prompt': 0, 'n_gen': 16, 'n_cpu_moe': 0, 'type_k': 'q4_0', 'type_v': 'q4_0'}]))\n")
+    reader = tmp_path / "host_bandwidth"
+    reader.write_text("#!/bin/sh\nshift; for t in \"$@\"; do echo \"threads $t read_gbs 80.0\"; done\n")
+    for script in (bench, reader):
+        script.chmod(0o755)
+    monkeypatch.setattr(measure_decode, "write_real_shape", lambda shape, path, quant, **kw: (path.write_bytes(b""), path)[1])
+    jobs = [{"shape": shape, "quant": "Q4_K_M", "args": ["-ngl", "0", "-t", "16", "-d", "0"]}
+            for shape in ("qwen3-8b", "llama-3.2-3b")]
+    rows = measure_decode.run_jobs(str(bench), jobs, "scripted", time.monotonic() + 60, tmp_path / "out.json",
+                                   str(reader), passes=3)
+    assert [(r["shape"], r["pass"], r["tok_s"]) for r in rows] == [
+        ("qwen3-8b", 0, 10.0), ("llama-3.2-3b", 0, 20.0), ("qwen3-8b", 1, 40.0), ("llama-3.2-3b", 1, 22.0),
+        ("qwen3-8b", 2, 12.0), ("llama-3.2-3b", 2, 21.0)]
+    record = tmp_path / "results.json"
+    record.write_text(json.dumps({"runs": [{"host": "scripted host", "host_read_gbs": {"16": 80.0}, "rows": rows}]}))
+    (run,) = decode_error.recorded_runs(str(record))
+    folded = {r["shape"]: r for r in run["rows"]}
+    assert len(run["rows"]) == 2 and "pass" not in folded["qwen3-8b"]
+    assert (folded["qwen3-8b"]["tok_s"], folded["llama-3.2-3b"]["tok_s"]) == (12.0, 21.0)
+    assert folded["qwen3-8b"]["passes"] == 3 and folded["qwen3-8b"]["passes_apart"] == pytest.approx(3.0)
+    assert folded["qwen3-8b"]["read_gbs_around"] == [80.0] * 6
+    table = decode_error.rows({str(record): ("nvidia-datacenter", "cuda", 4800, True)})
+    mine = [row for row in table if "scripted" in row[0]]
+    assert sorted((row[1], row[3]) for row in mine) == [("llama-3.2-3b Q4_K_M", 21.0), ("qwen3-8b Q4_K_M", 12.0)]
+    # One pass, or a profile's record, is read as recorded.
+    single = [{k: v for k, v in r.items() if k != "pass"} for r in rows]
+    assert decode_error.fold_passes({"rows": single})["rows"] == single
+    assert decode_error.fold_passes({"host_profile": True, "rows": rows})["rows"] == rows

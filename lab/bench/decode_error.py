@@ -258,17 +258,44 @@ def in_datacenter_fit(path: str, run: dict, r: dict) -> bool:
     return in_run and on_card and routed and not r.get("n_prompt")
 
 
-def median_rows(rows: list[dict]) -> list[dict]:
-    """make host-profile's passes folded into one row per (cache type, threads, depth): the median rate over the passes
-    (one pass the host moved in does not move it), the median of llama-bench's spreads, and how far the passes' rates
-    lay apart (passes_apart: the fastest over the slowest, less 1); a record of one pass, or none named, is its own."""
+def profile_point(r: dict) -> tuple:
+    """One point of make host-profile's record (one shape): its cache type, threads and depth."""
+    return cache_type(r), r["threads"], r["depth"]
+
+
+# One point of a speed grid (measure_decode --jobs): what llama-bench ran, less the pass.
+GRID_POINT = ("shape", "quant", "routing", "n_prompt", "n_gen", "depth", "threads", "ngl", "n_cpu_moe", "type_k", "type_v")
+
+
+def grid_point(r: dict) -> tuple:
+    return tuple(r.get(k) for k in GRID_POINT)
+
+
+def median_rows(rows: list[dict], point=profile_point) -> list[dict]:
+    """Passes of the same points folded into one row per point (make host-profile's, by default; a grid's with
+    grid_point): the median rate over the passes (one pass the host moved in does not move it), the median of
+    llama-bench's spreads, every host bandwidth read around them, and how far the passes' rates lay apart
+    (passes_apart: the fastest over the slowest, less 1); a record of one pass, or none named, is its own."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((cache_type(r), r["threads"], r["depth"]), []).append(r)
-    return [{**group[0], "tok_s": statistics.median(r["tok_s"] for r in group),
-             "stddev": statistics.median(r.get("stddev") or 0.0 for r in group), "passes": len(group),
-             "passes_apart": max(r["tok_s"] for r in group) / min(r["tok_s"] for r in group) - 1}
-            for group in groups.values()]
+        groups.setdefault(point(r), []).append(r)
+    out = []
+    for group in groups.values():
+        read = [v for r in group for v in r.get("read_gbs_around") or ()]
+        out.append({**{k: v for k, v in group[0].items() if k != "pass"}, **({"read_gbs_around": read} if read else {}),
+                    "tok_s": statistics.median(r["tok_s"] for r in group),
+                    "stddev": statistics.median(r.get("stddev") or 0.0 for r in group), "passes": len(group),
+                    "passes_apart": max(r["tok_s"] for r in group) / min(r["tok_s"] for r in group) - 1})
+    return out
+
+
+def fold_passes(run: dict) -> dict:
+    """A speed grid measured in interleaved passes (measure_decode --passes: every row names its pass) with each
+    point's passes folded (median_rows by grid_point), as make host-profile folds its own; make host-profile's record
+    (folded where its figures are solved: profile_rows) and a grid of one pass are as recorded."""
+    if run.get("host_profile") or not run["rows"] or not all("pass" in r for r in run["rows"]):
+        return run
+    return {**run, "rows": median_rows(run["rows"], grid_point)}
 
 
 def profile_rows(run: dict, source: dict) -> list[dict]:
@@ -452,9 +479,10 @@ def kv_cache_rows() -> list[tuple]:
 
 
 def recorded_runs(path: str) -> list[dict]:
-    """A results file's runs; an early file that is a bare list of rows is one run with no host."""
+    """A results file's runs, a grid's passes folded (fold_passes); an early file that is a bare list of rows is one
+    run with no host."""
     record = json.loads(Path(path).read_text())
-    return record["runs"] if isinstance(record, dict) else [{"rows": record}]
+    return [fold_passes(run) for run in record["runs"]] if isinstance(record, dict) else [{"rows": record}]
 
 
 def recorded_node_figures() -> dict[str, tuple[dict, dict]]:

@@ -80,15 +80,20 @@ def read_now(host_bandwidth: Optional[str], threads: list[int]) -> dict[int, flo
 
 
 def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_path: Path,
-             host_bandwidth: Optional[str] = None) -> list[dict]:
+             host_bandwidth: Optional[str] = None, passes: int = 1) -> list[dict]:
     """Each job's llama-bench grid, one row per test (written as it goes: a call cut short keeps rows); with
-    host_bandwidth, each row also carries the host's read bandwidth at its threads read before and after its job."""
+    host_bandwidth, each row also carries the host's read bandwidth at its threads read before and after its job.
+    passes > 1 runs the whole list that many times, interleaved (every job once, then again), each row naming its
+    pass: make bench takes each point's median over them (decode_error.fold_passes), as make host-profile does, since
+    a shared host moves by more than the plan's tolerance within minutes (lease 14: one job 26 % apart in two runs)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="shapes-") as tmp:
-        for job in jobs:
+        for number, index, job in ((n, i, job) for n in range(passes) for i, job in enumerate(jobs)):
+            if passes > 1 and index == 0:
+                print(f"pass {number + 1} of {passes}", flush=True)
             routing = job.get("routing", "zero")
             if time.monotonic() > deadline:
-                rows.append({"job": job, "error": "out of time"})
+                rows.append({"job": job, "error": "out of time", **({"pass": number} if passes > 1 else {})})
                 continue
             extra = {"routing": routing} if routing != "zero" else {}
             path = write_real_shape(job["shape"], Path(tmp) / f"{job['shape']}-{job['quant']}-{routing}.gguf", job["quant"], **extra)
@@ -105,7 +110,7 @@ def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_pa
             after = read_now(host_bandwidth, threads)
             for r in results:
                 read = [v for v in (before.get(r.get("n_threads")), after.get(r.get("n_threads"))) if v]
-                rows.append({**({"read_gbs_around": read} if read else {}),
+                rows.append({**({"read_gbs_around": read} if read else {}), **({"pass": number} if passes > 1 else {}),
                     "device": device, "shape": job["shape"], "quant": job["quant"], "routing": routing,
                     "weights_bytes": expected_weights_bytes(job["shape"], job["quant"]), "n_prompt": r.get("n_prompt"),
                     "n_gen": r.get("n_gen"), "depth": r.get("n_depth", 0), "tok_s": r.get("avg_ts"), "stddev": r.get("stddev_ts"),
@@ -118,7 +123,7 @@ def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_pa
                       f"d {r.get('n_depth', 0):5} t {r.get('n_threads'):2} ngl {r.get('n_gpu_layers'):2} "
                       f"cmoe {r.get('n_cpu_moe')} {r.get('avg_ts'):9.2f} tok/s", flush=True)
             if error:
-                rows.append({"job": job, "error": error})
+                rows.append({"job": job, "error": error, **({"pass": number} if passes > 1 else {})})
                 print(f"{job['shape']} {job['args']}: {error}", flush=True)
             print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
             path.unlink()
@@ -141,6 +146,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-seconds", type=float, default=3600)
     parser.add_argument("--host-bandwidth", default=None, help="bench/host_bandwidth.c built: read the host's bandwidth "
                         "around each job (--jobs)")
+    parser.add_argument("--passes", type=int, default=1, help="run the jobs this many times, interleaved (--jobs); make "
+                        "bench takes each point's median")
     args = parser.parse_args(argv)
     binary = args.llama_bench
     if binary is None:
@@ -149,7 +156,11 @@ def main(argv: list[str]) -> int:
         binary = str(build(program="llama-bench"))
     if args.jobs:
         deadline = time.monotonic() + args.max_seconds
-        run_jobs(binary, json.loads(Path(args.jobs).read_text()), args.device, deadline, Path(args.out), args.host_bandwidth)
+        if args.passes < 1:
+            print(f"measure_decode: --passes {args.passes}: at least 1", file=sys.stderr)
+            return 2
+        run_jobs(binary, json.loads(Path(args.jobs).read_text()), args.device, deadline, Path(args.out), args.host_bandwidth,
+                 args.passes)
         return 0
     depths = [0, args.ctx // 2, args.ctx] if args.ctx else [0]
     rows = []

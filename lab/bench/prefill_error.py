@@ -7,14 +7,13 @@ table ("Prefill: predicted and measured") is this output.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from lab.bench.decode_error import GIB, class_counts, preset_facts, server_and_pool
+from lab.bench.decode_error import GIB, class_counts, preset_facts, recorded_runs, server_and_pool
 from engines.llamacpp_prefill import prompt_seconds
 
 TOLERANCE = 0.25
@@ -53,8 +52,7 @@ def rows() -> list[tuple]:
     out = []
     for path, bandwidth in MEASURED.items():
         discrete = bandwidth is not None
-        record = json.loads(path.read_text())
-        for run in record["runs"]:
+        for run in recorded_runs(str(path)):
             # The host's read bandwidth where the run recorded it (a CPU's prefill is compute-bound: not needed).
             host = {int(k): v for k, v in run["host_read_gbs"].items()} if run.get("host_read_gbs") else None
             for r in run["rows"]:
