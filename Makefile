@@ -127,7 +127,7 @@ host-bandwidth:
 # on 2 cores; then ~2 min at 16 threads alone with the CUDA build, ~15 with a CPU build; ~100 on 2 cores, PASSES=1 for 34):
 # copy the three printed lines into node_pools.<pool>. THREADS="4,16" measures those counts (default: powers of two and all cores).
 host-profile: $(VENV)/.installed
-	$(BIN)/python -m lab.bench.host_profile $(if $(THREADS),--threads $(THREADS)) $(if $(PASSES),--passes $(PASSES))
+	$(BIN)/python -m lab.bench.host_profile $(if $(THREADS),--threads $(THREADS)) $(if $(PASSES),--passes $(PASSES)) $(if $(EXPERTS),--experts)
 
 # The link between two nodes for a split over RPC (models.<key>.rpc.link; docs/rpc-split.md): on the helper's node
 # `make link-profile` (it waits for one client), then on the main server's node `make link-profile HOST=<helper node>`;

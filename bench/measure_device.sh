@@ -11,7 +11,7 @@
 # llama-bench grid of KV cache types (bench/jobs-h200-kvcache.json, or the jobs file given), rpc one model split over
 # a ggml-rpc-server behind shaped links (lab/bench/measure_rpc.py, bench/jobs-rpc-h200.json; an optional jobs file
 # of measure_decode's first, the second argument); profile runs make host-profile's
-# lab/bench/host_profile.py (4, 8 and 16 threads, HP_PASSES passes: 3) and then a speed grid, the node's figures first. The CUDA build (sm_90, ~5 min
+# lab/bench/host_profile.py (4, 8 and 16 threads, HP_PASSES passes: 3; --experts unless HP_EXPERTS is empty) and then a speed grid, the node's figures first. The CUDA build (sm_90, ~5 min
 # on 16 cores) is cached in /tmp/soak-cache, outside the repo copy: a warm machine keeps it between calls. BUDGET_S
 # (575) is the seconds the call may run, build included. SPEED_PASSES (1) runs a speed grid that many times,
 # interleaved; make bench takes each point's median (the same job moved up to 28 % between calls on lease 14).
@@ -74,7 +74,9 @@ case "$MODE" in
     else
       # rc 1 with a record written: a quantized cache's ratio, or the whole profile, refused (said above: the host moved;
       # the record keeps the rates and why); the grid still runs, planned from whichever profile of the host stands.
-      python3 -m lab.bench.host_profile --threads "${HP_THREADS:-4,8,16}" --passes "${HP_PASSES:-3}" \
+      # --experts (HP_EXPERTS=, empty, leaves it out): the node's experts in RAM beside the card; not with a CPU build.
+      EXPERTS=$([ -n "${HP_EXPERTS-1}" ] && [ -z "${CPU_BENCH:-}" ] && echo --experts)
+      python3 -m lab.bench.host_profile --threads "${HP_THREADS:-4,8,16}" --passes "${HP_PASSES:-3}" $EXPERTS \
         --llama-bench "$BIN/llama-bench" --out "$OUT/host-profile.json"
       [ -s "$OUT/host-profile.json" ] || exit 1
       JOBS=${2:-bench/jobs-h200-4.json}

@@ -124,6 +124,14 @@ class NodePool(Strict):
         "cpu_decode_by_threads gives). null: the plan shows the range from the slowest host measured "
         "(engines/llamacpp_speed.py, CPU_QUANTIZED_KV) to f16's time.", default=None
     )
+    experts_in_ram_us_by_threads: Optional[dict[ThreadCount, Annotated[Number, Field(gt=0, le=100000)]]] = doc(
+        "What each block of a mixture-of-experts model whose experts move from the card to system RAM adds to a "
+        "token, in microseconds, with N threads ({16: 410}), measured by `make host-profile EXPERTS=1` on the node "
+        "with its card (llama-bench on a real-shape Qwen3-30B-A3B Q4_K_M, its experts of 24 and of all 48 blocks in "
+        "RAM): the plan solves from it the share of memory_bandwidth_by_threads this node's CPU reads routed experts "
+        "at (eight hosts measured: 0.65-1.05; engines/llamacpp_speed.py, node_expert_share). null: 0.78, one H200 "
+        "host's (HOST.expert_share).", default=None
+    )
     vram: Optional[Memory] = doc(
         "Memory of one discrete GPU (an RTX 4090: 24Gi). null: unified memory (iGPU/APU), the GPU uses the node's "
         "memory. Set, offloaded layers and their KV cache are planned in VRAM and only the rest in system RAM.",

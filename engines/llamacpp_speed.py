@@ -368,6 +368,9 @@ class DecodeTerms:
     # The CPU's time for its part of the cache against its bytes, (slow end, fast end): 1 for f16; for a quantized
     # cache CPU_QUANTIZED_KV's ratio and f16's time (cpu_kv_scale).
     cpu_kv_scale: tuple[float, float] = (1.0, 1.0)
+    # Of the node's read bandwidth, what its CPU reads routed experts at: the node's own (node_expert_share, from
+    # make host-profile --experts) where measured, else HOST.expert_share.
+    expert_share: float = HOST.expert_share
 
     def cpu_kv_work(self, depth: int, end: int = 0) -> float:
         """The CPU's KV cache at this depth in bytes as HostCost.kv_gbs is stated (4 query heads per KV head, f16)."""
@@ -384,7 +387,7 @@ class DecodeTerms:
         if self.dense + self.experts > 0:
             ceiling = self.threads * HOST.thread_gbs * 1e9
             seconds += self.dense / min(read_gbs * 1e9 * HOST.weight_share, ceiling)
-            seconds += self.experts / min(read_gbs * 1e9 * HOST.expert_share, ceiling)
+            seconds += self.experts / min(read_gbs * 1e9 * self.expert_share, ceiling)
         return seconds + (self.cpu_kv_work(depth, end) / (self.threads * cost.kv_gbs * 1e9)
                           * cost.kv_time_scale(depth))
 
@@ -432,7 +435,43 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
         dense=cpu_read - expert_read, experts=expert_read, kv_per_position=kv_bytes_per_position(model, facts),
         kv_layers_share=kv_layers_share,
         group=query_heads(facts) / facts.kv_heads,
-        threads=model.threads, cpu_kv_scale=cpu_kv_scale(model, facts, pool))
+        threads=model.threads, cpu_kv_scale=cpu_kv_scale(model, facts, pool),
+        expert_share=(node_expert_share(pool, model.threads, card_read_gbs(main, "kquant", gpu_bandwidth)[0])
+                      if discrete and expert_read > 0 and main and gpu_bandwidth else None) or HOST.expert_share)
+
+
+# make host-profile --experts measures, on a node with its card, a real-shape Qwen3-30B-A3B Q4_K_M (token routing) with
+# the experts of EXPERTS_PROFILE_BLOCKS blocks in system RAM and reports what each block moved to RAM adds per token
+# (experts_in_ram_us_by_threads). A block of it reads this many bytes of routed experts per token (8 of its 128
+# experts; tests/test_speed_model.py holds the figure to the planner's layout of that shape).
+EXPERTS_PROFILE_SHAPE = ("qwen3-30b-a3b", "Q4_K_M")
+EXPERTS_PROFILE_BLOCKS = (24, 48)
+EXPERTS_PROFILE_BLOCK_BYTES = 22.94e6
+# What the solved share may be: outside it the figure measured something else (a node that moved, a card that held
+# less than the tool asked): the plan keeps HOST.expert_share. Hosts measured: 0.65-1.05 (docs, "Decode speed").
+EXPERT_SHARE_BOUNDS = (0.2, 2.0)
+
+
+def node_expert_share(pool: "NodePool", threads: int, card_gbs: float) -> Optional[float]:
+    """The node's share of its read bandwidth for routed experts, from experts_in_ram_us_by_threads: a block's
+    move to RAM adds its CPU time (HOST.expert_block_us, and its bytes read at the share of what the node reads
+    with that many threads) less the card's time for the same bytes (card_gbs, the card's K-quant rate); solved for
+    the share at each count measured, and at this count on the line between them (by_threads). None: not measured,
+    or a share outside EXPERT_SHARE_BOUNDS."""
+    table = pool.experts_in_ram_us_by_threads
+    if not table or not pool.memory_bandwidth_by_threads:
+        return None
+    read = {int(t): float(v) for t, v in pool.memory_bandwidth_by_threads.items()}
+    shares = {}
+    for t, us in table.items():
+        cpu_s = float(us) / 1e6 + EXPERTS_PROFILE_BLOCK_BYTES / (card_gbs * 1e9) - HOST.expert_block_us / 1e6
+        if cpu_s <= 0:
+            return None
+        share = EXPERTS_PROFILE_BLOCK_BYTES / (cpu_s * by_threads(read, int(t)) * 1e9)
+        if not EXPERT_SHARE_BOUNDS[0] <= share <= EXPERT_SHARE_BOUNDS[1]:
+            return None
+        shares[int(t)] = share
+    return by_threads(shares, threads)
 
 
 def cpu_quantized_ratio(kind: str) -> float:

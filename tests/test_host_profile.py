@@ -119,3 +119,18 @@ def test_a_quantized_cache_planned_with_the_printed_ratio_slows_with_depth_as_me
         assert ratio > 0 and set(rates) == {0, deep}
         assert 1 / planned["deep"][0] - 1 / planned["empty"][0] == pytest.approx(
             1 / rates[deep] - 1 / rates[0], rel=0.03), cache
+
+
+def test_experts_with_a_build_that_lists_no_card_is_refused_before_anything_runs(tmp_path):
+    """--experts measures experts moved from the card to system RAM: this machine's real CPU build of llama-bench lists
+    no device (`--list-devices`), so the tool says so in one line, exits 2 and measures and writes nothing."""
+    bench = build(program="llama-bench")
+    listed = subprocess.run([str(bench), "--list-devices"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and "(none)" in listed.stdout
+    out = tmp_path / "record.json"
+    run = subprocess.run([sys.executable, "-m", "lab.bench.host_profile", "--threads", "2", "--experts",
+                          "--llama-bench", str(bench), "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2 and not out.exists() and run.stdout == ""
+    (line,) = run.stderr.strip().splitlines()
+    assert "--experts" in line and "lists no GPU" in line

@@ -194,6 +194,8 @@ def test_the_thread_tables_survive_pulumis_json_config():
         ("cpu_decode_by_threads", {4: {"block_us": 300}}, r"node_pools\.minipc\.cpu_decode_by_threads\.4\.kv_gbs_per_thread"),
         ("cpu_quantized_kv", {"f16": 1.0}, r"node_pools\.minipc\.cpu_quantized_kv\.f16"),
         ("cpu_quantized_kv", {"q8_0": 0}, r"node_pools\.minipc\.cpu_quantized_kv\.q8_0"),
+        ("experts_in_ram_us_by_threads", {16: 0}, r"node_pools\.minipc\.experts_in_ram_us_by_threads\.16"),
+        ("experts_in_ram_us_by_threads", {"all": 400}, r"node_pools\.minipc\.experts_in_ram_us_by_threads\.all"),
     ):
         bad = stack_file_config("cpu-cluster")
         bad["inference-plane:node_pools"]["minipc"][field] = value
@@ -411,7 +413,18 @@ def test_a_cpus_time_per_position_grows_past_the_profiled_depth_as_the_node_meas
 
 FAKE_BENCH = '''#!/usr/bin/env python3
 import json, os, sys
+if "--list-devices" in sys.argv:
+    # A GPU build lists its card (FAKE_DEVICE); a CPU build none.
+    print("Available devices:\\n  " + os.environ.get("FAKE_DEVICE", "(none)"))
+    sys.exit(0)
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+if "-ncmoe" in args:
+    # Experts in RAM (make host-profile --experts): each block moved adds EXPERTS_US microseconds to a token.
+    us = float(os.environ.get("EXPERTS_US", "400"))
+    print(json.dumps([{"n_threads": int(args["-t"]), "n_depth": 0, "n_cpu_moe": int(n), "avg_ts": 1 / (0.004 + int(n) * us / 1e6),
+                       "stddev_ts": 0.0, "cpu_info": "scripted", "gpu_info": "scripted card", "build_number": 10729,
+                       "backends": "CUDA"} for n in args["-ncmoe"].split(",")]))
+    sys.exit(0)
 per_position = {"f16": 2e-6, "q8_0": 2.6e-6, "q4_0": 2.4e-6}[args["-ctk"]]
 # A host whose speed moved during this cache type's run: every time it measures is this many times as long.
 slower = float(os.environ.get("SLOWER_" + args["-ctk"].upper(), "1"))
@@ -449,7 +462,7 @@ def fake(tmp_path, monkeypatch):
     bench = tmp_path / "llama-bench"
     bench.write_text(FAKE_BENCH)
     bench.chmod(0o755)
-    monkeypatch.setattr(host_profile, "write_real_shape", lambda shape, path, quant: path.write_bytes(b""))
+    monkeypatch.setattr(host_profile, "write_real_shape", lambda shape, path, quant, **kw: path.write_bytes(b""))
     monkeypatch.setattr(host_profile, "read_bandwidth", lambda threads, workdir: {t: 70.0 for t in threads})
     return bench
 
@@ -588,7 +601,7 @@ def test_make_bench_folds_a_recorded_profiles_passes_as_the_tool_does(moved_pass
 
     grid = {"host": "synthetic", "host_cost_from": {"shape": "qwen3-1.7b", "quant": "Q4_K_M", "depth": 4096}, "rows": []}
     runs = [synthetic_profile(moved_pass), grid]
-    _, costs, _, quantized = decode_error.node_figures(runs, grid)
+    _, costs, _, quantized, _ = decode_error.node_figures(runs, grid)
     assert costs[8]["kv_deep_slowdown"] == pytest.approx(1.4, abs=0.005)
     assert quantized == {"q8_0": pytest.approx(1.3 / 1.4, abs=0.006), "q4_0": pytest.approx(1.2 / 1.4, abs=0.006)}
 
@@ -620,7 +633,7 @@ def test_make_bench_plans_a_host_from_its_first_profile_the_tool_stands_by():
     assert "spread 32%" in reasons[0] and "0.99 times" in reasons[1] and reasons[2] is None and "0.96 times" in reasons[3]
     stands = profiles[2]["cpu_decode_by_threads_printed"]["16"]
     for run in lease:
-        _, costs, _, quantized = decode_error.node_figures(runs, run)
+        _, costs, _, quantized, _ = decode_error.node_figures(runs, run)
         assert costs[16]["block_us"] == pytest.approx(stands["block_us"], abs=0.5)
         assert costs[16]["kv_deep_slowdown"] == pytest.approx(stands["kv_deep_slowdown"], abs=0.005)
         assert quantized == pytest.approx(profiles[2]["cpu_quantized_kv_printed"], abs=0.0051)
@@ -645,7 +658,7 @@ def test_make_bench_refuses_the_ratio_of_a_recorded_profile_whose_host_moved():
     empty = {r.get("type_k") or "f16": r["tok_s"] for r in run["rows"] if r["depth"] == 0}
     assert decode_error.profile_moved(empty["f16"], empty["q8_0"]) == pytest.approx(-0.30, abs=0.01)
     assert decode_error.profile_moved(empty["f16"], empty["q4_0"]) is None
-    _, _, _, quantized = decode_error.node_figures(runs, run)
+    _, _, _, quantized, _ = decode_error.node_figures(runs, run)
     assert "q8_0" in run["cpu_quantized_kv_printed"] and set(quantized) == {"q4_0"}
     assert quantized["q4_0"] == pytest.approx(run["cpu_quantized_kv_printed"]["q4_0"], abs=0.0051)
 
@@ -674,7 +687,7 @@ def test_a_row_is_planned_with_the_host_bandwidth_read_around_its_job():
 
     runs = decode_error.recorded_runs(str(decode_error.ROOT / "bench" / "results-speed-h200.json"))
     run = next(r for r in runs if r.get("jobs") == "bench/jobs-gpu-9.json")
-    host, cost, used, quantized = decode_error.node_figures(runs, run)
+    host, cost, used, quantized, _ = decode_error.node_figures(runs, run)
     row = next(r for r in run["rows"] if r["shape"] == "qwen3-8b" and r["depth"] == 0)
     args = (run, "results-speed-h200.json", "nvidia-datacenter", "cuda", 4800, True)
     profiled = decode_error.measured_row(row, *args, host, cost, used, quantized)
@@ -698,7 +711,7 @@ def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
             if decode_error.profile_refusal(decode_error.profile_rows(run, run["host_cost_from"]), 4096):
                 refused.append((run["host"], [r for r in runs if r.get("host_profile")].index(run)))
                 continue  # refused since (lease 13's first, second and fourth: the test above)
-            _, costs, _, quantized = decode_error.node_figures(runs, run)
+            _, costs, _, quantized, _ = decode_error.node_figures(runs, run)
             printed = run["cpu_decode_by_threads_printed"]
             for threads, figures in printed.items():
                 assert costs[int(threads)]["block_us"] == pytest.approx(figures["block_us"], abs=0.5)
@@ -812,3 +825,115 @@ def test_measure_decode_passes_interleave_and_make_bench_takes_each_points_media
     single = [{k: v for k, v in r.items() if k != "pass"} for r in rows]
     assert decode_error.fold_passes({"rows": single})["rows"] == single
     assert decode_error.fold_passes({"host_profile": True, "rows": rows})["rows"] == rows
+
+
+def test_make_host_profile_experts_states_what_a_block_moved_to_ram_adds_and_the_plan_gives_it_back(
+        tmp_path, capsys, monkeypatch, fake):
+    """--experts on a node whose card llama-bench lists (scripted: each block whose experts move to RAM adds 400 us a
+    token) prints experts_in_ram_us_by_threads at the largest thread count, from the rates with 24 and 48 blocks in
+    RAM in every pass; the plan given that line, for that same configuration on a card of either NVIDIA profile,
+    gives back the 400 us a block (the card's own time for the bytes it no longer reads included), and reads experts
+    faster than HOST.expert_share where a block costs less."""
+    import yaml
+    from lab.bench import decode_error, host_profile
+    from lab.contract.real_shape import expected_weights_bytes
+
+    monkeypatch.setenv("FAKE_DEVICE", "CUDA0: scripted card (24564 MiB, 23000 MiB free)")
+    out = tmp_path / "record.json"
+    assert host_profile.main(["--threads", "4,8", "--passes", "2", "--experts", "--llama-bench", str(fake),
+                              "--out", str(out)]) == 0
+    fields = yaml.safe_load(capsys.readouterr().out.split("for the stack file (node_pools.<pool>):\n", 1)[1])
+    assert fields["experts_in_ram_us_by_threads"] == {8: 400}
+    record = json.loads(out.read_text())
+    moved = [(r["n_cpu_moe"], r["pass"], r["threads"]) for r in record["rows"] if r.get("n_cpu_moe")]
+    assert sorted(moved) == [(24, 0, 8), (24, 1, 8), (48, 0, 8), (48, 1, 8)]
+    assert record["experts_in_ram_us_by_threads"] == {"8": 400}
+    weights = expected_weights_bytes("qwen3-30b-a3b", "Q4_K_M") / 2 ** 30
+    facts = decode_error.preset_facts("qwen3-30b-a3b")
+    host = {8: 70.0, 16: 89.0}
+    for profile, bandwidth in (("nvidia-datacenter", 3350), ("nvidia", 936)):
+        def seconds(blocks, experts):
+            return 1 / decode_error.prediction(profile, "cuda", bandwidth, True, facts, "Q4_K_M", weights, 0, 1, None,
+                                               blocks, 8, host, {8: {"block_us": 113, "kv_gbs_per_thread": 1.3}},
+                                               experts=experts)
+        added = (seconds(48, {8: 400}) - seconds(24, {8: 400})) / 24 * 1e6
+        assert added == pytest.approx(400, rel=0.002), profile
+        # Cheaper blocks than HOST's share gives on this host: the node's own share is the faster one.
+        assert seconds(30, {8: 300}) < seconds(30, None) < seconds(30, {8: 600})
+
+
+def test_make_host_profile_experts_refuses_a_cpu_build_and_a_node_that_moved(tmp_path, capsys, monkeypatch, fake):
+    """--experts with a llama-bench that lists no card: exit 2, one line, nothing measured; on a card where a block
+    moved to RAM added no more than HOST.expert_block_us (the node moved between the two runs): exit 1, no experts
+    line, the CPU's figures still printed; make bench reads such a record's experts as refused too."""
+    from lab.bench import decode_error, host_profile
+    from engines.llamacpp_speed import HOST
+
+    out = tmp_path / "record.json"
+    assert host_profile.main(["--threads", "8", "--experts", "--llama-bench", str(fake), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "lists no GPU" in err and "LLAMA_CPP_BACKEND=cuda" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+    monkeypatch.setenv("FAKE_DEVICE", "CUDA0: scripted card (24564 MiB, 23000 MiB free)")
+    monkeypatch.setenv("EXPERTS_US", str(HOST.expert_block_us - 10))
+    assert host_profile.main(["--threads", "8", "--passes", "1", "--experts", "--llama-bench", str(fake),
+                              "--out", str(out)]) == 1
+    printed = capsys.readouterr()
+    assert "no more than" in printed.err and "experts_in_ram_us_by_threads" not in printed.out
+    assert "cpu_decode_by_threads" in printed.out
+    rows = [r for r in json.loads(out.read_text())["rows"] if r.get("n_cpu_moe")]
+    assert decode_error.experts_figure(rows)[0] == {} and "no more than" in decode_error.experts_figure(rows)[1]
+
+
+def test_make_bench_plans_a_hosts_experts_from_its_profiles_experts_figure(tmp_path, monkeypatch, fake):
+    """A recorded profile with --experts rows (the tool's record, as a lease records it): make bench takes the
+    figure the tool printed (node_figures), marks the profile's experts rows as the node's figures, and plans the
+    host's experts-in-RAM rows with it; the same rows on a host whose profile has none are planned with
+    HOST.expert_share."""
+    from lab.bench import decode_error, host_profile
+
+    monkeypatch.setenv("FAKE_DEVICE", "CUDA0: scripted card (24564 MiB, 23000 MiB free)")
+    monkeypatch.setenv("EXPERTS_US", "300")
+    out = tmp_path / "record.json"
+    assert host_profile.main(["--threads", "16", "--passes", "1", "--experts", "--llama-bench", str(fake),
+                              "--out", str(out)]) == 0
+    tool = json.loads(out.read_text())
+    rows = [{"shape": "qwen3-1.7b", "quant": "Q4_K_M", "routing": "zero", "ngl": 0, "n_prompt": 0, "n_gen": 16,
+             "type_k": r["kv_type"], "type_v": r["kv_type"], **r} for r in tool["rows"]]
+    rows = [{**r, "device": "NVIDIA H100 80GB HBM3"} for r in rows]
+    grid = {"host": "scripted host", "host_cost_from": {"shape": "qwen3-1.7b", "quant": "Q4_K_M", "depth": 4096},
+            "rows": [{"device": "NVIDIA H100 80GB HBM3", "shape": "qwen3.6-35b-a3b", "quant": "Q4_K_M", "routing": "token",
+                      "n_prompt": 0, "n_gen": 32, "depth": 0, "tok_s": 90.0, "threads": 16, "ngl": 99, "n_cpu_moe": 30,
+                      "type_k": "q4_0", "type_v": "q4_0"}]}
+    profile = {"host": "scripted host", "host_profile": True, "host_read_gbs": tool["host_read_gbs"],
+               "host_cost_from": grid["host_cost_from"], "rows": rows}
+    bare = {**profile, "rows": [r for r in rows if not r.get("n_cpu_moe")]}
+    predicted = {}
+    for name, runs in (("with", [profile, grid]), ("without", [bare, grid])):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"runs": runs}))
+        assert decode_error.node_figures(decode_error.recorded_runs(str(path)), grid)[4] == (
+            {16: 300} if name == "with" else None)
+        table = decode_error.rows({str(path): ("nvidia-datacenter", "cuda", 3350, True)})
+        marks = {row[5] for row in table if row[1].startswith("qwen3-30b-a3b") and row[7] == "experts in RAM"}
+        assert marks == ({"node figures"} if name == "with" else set())
+        (row,) = [row for row in table if row[1].startswith("qwen3.6-35b-a3b")]
+        predicted[name] = row[4]
+    # 300 us a block on this scripted host (HOST's share gives about 440 at 70 GB/s): planned faster.
+    assert predicted["with"] > predicted["without"] * 1.1
+
+
+def test_the_experts_profiles_bytes_per_block_are_the_planners_own():
+    """EXPERTS_PROFILE_BLOCK_BYTES is what the planner's layout reads per token from a block of the shape make
+    host-profile --experts measures (a real-shape Qwen3-30B-A3B Q4_K_M)."""
+    from engines.llamacpp_memory import layout
+    from engines.llamacpp_speed import EXPERTS_PROFILE_BLOCK_BYTES, EXPERTS_PROFILE_SHAPE
+    from lab.bench import decode_error
+    from lab.contract.real_shape import expected_weights_bytes
+
+    shape, quant = EXPERTS_PROFILE_SHAPE
+    model, facts, _ = decode_error.server_and_pool("nvidia-datacenter", "cuda", 3350, True, decode_error.preset_facts(shape),
+                                                   quant, expected_weights_bytes(shape, quant) / 2 ** 30, 0, 1, None, 48, 16)
+    place = layout(model, facts)
+    per_block = place.experts_per_block * place.active_expert_share * place.read_share
+    assert EXPERTS_PROFILE_BLOCK_BYTES == pytest.approx(per_block, rel=0.001)

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from common.constants import LLAMACPP_IMAGE_BUILD
 from config.types import ModelFacts, ModelServer, NodePool
-from engines.llamacpp_speed import (KV_DEEP_DEPTH, HostCost, is_range, kv_deep_slowdown, predict_range_tok_s,
+from engines.llamacpp_speed import (EXPERTS_PROFILE_BLOCKS, EXPERTS_PROFILE_SHAPE, HOST, KV_DEEP_DEPTH, HostCost, is_range, kv_deep_slowdown, predict_range_tok_s,
                                     quantized_kv_ratio, solve_host_cost)
 from config.catalog import lookup
 from lab.contract.real_shape import PRESETS, expected_weights_bytes, tensor_table
@@ -72,10 +72,11 @@ RECORDS = [
 
 
 def server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
-                    threads=8, host=None, cost=None, ctx_size=None, ubatch=None, cache="f16", quantized=None):
+                    threads=8, host=None, cost=None, ctx_size=None, ubatch=None, cache="f16", quantized=None, experts=None):
     """The model server and node pool a measured row stands for: host is the node's read bandwidth by threads
     (memory_bandwidth_by_threads), cost its decode figures by threads (cpu_decode_by_threads), quantized its CPU's
-    quantized-cache ratios (cpu_quantized_kv); the context twice
+    quantized-cache ratios (cpu_quantized_kv), experts what a block of experts moved to RAM adds
+    (experts_in_ram_us_by_threads); the context twice
     the depth unless given (a prompt's run: the prompt and the depth), the micro-batch llama.cpp's unless given."""
     model_facts = lookup(facts) if isinstance(facts, str) else ModelFacts.model_validate(facts)
     model = ModelServer.model_validate({
@@ -88,6 +89,7 @@ def server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights
     pool = NodePool.model_validate({
         "memory": "256Gi", "allocatable": "250Gi", "memory_bandwidth_gbs": max((host or {0: 60}).values()) if discrete else bandwidth,
         "memory_bandwidth_by_threads": host, "cpu_decode_by_threads": cost, "cpu_quantized_kv": quantized,
+        "experts_in_ram_us_by_threads": experts,
         "decode_profile": profile if backend != "cpu" else None, "backend": backend,
         **({"vram": "80Gi", "vram_bandwidth_gbs": bandwidth, "gpu_resource": "nvidia.com/gpu", "gpus_per_node": gpus} if discrete else {}),
     })
@@ -101,12 +103,13 @@ def prediction(*args, **kwargs) -> Optional[float]:
 
 
 def prediction_range(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
-                     threads=8, host=None, cost=None, cache="f16", quantized=None) -> Optional[tuple[float, float]]:
+                     threads=8, host=None, cost=None, cache="f16", quantized=None, experts=None) -> Optional[tuple[float, float]]:
     """(low, high): equal where the plan prints one figure; a range where the plan prints one (the CPU's part on a node
     whose figures, make host-profile, were not measured; a card off its profile's measured bandwidths), as the summary
     prints it."""
     model, model_facts, pool = server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth,
-                                               gpus, ngl, cpu_moe, threads, host, cost, cache=cache, quantized=quantized)
+                                               gpus, ngl, cpu_moe, threads, host, cost, cache=cache, quantized=quantized,
+                                               experts=experts)
     rates = predict_range_tok_s(model, model_facts, pool, backend, discrete, {"depth": depth})
     return rates["depth"] if rates else None
 
@@ -205,6 +208,35 @@ def quantized_refusal(kind: str, f16_empty_tok_s: float, empty: dict, deep: dict
                 f"({ratio:.2f} times f16's time per position, outside {RATIO_BOUNDS[0]:g}-{RATIO_BOUNDS[1]:g}): the node "
                 "was busy")
     return None
+
+
+def experts_point(r: dict) -> tuple:
+    """One point of make host-profile --experts: its threads and blocks of experts in RAM."""
+    return r["threads"], r["n_cpu_moe"]
+
+
+def experts_figure(rows: list[dict]) -> tuple[dict[int, int], Optional[str]]:
+    """make host-profile --experts's figure (experts_in_ram_us_by_threads) from its rows, passes folded (median_rows by
+    experts_point): per thread count, what each block whose experts moved to RAM added per token, in microseconds,
+    from the rates with EXPERTS_PROFILE_BLOCKS's blocks in RAM; or why none stands (the tool exits 1, make bench plans
+    with HOST.expert_share): a rate whose repetitions spread past PROFILE_STEADY, or a block that added no more than
+    HOST.expert_block_us (more blocks in RAM about as fast as fewer: the node's speed moved between the runs)."""
+    folded = {experts_point(r): r for r in median_rows(rows, experts_point)}
+    for r in folded.values():
+        if spread(r["tok_s"], r.get("stddev")) is not None:
+            return {}, (f"with {r['n_cpu_moe']} blocks of experts in RAM the rate spread {r['stddev'] / r['tok_s']:.0%} over "
+                        f"its runs (more than {PROFILE_STEADY:.0%}): the node's speed moved")
+    few, many = EXPERTS_PROFILE_BLOCKS
+    figures = {}
+    for threads in sorted({t for t, _ in folded}):
+        if (threads, few) not in folded or (threads, many) not in folded:
+            continue
+        us = (1 / folded[(threads, many)]["tok_s"] - 1 / folded[(threads, few)]["tok_s"]) / (many - few) * 1e6
+        if us <= HOST.expert_block_us:
+            return {}, (f"with {threads} threads a block of experts moved to RAM added {us:.0f} us a token, no more than "
+                        f"the {HOST.expert_block_us:.0f} us of moving the hidden state alone: the node's speed moved")
+        figures[threads] = round(us)
+    return figures, None
 
 
 def placement(discrete: bool, ngl, cpu_moe) -> str:
@@ -306,11 +338,12 @@ def profile_rows(run: dict, source: dict) -> list[dict]:
                         and (r["shape"], r["quant"]) == (source["shape"], source["quant"])])
 
 
-def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[dict], set, Optional[dict]]:
+def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[dict], set, Optional[dict], Optional[dict]]:
     """What `make host-profile` gives a user for the host a run was measured on: its read bandwidth by threads,
     its decode figures by threads (cpu_decode_by_threads), both from the one run of that host that holds the
-    CPU-only rows host_cost_from names (solved from them), those rows' keys (shape, quant, threads, depth), and
-    where that run measured quantized caches too (the tool's step 4), their ratios (cpu_quantized_kv).
+    CPU-only rows host_cost_from names (solved from them), those rows' keys (shape, quant, threads, depth), where
+    that run measured quantized caches too (the tool's step 4), their ratios (cpu_quantized_kv), and where it
+    measured experts in RAM (--experts), what a block moved there adds (experts_in_ram_us_by_threads).
     Every run of the host is predicted from these, as a user's servers would be."""
     source = run.get("host_cost_from")
 
@@ -324,7 +357,7 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
     home = next((other for other in runs if stands(other)), None) if source else None
     if home is None:
         bandwidth = run.get("host_read_gbs")
-        return ({int(k): v for k, v in bandwidth.items()} if bandwidth else None), None, set(), None
+        return ({int(k): v for k, v in bandwidth.items()} if bandwidth else None), None, set(), None, None
     host = {int(k): v for k, v in home["host_read_gbs"].items()}
     source_rows = profile_rows(home, source)
     rates = {(r["threads"], r["depth"]): r["tok_s"] for r in source_rows if cache_type(r) == "f16"
@@ -367,11 +400,18 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
             continue  # the tool states no ratio for this cache (the host moved between or during the runs)
         quantized[kind] = round(ratio, 2)
         used |= {(source["shape"], source["quant"], most, d, kind) for d in (0, at)}
+    experts = None
+    moved = [r for r in home["rows"] if r.get("n_cpu_moe") and (r["shape"], r["quant"]) == EXPERTS_PROFILE_SHAPE]
+    if home.get("host_profile") and moved:
+        figure, _ = experts_figure(moved)  # refused (the reason is the tool's): HOST.expert_share, as for a user
+        if figure:
+            experts = figure
+            used |= {(r["shape"], r["quant"], r["threads"], r["depth"], "experts", r["n_cpu_moe"]) for r in moved}
     # The rows the figures came from, as this run holds them: all of them for the home; for another profile of the
     # host (refused, or not the first that stands) none, its rows its own (measured_row); for any other run the row
     # at twice the depth it may have supplied.
     mine = used | deep_used if run is home else set() if run.get("host_profile") else deep_used
-    return host, costs or None, mine, quantized or None
+    return host, costs or None, mine, quantized or None, experts
 
 
 def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]:
@@ -389,16 +429,17 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
             continue
         runs = recorded_runs(path)
         for run in runs:
-            host, cost, cost_rows, quantized = node_figures(runs, run)
+            host, cost, cost_rows, quantized, experts = node_figures(runs, run)
             for r in run["rows"]:
                 if r.get("n_prompt"):
                     continue  # prefill: lab/bench/prefill_error.py
                 out.append(measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows,
-                                        quantized))
+                                        quantized, experts))
     return out
 
 
-def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized=None) -> tuple:
+def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized=None,
+                 experts=None) -> tuple:
     weights = r.get("weights_bytes")
     if weights is None:
         weights = expected_weights_bytes(r["shape"], r["quant"])
@@ -411,7 +452,7 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     on_card = discrete and ngl != 0
     low, high = prediction_range(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
                                  on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
-                                 threads, host, cost, cache=cache, quantized=quantized) or (None, None)
+                                 threads, host, cost, cache=cache, quantized=quantized, experts=experts) or (None, None)
     predicted = low
     # Where the host's figures were not measured (none, or not its attention past KV_PROFILE_DEPTH) the plan prints a
     # range (its summary says why; the plan's own test for one, engines/llamacpp.py), so the row is held to that
@@ -423,7 +464,10 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     cal = (cache == "f16" and (r.get("cal") is True or (r["shape"], r["quant"], threads, r.get("ngl") if r.get("ngl") != 99
                                                         else None, cpu_moe, r["depth"]) in SPEED_CALIBRATION)) or (
         profile == "nvidia-datacenter" and in_datacenter_fit(path, run, r))
-    if not on_card and ((cache == "f16" and key in cost_rows) or (*key, cache) in cost_rows):
+    if run.get("host_profile") and cpu_moe:
+        # make host-profile --experts's own row: the node's experts figure came from it, or it was refused.
+        cal = "node figures" if (*key, "experts", cpu_moe) in cost_rows else "refused by the profile"
+    elif not on_card and ((cache == "f16" and key in cost_rows) or (*key, cache) in cost_rows):
         cal = "node figures"  # the host's decode figures were solved from this row (make host-profile's)
     elif not on_card and run.get("host_profile"):
         cal = "refused by the profile"  # make host-profile's own row of a profile or a ratio it refuses (not the home's)
@@ -491,7 +535,7 @@ def recorded_node_figures() -> dict[str, tuple[dict, dict]]:
     for path in MEASURED:
         runs = recorded_runs(path)
         for run in runs:
-            host, costs, _, _ = node_figures(runs, run)
+            host, costs, _, _, _ = node_figures(runs, run)
             if costs:
                 out[run["host"]] = (host, costs)
     return out
@@ -540,7 +584,9 @@ TOLERANCE = 0.15
 RANGE = "the plan's range"
 # The commit the decode model (engines/llamacpp_speed.py, make host-profile's rules here) was last frozen at, and the
 # hosts measured after it: their rows are the out-of-sample figure. A change to the model after a host's rows were
-# seen moves the commit and empties the hosts (the rows seen stay in the all-leases lines, in sample).
+# seen moves the commit and empties the hosts (the rows seen stay in the all-leases lines, in sample); one that leaves
+# every recorded prediction as it was does not (the node's experts figure, experts_in_ram_us_by_threads, which no
+# recorded profile has yet).
 FROZEN = ("a0782b9", ("H100 machine, lease 14",))
 
 

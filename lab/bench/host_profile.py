@@ -27,6 +27,13 @@ So steps 2 and 4 run --passes times (3), interleaved, and each point's rate is i
 (decode_error.median_rows, which make bench reads a record with too): a minute the host moves spoils one pass of a
 point, not the figure. The spread the passes showed is printed.
 
+5. With --experts, on a node with its card (a GPU build): a real-shape Qwen3-30B-A3B Q4_K_M routing each token to its
+   own experts, every layer on the card, the experts of 24 and of all 48 blocks in system RAM, 32 tokens at an empty
+   context with the largest thread count: what each block moved to RAM adds to a token (experts_in_ram_us_by_threads),
+   from which the plan solves the share of the read bandwidth this node's CPU reads routed experts at (fixed at one
+   H200 host's 0.78 until now; eight hosts measured since lay at 0.65-1.05). Refused like the rest where its rates
+   spread, or where a block moved added no more than moving the hidden state alone does.
+
 Run it on the node that serves (or one of its kind), with nothing else running: a second H200 host read 30 %
 faster and attended twice as fast as the first (docs/capacity-planning.md, "Decode speed"). A pass takes about
 40 s at 16 threads alone with llama.cpp's CUDA build (its prompts go to the card; each further thread count adds its
@@ -47,9 +54,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from engines.llamacpp_speed import KV_PROFILE_DEPTH, kv_deep_slowdown, quantized_kv_ratio
-from lab.bench.decode_error import (cache_type, median_rows, planned_deep_rate, profile_refusal, quantized_refusal,
-                                    solved_cost, stated_slowdown)
+from engines.llamacpp_speed import (EXPERTS_PROFILE_BLOCKS, EXPERTS_PROFILE_SHAPE, KV_PROFILE_DEPTH, kv_deep_slowdown,
+                                    quantized_kv_ratio)
+from lab.bench.decode_error import (cache_type, experts_figure, experts_point, median_rows, planned_deep_rate, profile_refusal,
+                                    quantized_refusal, solved_cost, stated_slowdown)
 from lab.bench.measure_decode import bandwidth_lines
 from lab.contract.real_shape import PRESETS, write_real_shape
 
@@ -86,6 +94,33 @@ def decode_rates(binary: str, threads: list[int], depths: list[int], workdir: Pa
             for r in json.loads(out.stdout)]
 
 
+def gpu_devices(binary: str) -> list[str]:
+    """The devices llama-bench lists besides the CPU (`--list-devices`): none for a CPU build."""
+    out = subprocess.run([binary, "--list-devices"], capture_output=True, text=True, timeout=60)
+    lines = [line.strip() for line in out.stdout.splitlines()[1:] if line.strip()]
+    return [line for line in lines if line != "(none)"]
+
+
+def experts_rates(binary: str, threads: int, workdir: Path) -> list[dict]:
+    """Step 5 (--experts): a real-shape Qwen3-30B-A3B Q4_K_M whose router sends each token to its own experts (as a
+    trained one does; zero weights route every token alike), every layer on the card, the experts of
+    EXPERTS_PROFILE_BLOCKS's blocks in system RAM, 32 tokens at an empty context."""
+    shape, quant = EXPERTS_PROFILE_SHAPE
+    model = workdir / f"{shape}-{quant}-token.gguf"
+    if not model.exists():
+        write_real_shape(shape, model, quant, routing="token")
+    cmd = [binary, "-m", str(model), "-ngl", "99", "-ncmoe", ",".join(map(str, EXPERTS_PROFILE_BLOCKS)), "-p", "0",
+           "-n", "32", "-d", "0", "-t", str(threads), "-fa", "1", "-r", "3", "-o", "json"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"host_profile: llama-bench failed ({out.returncode}) with experts in RAM: "
+                         f"{out.stderr.strip().splitlines()[-1:]}")
+    return [{"shape": shape, "quant": quant, "routing": "token", "threads": r["n_threads"], "depth": r.get("n_depth", 0),
+             "ngl": 99, "n_cpu_moe": r["n_cpu_moe"], "tok_s": r["avg_ts"], "stddev": r.get("stddev_ts"), "kv_type": "f16",
+             "cpu": r.get("cpu_info"), "gpu": r.get("gpu_info"), "build": r.get("build_number"), "backend": r.get("backends")}
+            for r in json.loads(out.stdout)]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", default=None, help="comma-separated thread counts (default: powers of two and all cores)")
@@ -96,6 +131,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--kv-types", default="q8_0,q4_0", help="quantized KV cache types to measure (empty: none)")
     parser.add_argument("--passes", type=int, default=3,
                         help="measure everything this many times, interleaved, and take each point's median (default 3)")
+    parser.add_argument("--experts", action="store_true",
+                        help="on a node with its GPU (a GPU build of llama.cpp): also what a block of experts moved to "
+                             "RAM adds (experts_in_ram_us_by_threads; 18 GB of system RAM, 11 GB of the card)")
     parser.add_argument("--out", default=None, help="also write the measurements and figures as JSON")
     args = parser.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")] if args.threads else default_threads()
@@ -109,21 +147,27 @@ def main(argv: list[str]) -> int:
         from lab.llama_build import build
 
         binary = str(build(program="llama-bench"))
+    if args.experts and not gpu_devices(binary):
+        print(f"host_profile: --experts measures experts moved from the card to RAM, and {binary} lists no GPU: run it "
+              "with llama.cpp built for the node's card (LLAMA_CPP_BACKEND=cuda), or without --experts", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="host-profile-") as tmp:
         bandwidth = read_bandwidth(threads, Path(tmp))
-        measured = []
+        measured, moved = [], []
         for n in range(args.passes):
             # Interleaved: a host that moves for a minute moves one pass of each point, which the median leaves out.
             measured += [{**r, "pass": n} for r in decode_rates(binary, threads, [args.depth, 2 * args.depth], Path(tmp))]
             for kind in kv_types:
                 measured += [{**r, "pass": n} for r in decode_rates(binary, [max(threads)], [2 * args.depth], Path(tmp), kind)]
+            if args.experts:
+                moved += [{**r, "pass": n} for r in experts_rates(binary, max(threads), Path(tmp))]
     rows = median_rows(measured)
     refusal = profile_refusal(rows, args.depth)
     if refusal:
         # No figures: the record keeps the rates (and why), for the lab.
         if args.out:
             Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "depth": args.depth, "shape": SHAPE,
-                                                  "quant": QUANT, "rows": measured, "refused": refusal}, indent=1))
+                                                  "quant": QUANT, "rows": measured + moved, "refused": refusal}, indent=1))
         print(f"host_profile: {refusal}; no figures: run it again on a quiet node", file=sys.stderr)
         return 1
     if args.passes > 1:
@@ -166,11 +210,25 @@ def main(argv: list[str]) -> int:
         ratios[kind] = round(ratio, 2)
         print(f"{most:3} threads, {kind} KV cache: {deep[0]:.2f} tok/s empty, {deep[2 * args.depth]:.2f} at "
               f"{2 * args.depth}: {ratios[kind]:g} times the f16 cache's time per position there")
+    experts = {}
+    if args.experts:
+        experts, why = experts_figure(moved)
+        if why:
+            print(f"host_profile: {why}; no experts figure: run it again on a quiet node", file=sys.stderr)
+            failed = True
+        folded = {experts_point(r): r["tok_s"] for r in median_rows(moved, experts_point)}
+        for t, us in experts.items():
+            few, many = EXPERTS_PROFILE_BLOCKS
+            print(f"{t:3} threads, experts in RAM: {EXPERTS_PROFILE_SHAPE[0]} {EXPERTS_PROFILE_SHAPE[1]} "
+                  f"{folded[(t, few)]:.2f} tok/s with {few} blocks' experts in RAM, {folded[(t, many)]:.2f} with {many}: "
+                  f"{us} us a token for each block moved")
     if args.out:
         Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "depth": args.depth, "shape": SHAPE, "quant": QUANT,
-                                              "rows": measured, "cpu_decode_by_threads": figures,
+                                              "rows": measured + moved, "cpu_decode_by_threads": figures,
                                               "slowdown_at_twice_the_depth": slowdowns,
-                                              "cpu_quantized_kv": ratios}, indent=1))
+                                              "cpu_quantized_kv": ratios,
+                                              **({"experts_in_ram_us_by_threads": experts} if args.experts else {})},
+                                             indent=1))
     print("for the stack file (node_pools.<pool>):")
     print("  memory_bandwidth_by_threads: {" + ", ".join(f"{t}: {bandwidth[t]:.0f}" for t in threads) + "}")
     print("  cpu_decode_by_threads: {" + ", ".join(
@@ -178,6 +236,8 @@ def main(argv: list[str]) -> int:
     if ratios and args.depth == KV_PROFILE_DEPTH:
         # Stated at 8192 positions (config/types.py): at another --depth the record keeps the ratio, unprinted.
         print("  cpu_quantized_kv: {" + ", ".join(f"{k}: {v:g}" for k, v in ratios.items()) + "}")
+    if experts:
+        print("  experts_in_ram_us_by_threads: {" + ", ".join(f"{t}: {us}" for t, us in experts.items()) + "}")
     return 1 if failed else 0
 
 

@@ -133,8 +133,10 @@ def node_pool(hw: Hardware) -> dict[str, V]:
                          "local-path provisioner and the OS beside them.")
     pool["memory_bandwidth_gbs"] = V(_number(hw.ram_bandwidth), hw.ram_bandwidth_why)
     pool["cpu_decode_by_threads"] = V(None, "What llama.cpp's decode costs this node's CPU: run `make host-profile` on "
-                                      "a node and paste its lines here (this, memory_bandwidth_by_threads and cpu_quantized_kv); "
-                                      "null: the plan shows a range for what the CPU decodes.")
+                                      "a node and paste its lines here (this, memory_bandwidth_by_threads and cpu_quantized_kv"
+                                      + ("; with the card's build, `LLAMA_CPP_BACKEND=cuda make host-profile EXPERTS=1`, "
+                                         "experts_in_ram_us_by_threads too" if hw.discrete and backend == "cuda" else "")
+                                      + "); null: the plan shows a range for what the CPU decodes.")
     if hw.discrete:
         pool["vram"] = V(gi_quantity(hw.vram_gib), "--vram: memory of the card; offloaded layers and their KV cache are "
                          "planned here, the rest in system RAM.")
