@@ -125,7 +125,9 @@ host-bandwidth:
 # The read bandwidth and what llama.cpp's decode costs this node's CPU (block time, KV cache rate) with N threads,
 # from real llama-bench runs, three passes interleaved and each point's median (builds llama.cpp on first use, ~5 min
 # on 2 cores; then ~2 min at 16 threads alone with the CUDA build, ~15 with a CPU build; ~100 on 2 cores, PASSES=1 for 34):
-# copy the three printed lines into node_pools.<pool>. THREADS="4,16" measures those counts (default: powers of two and all cores).
+# copy the printed lines into node_pools.<pool>. THREADS="4,16" measures those counts (default: powers of two and all cores).
+# EXPERTS=1, on a node with its card and LLAMA_CPP_BACKEND=cuda: also its experts in RAM beside the card (18 GB of RAM,
+# about 11 GB of the card; its time not yet measured).
 host-profile: $(VENV)/.installed
 	$(BIN)/python -m lab.bench.host_profile $(if $(THREADS),--threads $(THREADS)) $(if $(PASSES),--passes $(PASSES)) $(if $(EXPERTS),--experts)
 

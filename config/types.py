@@ -129,7 +129,7 @@ class NodePool(Strict):
         "token, in microseconds, with N threads ({16: 410}), measured by `make host-profile EXPERTS=1` on the node "
         "with its card (llama-bench on a real-shape Qwen3-30B-A3B Q4_K_M, its experts of 24 and of all 48 blocks in "
         "RAM): the plan solves from it the share of memory_bandwidth_by_threads this node's CPU reads routed experts "
-        "at (eight hosts measured: 0.65-1.05; engines/llamacpp_speed.py, node_expert_share). null: 0.78, one H200 "
+        "at (eight hosts measured: 0.65-1.15; engines/llamacpp_speed.py, node_expert_share). null: 0.78, one H200 "
         "host's (HOST.expert_share).", default=None
     )
     vram: Optional[Memory] = doc(

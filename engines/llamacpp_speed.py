@@ -448,7 +448,7 @@ EXPERTS_PROFILE_SHAPE = ("qwen3-30b-a3b", "Q4_K_M")
 EXPERTS_PROFILE_BLOCKS = (24, 48)
 EXPERTS_PROFILE_BLOCK_BYTES = 22.94e6
 # What the solved share may be: outside it the figure measured something else (a node that moved, a card that held
-# less than the tool asked): the plan keeps HOST.expert_share. Hosts measured: 0.65-1.05 (docs, "Decode speed").
+# less than the tool asked): the plan keeps HOST.expert_share. Hosts measured: 0.65-1.15 (docs, "Decode speed").
 EXPERT_SHARE_BOUNDS = (0.2, 2.0)
 
 
@@ -464,6 +464,7 @@ def node_expert_share(pool: "NodePool", threads: int, card_gbs: float) -> Option
     read = {int(t): float(v) for t, v in pool.memory_bandwidth_by_threads.items()}
     shares = {}
     for t, us in table.items():
+        # expert_block_seconds(share, read, card) == us, for the share:
         cpu_s = float(us) / 1e6 + EXPERTS_PROFILE_BLOCK_BYTES / (card_gbs * 1e9) - HOST.expert_block_us / 1e6
         if cpu_s <= 0:
             return None
@@ -472,6 +473,14 @@ def node_expert_share(pool: "NodePool", threads: int, card_gbs: float) -> Option
             return None
         shares[int(t)] = share
     return by_threads(shares, threads)
+
+
+def expert_block_seconds(share: float, read_gbs: float, card_gbs: float) -> float:
+    """What a block of the experts profile's shape moved from the card to RAM adds to a token, as the plan has it:
+    HOST.expert_block_us, and its routed experts read at this share of the node's read bandwidth, less the card's time
+    for them (what experts_in_ram_us_by_threads states; node_expert_share solves it for the share)."""
+    return (HOST.expert_block_us / 1e6 + EXPERTS_PROFILE_BLOCK_BYTES / (share * read_gbs * 1e9)
+            - EXPERTS_PROFILE_BLOCK_BYTES / (card_gbs * 1e9))
 
 
 def cpu_quantized_ratio(kind: str) -> float:

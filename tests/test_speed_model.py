@@ -419,11 +419,16 @@ if "--list-devices" in sys.argv:
     sys.exit(0)
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 if "-ncmoe" in args:
-    # Experts in RAM (make host-profile --experts): each block moved adds EXPERTS_US microseconds to a token.
+    # Experts in RAM (make host-profile --experts): each block moved adds EXPERTS_US microseconds to a token; the
+    # rates spread EXPERTS_SPREAD over the repetitions; EXPERTS_FAIL: the card cannot hold them.
+    if os.environ.get("EXPERTS_FAIL"):
+        print("cudaMalloc failed: out of memory", file=sys.stderr)
+        sys.exit(1)
     us = float(os.environ.get("EXPERTS_US", "400"))
+    spread = float(os.environ.get("EXPERTS_SPREAD", "0"))
     print(json.dumps([{"n_threads": int(args["-t"]), "n_depth": 0, "n_cpu_moe": int(n), "avg_ts": 1 / (0.004 + int(n) * us / 1e6),
-                       "stddev_ts": 0.0, "cpu_info": "scripted", "gpu_info": "scripted card", "build_number": 10729,
-                       "backends": "CUDA"} for n in args["-ncmoe"].split(",")]))
+                       "stddev_ts": spread / (0.004 + int(n) * us / 1e6), "cpu_info": "scripted", "gpu_info": "scripted card",
+                       "build_number": 10729, "backends": "CUDA"} for n in args["-ncmoe"].split(",")]))
     sys.exit(0)
 per_position = {"f16": 2e-6, "q8_0": 2.6e-6, "q4_0": 2.4e-6}[args["-ctk"]]
 # A host whose speed moved during this cache type's run: every time it measures is this many times as long.
@@ -755,7 +760,11 @@ def test_the_out_of_sample_line_counts_only_hosts_measured_after_the_freeze():
         assert mine and all(commit in run["what"] for run in mine), host
     table = decode_error.rows(decode_error.MEASURED)
     counted = sum(count for _, _, count in decode_error.summary([row for row in table if row[0].endswith(hosts)]))
-    assert counted >= 40  # lease 14: 97 points (its profiles' own rows are not counted)
+    # Every decode row of those hosts' grids is a prediction (none is calibration or routes every token alike); the
+    # profiles' own rows are not counted.
+    grids = [r for run in runs if run.get("host") in hosts and not run.get("host_profile") for r in run["rows"]
+             if not r.get("n_prompt")]
+    assert counted == len(grids) > 40
 
 
 def test_measure_decode_reads_the_host_bandwidth_around_each_job(tmp_path, monkeypatch):
@@ -855,7 +864,7 @@ def test_make_host_profile_experts_states_what_a_block_moved_to_ram_adds_and_the
         def seconds(blocks, experts):
             return 1 / decode_error.prediction(profile, "cuda", bandwidth, True, facts, "Q4_K_M", weights, 0, 1, None,
                                                blocks, 8, host, {8: {"block_us": 113, "kv_gbs_per_thread": 1.3}},
-                                               experts=experts)
+                                               experts_us=experts)
         added = (seconds(48, {8: 400}) - seconds(24, {8: 400})) / 24 * 1e6
         assert added == pytest.approx(400, rel=0.002), profile
         # Cheaper blocks than HOST's share gives on this host: the node's own share is the faster one.
@@ -907,20 +916,28 @@ def test_make_bench_plans_a_hosts_experts_from_its_profiles_experts_figure(tmp_p
                       "type_k": "q4_0", "type_v": "q4_0"}]}
     profile = {"host": "scripted host", "host_profile": True, "host_read_gbs": tool["host_read_gbs"],
                "host_cost_from": grid["host_cost_from"], "rows": rows}
-    bare = {**profile, "rows": [r for r in rows if not r.get("n_cpu_moe")]}
+    # The same profile whose experts' rates spread 30 % over their repetitions: the figure refused.
+    spread = {**profile, "rows": [{**r, "stddev": 0.3 * r["tok_s"]} if r.get("n_cpu_moe") else r for r in rows]}
     predicted = {}
-    for name, runs in (("with", [profile, grid]), ("without", [bare, grid])):
+    for name, runs in (("with", [profile, grid]), ("without", [spread, grid])):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps({"runs": runs}))
         assert decode_error.node_figures(decode_error.recorded_runs(str(path)), grid)[4] == (
             {16: 300} if name == "with" else None)
         table = decode_error.rows({str(path): ("nvidia-datacenter", "cuda", 3350, True)})
-        marks = {row[5] for row in table if row[1].startswith("qwen3-30b-a3b") and row[7] == "experts in RAM"}
-        assert marks == ({"node figures"} if name == "with" else set())
+        marks = [row[5] for row in table if row[1].startswith("qwen3-30b-a3b") and row[7] == "experts in RAM"]
+        assert len(marks) == 2 and set(marks) == ({"node figures"} if name == "with" else {"refused by the profile"})
         (row,) = [row for row in table if row[1].startswith("qwen3.6-35b-a3b")]
         predicted[name] = row[4]
-    # 300 us a block on this scripted host (HOST's share gives about 440 at 70 GB/s): planned faster.
+    # 300 us a block on this scripted host (HOST's share gives about 520 at 70 GB/s): planned faster.
     assert predicted["with"] > predicted["without"] * 1.1
+    # Read around the job at 120 GB/s instead of the profile's 70: the same share of more bandwidth, a faster token.
+    drifted = {**grid, "rows": [{**grid["rows"][0], "read_gbs_around": [120.0, 120.0]}]}
+    path = tmp_path / "drifted.json"
+    path.write_text(json.dumps({"runs": [profile, drifted]}))
+    (row,) = [row for row in decode_error.rows({str(path): ("nvidia-datacenter", "cuda", 3350, True)})
+              if row[1].startswith("qwen3.6-35b-a3b")]
+    assert row[4] > predicted["with"] * 1.05
 
 
 def test_the_experts_profiles_bytes_per_block_are_the_planners_own():
@@ -937,3 +954,45 @@ def test_the_experts_profiles_bytes_per_block_are_the_planners_own():
     place = layout(model, facts)
     per_block = place.experts_per_block * place.active_expert_share * place.read_share
     assert EXPERTS_PROFILE_BLOCK_BYTES == pytest.approx(per_block, rel=0.001)
+
+
+def test_make_host_profile_experts_keeps_the_cpus_figures_where_experts_cannot_be_measured(tmp_path, capsys, monkeypatch,
+                                                                                          fake):
+    """--experts where llama-bench lists only an accelerator that is not a card (BLAS): exit 2 before anything runs;
+    where the card cannot hold the experts (llama-bench fails) or their rates spread: exit 1, the CPU's lines printed
+    and recorded, no experts line, and the record says why."""
+    import yaml
+    from lab.bench import host_profile
+
+    out = tmp_path / "record.json"
+    monkeypatch.setenv("FAKE_DEVICE", "BLAS: OpenBLAS")
+    assert host_profile.main(["--threads", "8", "--experts", "--llama-bench", str(fake), "--out", str(out)]) == 2
+    assert "lists no GPU" in capsys.readouterr().err and not out.exists()
+    monkeypatch.setenv("FAKE_DEVICE", "CUDA0: scripted card (12288 MiB, 11000 MiB free)")
+    for env, why in (("EXPERTS_FAIL", "out of memory"), ("EXPERTS_SPREAD", "spread")):
+        monkeypatch.setenv(env, "1" if env == "EXPERTS_FAIL" else "0.3")
+        assert host_profile.main(["--threads", "8", "--passes", "2", "--experts", "--llama-bench", str(fake),
+                                  "--out", str(out)]) == 1
+        printed = capsys.readouterr()
+        fields = yaml.safe_load(printed.out.split("for the stack file (node_pools.<pool>):\n", 1)[1])
+        assert set(fields) == {"memory_bandwidth_by_threads", "cpu_decode_by_threads", "cpu_quantized_kv"}, env
+        assert why in printed.err and "no experts figure" in printed.err
+        record = json.loads(out.read_text())
+        assert record["experts_in_ram_us_by_threads"] == {} and why in record["experts_refused"]
+        assert record["cpu_decode_by_threads"]["8"]["block_us"] >= 0
+        monkeypatch.delenv(env)
+
+
+def test_a_grids_failed_jobs_and_other_settings_are_not_folded_into_its_points():
+    """fold_passes leaves out measure_decode's rows for a job that failed or ran out of time (they carry a pass and no
+    rate), and keeps apart points that differ in a setting llama-bench records (flash attention, micro-batch)."""
+    from lab.bench import decode_error
+
+    base = {"shape": "qwen3-8b", "quant": "Q4_K_M", "routing": "zero", "n_prompt": 0, "n_gen": 32, "depth": 0,
+            "threads": 16, "ngl": 20, "n_cpu_moe": 0, "type_k": "q8_0", "type_v": "q8_0", "flash_attn": 1, "n_ubatch": 512}
+    rows = [{**base, "tok_s": t, "pass": n} for n, t in enumerate((10.0, 30.0, 12.0))]
+    rows += [{**base, "flash_attn": 0, "tok_s": 7.0, "pass": 0}, {**base, "n_ubatch": 256, "tok_s": 9.0, "pass": 0},
+             {"job": {"shape": "qwen3-8b"}, "error": "out of time", "pass": 1}]
+    folded = decode_error.fold_passes({"host": "h", "rows": rows})["rows"]
+    assert sorted((r["flash_attn"], r["n_ubatch"], r["tok_s"], r["passes"]) for r in folded) == [
+        (0, 512, 7.0, 1), (1, 256, 9.0, 1), (1, 512, 12.0, 3)]

@@ -14,6 +14,7 @@ import json
 import math
 import statistics
 import sys
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Optional
 
@@ -21,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from common.constants import LLAMACPP_IMAGE_BUILD
 from config.types import ModelFacts, ModelServer, NodePool
-from engines.llamacpp_speed import (EXPERTS_PROFILE_BLOCKS, EXPERTS_PROFILE_SHAPE, HOST, KV_DEEP_DEPTH, HostCost, is_range, kv_deep_slowdown, predict_range_tok_s,
-                                    quantized_kv_ratio, solve_host_cost)
+from engines.llamacpp_speed import (EXPERTS_PROFILE_BLOCKS, EXPERTS_PROFILE_SHAPE, HOST, KV_DEEP_DEPTH, PROFILES, HostCost,
+                                    card_read_gbs, expert_block_seconds, is_range, kv_deep_slowdown, node_expert_share,
+                                    predict_range_tok_s, quantized_kv_ratio, solve_host_cost)
 from config.catalog import lookup
 from lab.contract.real_shape import PRESETS, expected_weights_bytes, tensor_table
 
@@ -72,10 +74,10 @@ RECORDS = [
 
 
 def server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
-                    threads=8, host=None, cost=None, ctx_size=None, ubatch=None, cache="f16", quantized=None, experts=None):
+                    threads=8, host=None, cost=None, ctx_size=None, ubatch=None, cache="f16", quantized=None, experts_us=None):
     """The model server and node pool a measured row stands for: host is the node's read bandwidth by threads
     (memory_bandwidth_by_threads), cost its decode figures by threads (cpu_decode_by_threads), quantized its CPU's
-    quantized-cache ratios (cpu_quantized_kv), experts what a block of experts moved to RAM adds
+    quantized-cache ratios (cpu_quantized_kv), experts_us what a block of experts moved to RAM adds
     (experts_in_ram_us_by_threads); the context twice
     the depth unless given (a prompt's run: the prompt and the depth), the micro-batch llama.cpp's unless given."""
     model_facts = lookup(facts) if isinstance(facts, str) else ModelFacts.model_validate(facts)
@@ -89,7 +91,7 @@ def server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights
     pool = NodePool.model_validate({
         "memory": "256Gi", "allocatable": "250Gi", "memory_bandwidth_gbs": max((host or {0: 60}).values()) if discrete else bandwidth,
         "memory_bandwidth_by_threads": host, "cpu_decode_by_threads": cost, "cpu_quantized_kv": quantized,
-        "experts_in_ram_us_by_threads": experts,
+        "experts_in_ram_us_by_threads": experts_us,
         "decode_profile": profile if backend != "cpu" else None, "backend": backend,
         **({"vram": "80Gi", "vram_bandwidth_gbs": bandwidth, "gpu_resource": "nvidia.com/gpu", "gpus_per_node": gpus} if discrete else {}),
     })
@@ -103,13 +105,13 @@ def prediction(*args, **kwargs) -> Optional[float]:
 
 
 def prediction_range(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth, gpus, ngl=None, cpu_moe=None,
-                     threads=8, host=None, cost=None, cache="f16", quantized=None, experts=None) -> Optional[tuple[float, float]]:
+                     threads=8, host=None, cost=None, cache="f16", quantized=None, experts_us=None) -> Optional[tuple[float, float]]:
     """(low, high): equal where the plan prints one figure; a range where the plan prints one (the CPU's part on a node
     whose figures, make host-profile, were not measured; a card off its profile's measured bandwidths), as the summary
     prints it."""
     model, model_facts, pool = server_and_pool(profile, backend, bandwidth, discrete, facts, quant, weights_gib, depth,
                                                gpus, ngl, cpu_moe, threads, host, cost, cache=cache, quantized=quantized,
-                                               experts=experts)
+                                               experts_us=experts_us)
     rates = predict_range_tok_s(model, model_facts, pool, backend, discrete, {"depth": depth})
     return rates["depth"] if rates else None
 
@@ -215,17 +217,18 @@ def experts_point(r: dict) -> tuple:
     return r["threads"], r["n_cpu_moe"]
 
 
-def experts_figure(rows: list[dict]) -> tuple[dict[int, int], Optional[str]]:
+def experts_figure(rows: list[dict]) -> tuple[dict[int, int], Optional[str], dict[tuple, dict]]:
     """make host-profile --experts's figure (experts_in_ram_us_by_threads) from its rows, passes folded (median_rows by
-    experts_point): per thread count, what each block whose experts moved to RAM added per token, in microseconds,
-    from the rates with EXPERTS_PROFILE_BLOCKS's blocks in RAM; or why none stands (the tool exits 1, make bench plans
-    with HOST.expert_share): a rate whose repetitions spread past PROFILE_STEADY, or a block that added no more than
-    HOST.expert_block_us (more blocks in RAM about as fast as fewer: the node's speed moved between the runs)."""
+    experts_point; the folded rows are returned too, by point): per thread count, what each block whose experts moved
+    to RAM added per token, in microseconds, from the rates with EXPERTS_PROFILE_BLOCKS's blocks in RAM; or why none
+    stands (the tool exits 1, make bench plans with HOST.expert_share): a rate whose repetitions spread past
+    PROFILE_STEADY, or a block that added no more than HOST.expert_block_us (more blocks in RAM about as fast as fewer:
+    the node's speed moved between the runs)."""
     folded = {experts_point(r): r for r in median_rows(rows, experts_point)}
     for r in folded.values():
         if spread(r["tok_s"], r.get("stddev")) is not None:
             return {}, (f"with {r['n_cpu_moe']} blocks of experts in RAM the rate spread {r['stddev'] / r['tok_s']:.0%} over "
-                        f"its runs (more than {PROFILE_STEADY:.0%}): the node's speed moved")
+                        f"its runs (more than {PROFILE_STEADY:.0%}): the node's speed moved"), folded
     few, many = EXPERTS_PROFILE_BLOCKS
     figures = {}
     for threads in sorted({t for t, _ in folded}):
@@ -234,9 +237,19 @@ def experts_figure(rows: list[dict]) -> tuple[dict[int, int], Optional[str]]:
         us = (1 / folded[(threads, many)]["tok_s"] - 1 / folded[(threads, few)]["tok_s"]) / (many - few) * 1e6
         if us <= HOST.expert_block_us:
             return {}, (f"with {threads} threads a block of experts moved to RAM added {us:.0f} us a token, no more than "
-                        f"the {HOST.expert_block_us:.0f} us of moving the hidden state alone: the node's speed moved")
+                        f"the {HOST.expert_block_us:.0f} us of moving the hidden state alone: the node's speed moved"), folded
         figures[threads] = round(us)
-    return figures, None
+    return figures, None, folded
+
+
+def experts_at(experts_us: dict, host: dict, threads: int, read_gbs: float, profile: str, bandwidth: float) -> dict:
+    """A node's experts figure restated at the read bandwidth measured around a row's job: the same share of the
+    bandwidth (what the figure means: node_expert_share, solved against the profile's own bandwidth), so the experts'
+    time follows the host's drift as its dense weights' does; the figure as given where no share comes of it."""
+    card_gbs = card_read_gbs(PROFILES[profile], "kquant", bandwidth)[0]
+    share = node_expert_share(SimpleNamespace(experts_in_ram_us_by_threads=experts_us, memory_bandwidth_by_threads=host),
+                              threads, card_gbs)
+    return {threads: expert_block_seconds(share, read_gbs, card_gbs) * 1e6} if share else experts_us
 
 
 def placement(discrete: bool, ngl, cpu_moe) -> str:
@@ -296,7 +309,8 @@ def profile_point(r: dict) -> tuple:
 
 
 # One point of a speed grid (measure_decode --jobs): what llama-bench ran, less the pass.
-GRID_POINT = ("shape", "quant", "routing", "n_prompt", "n_gen", "depth", "threads", "ngl", "n_cpu_moe", "type_k", "type_v")
+GRID_POINT = ("shape", "quant", "routing", "n_prompt", "n_gen", "depth", "threads", "ngl", "n_cpu_moe", "type_k", "type_v",
+              "flash_attn", "n_ubatch")
 
 
 def grid_point(r: dict) -> tuple:
@@ -323,11 +337,13 @@ def median_rows(rows: list[dict], point=profile_point) -> list[dict]:
 
 def fold_passes(run: dict) -> dict:
     """A speed grid measured in interleaved passes (measure_decode --passes: every row names its pass) with each
-    point's passes folded (median_rows by grid_point), as make host-profile folds its own; make host-profile's record
+    point's passes folded (median_rows by grid_point), as make host-profile folds its own; a job that failed or ran out
+    of time (measure_decode's {"job", "error"} rows) measured nothing and is left out; make host-profile's record
     (folded where its figures are solved: profile_rows) and a grid of one pass are as recorded."""
-    if run.get("host_profile") or not run["rows"] or not all("pass" in r for r in run["rows"]):
+    measured = [r for r in run["rows"] if "error" not in r]
+    if run.get("host_profile") or not measured or not all("pass" in r for r in measured):
         return run
-    return {**run, "rows": median_rows(run["rows"], grid_point)}
+    return {**run, "rows": median_rows(measured, grid_point)}
 
 
 def profile_rows(run: dict, source: dict) -> list[dict]:
@@ -400,18 +416,18 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
             continue  # the tool states no ratio for this cache (the host moved between or during the runs)
         quantized[kind] = round(ratio, 2)
         used |= {(source["shape"], source["quant"], most, d, kind) for d in (0, at)}
-    experts = None
+    experts_us = None
     moved = [r for r in home["rows"] if r.get("n_cpu_moe") and (r["shape"], r["quant"]) == EXPERTS_PROFILE_SHAPE]
     if home.get("host_profile") and moved:
-        figure, _ = experts_figure(moved)  # refused (the reason is the tool's): HOST.expert_share, as for a user
+        figure, _, _ = experts_figure(moved)  # refused (the reason is the tool's): HOST.expert_share, as for a user
         if figure:
-            experts = figure
+            experts_us = figure
             used |= {(r["shape"], r["quant"], r["threads"], r["depth"], "experts", r["n_cpu_moe"]) for r in moved}
     # The rows the figures came from, as this run holds them: all of them for the home; for another profile of the
     # host (refused, or not the first that stands) none, its rows its own (measured_row); for any other run the row
     # at twice the depth it may have supplied.
     mine = used | deep_used if run is home else set() if run.get("host_profile") else deep_used
-    return host, costs or None, mine, quantized or None, experts
+    return host, costs or None, mine, quantized or None, experts_us
 
 
 def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]:
@@ -429,30 +445,33 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
             continue
         runs = recorded_runs(path)
         for run in runs:
-            host, cost, cost_rows, quantized, experts = node_figures(runs, run)
+            host, cost, cost_rows, quantized, experts_us = node_figures(runs, run)
             for r in run["rows"]:
                 if r.get("n_prompt"):
                     continue  # prefill: lab/bench/prefill_error.py
                 out.append(measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows,
-                                        quantized, experts))
+                                        quantized, experts_us))
     return out
 
 
 def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized=None,
-                 experts=None) -> tuple:
+                 experts_us=None) -> tuple:
     weights = r.get("weights_bytes")
     if weights is None:
         weights = expected_weights_bytes(r["shape"], r["quant"])
     ngl = r.get("ngl") if r.get("ngl") is not None and r.get("ngl") < 99 else None
     cache = cache_type(r)
     cpu_moe, threads = r.get("n_cpu_moe") or None, r.get("threads") or 8
+    on_card = discrete and ngl != 0
     if host and r.get("read_gbs_around"):
         # The host's read bandwidth read around this row's job (measure_decode --host-bandwidth): a shared host's drifts.
-        host = {**host, threads: sum(r["read_gbs_around"]) / len(r["read_gbs_around"])}
-    on_card = discrete and ngl != 0
+        around = sum(r["read_gbs_around"]) / len(r["read_gbs_around"])
+        if experts_us and on_card and profile in PROFILES:
+            experts_us = experts_at(experts_us, host, threads, around, profile, bandwidth)
+        host = {**host, threads: around}
     low, high = prediction_range(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
                                  on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
-                                 threads, host, cost, cache=cache, quantized=quantized, experts=experts) or (None, None)
+                                 threads, host, cost, cache=cache, quantized=quantized, experts_us=experts_us) or (None, None)
     predicted = low
     # Where the host's figures were not measured (none, or not its attention past KV_PROFILE_DEPTH) the plan prints a
     # range (its summary says why; the plan's own test for one, engines/llamacpp.py), so the row is held to that

@@ -1,7 +1,8 @@
 """Measure a node's CPU for the decode prediction (`make host-profile`): what it reads with N threads and what
 llama.cpp's decode costs it beyond reading the weights, printed as the two stack-file lines of its pool.
 
-    python -m lab.bench.host_profile [--threads 4,16] [--depth 4096] [--passes 3] [--llama-bench PATH] [--out record.json]
+    python -m lab.bench.host_profile [--threads 4,16] [--depth 4096] [--passes 3] [--experts] [--llama-bench PATH]
+        [--out record.json]
 
 1. bench/host_bandwidth.c reads 4 GiB with each thread count: memory_bandwidth_by_threads.
 2. llama-bench (-ngl 0: on a GPU build too, the CPU decodes) generates 16 tokens of a real-shape Qwen3-1.7B
@@ -31,8 +32,10 @@ point, not the figure. The spread the passes showed is printed.
    own experts, every layer on the card, the experts of 24 and of all 48 blocks in system RAM, 32 tokens at an empty
    context with the largest thread count: what each block moved to RAM adds to a token (experts_in_ram_us_by_threads),
    from which the plan solves the share of the read bandwidth this node's CPU reads routed experts at (fixed at one
-   H200 host's 0.78 until now; eight hosts measured since lay at 0.65-1.05). Refused like the rest where its rates
-   spread, or where a block moved added no more than moving the hidden state alone does.
+   H200 host's 0.78 until now; eight hosts measured since lay at 0.65-1.15). Refused like the rest where its rates
+   spread, or where a block moved added no more than moving the hidden state alone does; where llama-bench fails
+   (a card that cannot hold 24 blocks' experts, about 11 GB with the rest), the CPU's figures still stand. What it
+   adds to a pass (an 18 GB file of zeros, sparse, loaded twice) is not measured yet.
 
 Run it on the node that serves (or one of its kind), with nothing else running: a second H200 host read 30 %
 faster and attended twice as fast as the first (docs/capacity-planning.md, "Decode speed"). A pass takes about
@@ -47,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -56,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from engines.llamacpp_speed import (EXPERTS_PROFILE_BLOCKS, EXPERTS_PROFILE_SHAPE, KV_PROFILE_DEPTH, kv_deep_slowdown,
                                     quantized_kv_ratio)
-from lab.bench.decode_error import (cache_type, experts_figure, experts_point, median_rows, planned_deep_rate, profile_refusal,
+from lab.bench.decode_error import (cache_type, experts_figure, median_rows, planned_deep_rate, profile_refusal,
                                     quantized_refusal, solved_cost, stated_slowdown)
 from lab.bench.measure_decode import bandwidth_lines
 from lab.contract.real_shape import PRESETS, write_real_shape
@@ -94,11 +98,19 @@ def decode_rates(binary: str, threads: list[int], depths: list[int], workdir: Pa
             for r in json.loads(out.stdout)]
 
 
+# The names llama.cpp gives the GPU devices of the backends the plan knows (CUDA0, ROCm0, Vulkan0, SYCL0, MTL0);
+# an accelerator such as BLAS is listed too, and is not a card.
+GPU_DEVICE = re.compile(r"^(CUDA|ROCm|Vulkan|SYCL|MTL)\d+:")
+
+
 def gpu_devices(binary: str) -> list[str]:
-    """The devices llama-bench lists besides the CPU (`--list-devices`): none for a CPU build."""
+    """The GPUs llama-bench lists (`--list-devices`: "Available devices:", then one line a device, or "(none)"): none
+    for a CPU build, or for a llama-bench that does not answer the flag so."""
     out = subprocess.run([binary, "--list-devices"], capture_output=True, text=True, timeout=60)
-    lines = [line.strip() for line in out.stdout.splitlines()[1:] if line.strip()]
-    return [line for line in lines if line != "(none)"]
+    lines = [line.strip() for line in out.stdout.splitlines()]
+    if out.returncode != 0 or not lines or lines[0] != "Available devices:":
+        return []
+    return [line for line in lines[1:] if GPU_DEVICE.match(line)]
 
 
 def experts_rates(binary: str, threads: int, workdir: Path) -> list[dict]:
@@ -153,14 +165,18 @@ def main(argv: list[str]) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="host-profile-") as tmp:
         bandwidth = read_bandwidth(threads, Path(tmp))
-        measured, moved = [], []
+        measured, moved, experts_failed = [], [], None
         for n in range(args.passes):
             # Interleaved: a host that moves for a minute moves one pass of each point, which the median leaves out.
             measured += [{**r, "pass": n} for r in decode_rates(binary, threads, [args.depth, 2 * args.depth], Path(tmp))]
             for kind in kv_types:
                 measured += [{**r, "pass": n} for r in decode_rates(binary, [max(threads)], [2 * args.depth], Path(tmp), kind)]
-            if args.experts:
-                moved += [{**r, "pass": n} for r in experts_rates(binary, max(threads), Path(tmp))]
+            if args.experts and not experts_failed:
+                try:
+                    moved += [{**r, "pass": n} for r in experts_rates(binary, max(threads), Path(tmp))]
+                except SystemExit as failure:
+                    # A card that cannot hold the 24 blocks' experts, say: the CPU's figures still stand.
+                    experts_failed, moved = str(failure).removeprefix("host_profile: "), []
     rows = median_rows(measured)
     refusal = profile_refusal(rows, args.depth)
     if refusal:
@@ -170,9 +186,11 @@ def main(argv: list[str]) -> int:
                                                   "quant": QUANT, "rows": measured + moved, "refused": refusal}, indent=1))
         print(f"host_profile: {refusal}; no figures: run it again on a quiet node", file=sys.stderr)
         return 1
+    experts, experts_why, folded = experts_figure(moved) if moved else ({}, experts_failed, {})
     if args.passes > 1:
+        apart = max(r["passes_apart"] for r in [*rows, *folded.values()])
         print(f"{args.passes} passes: each figure below is from the median rate of each point; the passes of one point "
-              f"differed by up to {max(r['passes_apart'] for r in rows):.0%}")
+              f"differed by up to {apart:.0%}")
     rates = {(r["threads"], r["depth"]): r["tok_s"] for r in rows if cache_type(r) == "f16"}
     figures, slowdowns = {}, {}
     for t in threads:
@@ -210,24 +228,23 @@ def main(argv: list[str]) -> int:
         ratios[kind] = round(ratio, 2)
         print(f"{most:3} threads, {kind} KV cache: {deep[0]:.2f} tok/s empty, {deep[2 * args.depth]:.2f} at "
               f"{2 * args.depth}: {ratios[kind]:g} times the f16 cache's time per position there")
-    experts = {}
     if args.experts:
-        experts, why = experts_figure(moved)
-        if why:
-            print(f"host_profile: {why}; no experts figure: run it again on a quiet node", file=sys.stderr)
+        if experts_why:
+            print(f"host_profile: {experts_why}; no experts figure" + ("" if experts_failed else
+                  ": run it again on a quiet node"), file=sys.stderr)
             failed = True
-        folded = {experts_point(r): r["tok_s"] for r in median_rows(moved, experts_point)}
         for t, us in experts.items():
             few, many = EXPERTS_PROFILE_BLOCKS
             print(f"{t:3} threads, experts in RAM: {EXPERTS_PROFILE_SHAPE[0]} {EXPERTS_PROFILE_SHAPE[1]} "
-                  f"{folded[(t, few)]:.2f} tok/s with {few} blocks' experts in RAM, {folded[(t, many)]:.2f} with {many}: "
-                  f"{us} us a token for each block moved")
+                  f"{folded[(t, few)]['tok_s']:.2f} tok/s with {few} blocks' experts in RAM, "
+                  f"{folded[(t, many)]['tok_s']:.2f} with {many}: {us} us a token for each block moved")
     if args.out:
         Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "depth": args.depth, "shape": SHAPE, "quant": QUANT,
                                               "rows": measured + moved, "cpu_decode_by_threads": figures,
                                               "slowdown_at_twice_the_depth": slowdowns,
                                               "cpu_quantized_kv": ratios,
-                                              **({"experts_in_ram_us_by_threads": experts} if args.experts else {})},
+                                              **({"experts_in_ram_us_by_threads": experts} if args.experts else {}),
+                                              **({"experts_refused": experts_why} if args.experts and experts_why else {})},
                                              indent=1))
     print("for the stack file (node_pools.<pool>):")
     print("  memory_bandwidth_by_threads: {" + ", ".join(f"{t}: {bandwidth[t]:.0f}" for t in threads) + "}")

@@ -85,7 +85,7 @@ def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_pa
     host_bandwidth, each row also carries the host's read bandwidth at its threads read before and after its job.
     passes > 1 runs the whole list that many times, interleaved (every job once, then again), each row naming its
     pass: make bench takes each point's median over them (decode_error.fold_passes), as make host-profile does, since
-    a shared host moves by more than the plan's tolerance within minutes (lease 14: one job 26 % apart in two runs)."""
+    a shared host moves by more than the plan's tolerance within minutes (lease 14: twelve jobs run twice, up to 28 % apart)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="shapes-") as tmp:
         for number, index, job in ((n, i, job) for n in range(passes) for i, job in enumerate(jobs)):
