@@ -996,3 +996,29 @@ def test_a_grids_failed_jobs_and_other_settings_are_not_folded_into_its_points()
     folded = decode_error.fold_passes({"host": "h", "rows": rows})["rows"]
     assert sorted((r["flash_attn"], r["n_ubatch"], r["tok_s"], r["passes"]) for r in folded) == [
         (0, 512, 7.0, 1), (1, 256, 9.0, 1), (1, 512, 12.0, 3)]
+
+
+def test_a_stack_files_experts_figure_reaches_the_plan_through_pulumis_json_config():
+    """rtx3060's chat (28 blocks of Qwen3-30B-A3B's experts in RAM beside a 360 GB/s card), its host profiled: the
+    program run on the stack file (Pulumi stores the thread-keyed table as JSON) plans one decode figure; given the
+    experts figure that means HOST.expert_share on this node (expert_block_seconds at that share, its read bandwidth
+    and the card's K-quant rate) it plans exactly that figure again, and with a cheaper block a faster one."""
+    from conftest import run_stack_file, stack_file_config
+    from engines.llamacpp_speed import HOST, PROFILES, card_read_gbs, expert_block_seconds
+
+    def decode(experts):
+        mapping = stack_file_config("rtx3060")
+        pool = mapping["inference-plane:node_pools"]["rtx3060"]
+        pool["memory_bandwidth_by_threads"] = {8: 40}
+        pool["cpu_decode_by_threads"] = {8: {"block_us": 150, "kv_gbs_per_thread": 1.3, "kv_deep_slowdown": 1.4}}
+        pool["cpu_quantized_kv"] = {"q8_0": 1.2}
+        if experts:
+            pool["experts_in_ram_us_by_threads"] = experts
+        chat = run_stack_file("rtx3060", mapping).outputs["capacity_plan"]["servers"]["chat"]
+        return chat["decode_predicted_tok_s"]["empty"]
+
+    card = card_read_gbs(PROFILES["nvidia"], "kquant", 360)[0]
+    same = expert_block_seconds(HOST.expert_share, 40, card) * 1e6
+    default = decode(None)
+    assert decode({8: same}) == pytest.approx(default, rel=1e-3)
+    assert decode({8: same * 0.8}) > default * 1.05
