@@ -59,7 +59,7 @@ Problem = tuple[str, str]
 
 class HostDecodeFigure(Strict):
     """What llama.cpp's decode costs a node's CPU beyond reading the weights, at one thread count
-    (engines/llamacpp_speed.py, HostCost)."""
+    (engines/llamacpp_host.py, HostCost)."""
 
     block_us: Annotated[Number, Field(ge=0, le=100_000)] = doc(
         "Microseconds per block the CPU runs, per token (its threads meet after every operation).")
@@ -114,7 +114,7 @@ class NodePool(Strict):
         "What llama.cpp's decode costs the node's CPU beyond reading the weights, with N threads ({4: {block_us: "
         "314, kv_gbs_per_thread: 1.33}}), measured by `make host-profile` (llama-bench on a real-shape model at an "
         "empty context and at depth, printed with the read bandwidth): the KV cache's rate differs from host to host. "
-        "null: the plan shows the range between the slowest and the fastest host measured (engines/llamacpp_speed.py, "
+        "null: the plan shows the range between the slowest and the fastest host measured (engines/llamacpp_host.py, "
         "HOST_COST_SLOW and HOST_COST_FAST).", default=None
     )
     cpu_quantized_kv: Optional[dict[Literal["q8_0", "q4_0"], Annotated[Number, Field(ge=0.25, le=20)]]] = doc(
@@ -129,7 +129,7 @@ class NodePool(Strict):
         "token, in microseconds, with N threads ({16: 410}), measured by `make host-profile EXPERTS=1` on the node "
         "with its card (llama-bench on a real-shape Qwen3-30B-A3B Q4_K_M, its experts of 24 and of all 48 blocks in "
         "RAM): the plan solves from it the share of memory_bandwidth_by_threads this node's CPU reads routed experts "
-        "at (eight hosts measured: 0.65-1.15; engines/llamacpp_speed.py, node_expert_share). null: 0.78, one H200 "
+        "at (eight hosts measured: 0.65-1.15; engines/llamacpp_host.py, node_expert_share). null: 0.78, one H200 "
         "host's (HOST.expert_share).", default=None
     )
     vram: Optional[Memory] = doc(

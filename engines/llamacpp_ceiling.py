@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Optional
 from common.quantity import Quantity
 
 from .llamacpp_memory import layout, quant_of
-from .llamacpp_speed import host_read_gbs, is_range, predict_range_tok_s, profile_name
+from .llamacpp_host import host_read_gbs
+from .llamacpp_speed import is_range, predict_range_tok_s, profile_name
 
 if TYPE_CHECKING:
     from config.types import ModelFacts, ModelServer, NodePool

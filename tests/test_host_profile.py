@@ -19,6 +19,7 @@ from engines.llamacpp_speed import predict_range_tok_s
 from plane import parse_stack, plan_capacity
 
 
+from lab.bench import profile_rules
 from lab.llama_build import build  # a module that builds: its tests are marked llama
 
 
@@ -81,7 +82,7 @@ def test_the_figures_it_prints_give_back_the_rates_it_measured(profile):
     from lab.bench import decode_error
     # Two passes, each point's figure their median (the mean of two), as the tool folds them.
     assert sorted({r["pass"] for r in record["rows"]}) == [0, 1]
-    folded = decode_error.median_rows(record["rows"])
+    folded = profile_rules.median_rows(record["rows"])
     for threads in (2,):
         rates = {r["depth"]: r["tok_s"] for r in folded if r["threads"] == threads and r["kv_type"] == "f16"}
         model, facts, pool = decode_error.server_and_pool(
@@ -108,7 +109,7 @@ def test_a_quantized_cache_planned_with_the_printed_ratio_slows_with_depth_as_me
     from lab.bench import decode_error
     threads = max(int(t) for t in record["cpu_decode_by_threads"])
     for cache, ratio in record["cpu_quantized_kv"].items():
-        rates = {r["depth"]: r["tok_s"] for r in decode_error.median_rows(record["rows"]) if r["kv_type"] == cache}
+        rates = {r["depth"]: r["tok_s"] for r in profile_rules.median_rows(record["rows"]) if r["kv_type"] == cache}
         model, facts, pool = decode_error.server_and_pool(
             "cpu", "cpu", None, False, decode_error.preset_facts(record["shape"]), record["quant"],
             decode_error.expected_weights_bytes(record["shape"], record["quant"]) / decode_error.GIB, deep, 1,

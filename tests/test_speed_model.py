@@ -14,8 +14,10 @@ import pytest
 
 from conftest import plain_values
 from config.catalog import facts_for
-from engines.llamacpp_speed import (HOST, HOST_COST_FAST, HOST_COST_SLOW, KV_DEEP_SLOWDOWN_MOST, HostCost, host_cost,
-                                    host_read_gbs, predict_range_tok_s, solve_host_cost)
+from engines.llamacpp_host import (HOST, HOST_COST_FAST, HOST_COST_SLOW, KV_DEEP_SLOWDOWN_MOST, HostCost, host_cost,
+                                   host_read_gbs)
+from engines.llamacpp_speed import predict_range_tok_s, solve_host_cost
+from lab.bench import profile_rules
 from plane import parse_stack, plan_capacity
 
 
@@ -138,7 +140,7 @@ def test_the_unmeasured_range_spans_every_host_measured():
     assert min(rates) * 0.95 <= HOST_COST_SLOW.kv_gbs <= min(rates)
     assert max(rates) <= HOST_COST_FAST.kv_gbs <= max(rates) * 1.05
     # The slow-down past 4096 positions: from none to the most measured (two hosts measured it).
-    from engines.llamacpp_speed import KV_DEEP_SLOWDOWN_MOST
+    from engines.llamacpp_host import KV_DEEP_SLOWDOWN_MOST
     slowdowns = [f["kv_deep_slowdown"] for f in figures if "kv_deep_slowdown" in f]
     assert len(slowdowns) >= 2 and KV_DEEP_SLOWDOWN_MOST == pytest.approx(max(slowdowns), abs=0.005)
     assert HOST_COST_SLOW.kv_deep_slowdown == KV_DEEP_SLOWDOWN_MOST and HOST_COST_FAST.kv_deep_slowdown == 1.0
@@ -382,7 +384,8 @@ def test_a_cpus_time_per_position_grows_past_the_profiled_depth_as_the_node_meas
     why. Lease 10's Llama-3.2-3B at 8192, planned with the slow-down its host's Qwen3-1.7B gave (not used to set it,
     seen before the model was written), lands within 1 %; the CI machine's Qwen3-1.7B at 16384, measured after the
     model was frozen, within 2 % (the slow-down held past 8192)."""
-    from engines.llamacpp_speed import KV_DEEP_SLOWDOWN_MOST, predict_range_tok_s, range_reasons
+    from engines.llamacpp_host import KV_DEEP_SLOWDOWN_MOST
+    from engines.llamacpp_speed import predict_range_tok_s, range_reasons
     from lab.bench import decode_error
 
     host, costs = decode_error.recorded_node_figures()["H100 machine, lease 10"]
@@ -579,7 +582,7 @@ def test_make_host_profile_takes_each_points_median_over_its_passes(tmp_path, mo
     folded = decode_error.profile_rows({"rows": rows}, {"shape": record["shape"], "quant": record["quant"], "depth": 4096})
     empty = [r for r in folded if r["kv_type"] == "f16" and r["depth"] == 0]
     assert len(folded) == 7 and len(empty) == 1 and empty[0]["passes"] == 3
-    assert empty[0]["tok_s"] == pytest.approx(1 / 0.02) and decode_error.profile_refusal(folded, 4096) is None
+    assert empty[0]["tok_s"] == pytest.approx(1 / 0.02) and profile_rules.profile_refusal(folded, 4096) is None
 
 
 def synthetic_profile(moved_pass=None, slower=1.0) -> dict:
@@ -634,7 +637,7 @@ def test_make_bench_plans_a_host_from_its_first_profile_the_tool_stands_by():
     runs = decode_error.recorded_runs(str(decode_error.ROOT / "bench" / "results-speed-h200.json"))
     lease = [run for run in runs if run["host"] == "H200 machine, lease 13"]
     profiles = [run for run in lease if run.get("host_profile")]
-    reasons = [decode_error.profile_refusal(decode_error.profile_rows(p, p["host_cost_from"]), 4096) for p in profiles]
+    reasons = [profile_rules.profile_refusal(decode_error.profile_rows(p, p["host_cost_from"]), 4096) for p in profiles]
     assert "spread 32%" in reasons[0] and "0.99 times" in reasons[1] and reasons[2] is None and "0.96 times" in reasons[3]
     stands = profiles[2]["cpu_decode_by_threads_printed"]["16"]
     for run in lease:
@@ -661,8 +664,8 @@ def test_make_bench_refuses_the_ratio_of_a_recorded_profile_whose_host_moved():
     runs = decode_error.recorded_runs(str(decode_error.ROOT / "bench" / "results-speed-h200.json"))
     run = next(r for r in runs if r.get("host_profile") and r["host"] == "H200 machine, lease 11")
     empty = {r.get("type_k") or "f16": r["tok_s"] for r in run["rows"] if r["depth"] == 0}
-    assert decode_error.profile_moved(empty["f16"], empty["q8_0"]) == pytest.approx(-0.30, abs=0.01)
-    assert decode_error.profile_moved(empty["f16"], empty["q4_0"]) is None
+    assert profile_rules.profile_moved(empty["f16"], empty["q8_0"]) == pytest.approx(-0.30, abs=0.01)
+    assert profile_rules.profile_moved(empty["f16"], empty["q4_0"]) is None
     _, _, _, quantized, _ = decode_error.node_figures(runs, run)
     assert "q8_0" in run["cpu_quantized_kv_printed"] and set(quantized) == {"q4_0"}
     assert quantized["q4_0"] == pytest.approx(run["cpu_quantized_kv_printed"]["q4_0"], abs=0.0051)
@@ -713,7 +716,7 @@ def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
     for path in decode_error.MEASURED:
         runs = decode_error.recorded_runs(path)
         for run in (r for r in runs if r.get("host_profile")):
-            if decode_error.profile_refusal(decode_error.profile_rows(run, run["host_cost_from"]), 4096):
+            if profile_rules.profile_refusal(decode_error.profile_rows(run, run["host_cost_from"]), 4096):
                 refused.append((run["host"], [r for r in runs if r.get("host_profile")].index(run)))
                 continue  # refused since (lease 13's first, second and fourth: the test above)
             _, costs, _, quantized, _ = decode_error.node_figures(runs, run)
@@ -832,8 +835,8 @@ def test_measure_decode_passes_interleave_and_make_bench_takes_each_points_media
     assert sorted((row[1], row[3]) for row in mine) == [("llama-3.2-3b Q4_K_M", 21.0), ("qwen3-8b Q4_K_M", 12.0)]
     # One pass, or a profile's record, is read as recorded.
     single = [{k: v for k, v in r.items() if k != "pass"} for r in rows]
-    assert decode_error.fold_passes({"rows": single})["rows"] == single
-    assert decode_error.fold_passes({"host_profile": True, "rows": rows})["rows"] == rows
+    assert profile_rules.fold_passes({"rows": single})["rows"] == single
+    assert profile_rules.fold_passes({"host_profile": True, "rows": rows})["rows"] == rows
 
 
 def test_make_host_profile_experts_states_what_a_block_moved_to_ram_adds_and_the_plan_gives_it_back(
@@ -876,7 +879,7 @@ def test_make_host_profile_experts_refuses_a_cpu_build_and_a_node_that_moved(tmp
     moved to RAM added no more than HOST.expert_block_us (the node moved between the two runs): exit 1, no experts
     line, the CPU's figures still printed; make bench reads such a record's experts as refused too."""
     from lab.bench import decode_error, host_profile
-    from engines.llamacpp_speed import HOST
+    from engines.llamacpp_host import HOST
 
     out = tmp_path / "record.json"
     assert host_profile.main(["--threads", "8", "--experts", "--llama-bench", str(fake), "--out", str(out)]) == 2
@@ -891,7 +894,7 @@ def test_make_host_profile_experts_refuses_a_cpu_build_and_a_node_that_moved(tmp
     assert "no more than" in printed.err and "experts_in_ram_us_by_threads" not in printed.out
     assert "cpu_decode_by_threads" in printed.out
     rows = [r for r in json.loads(out.read_text())["rows"] if r.get("n_cpu_moe")]
-    assert decode_error.experts_figure(rows)[0] == {} and "no more than" in decode_error.experts_figure(rows)[1]
+    assert profile_rules.experts_figure(rows)[0] == {} and "no more than" in profile_rules.experts_figure(rows)[1]
 
 
 def test_make_bench_plans_a_hosts_experts_from_its_profiles_experts_figure(tmp_path, monkeypatch, fake):
@@ -944,7 +947,7 @@ def test_the_experts_profiles_bytes_per_block_are_the_planners_own():
     """EXPERTS_PROFILE_BLOCK_BYTES is what the planner's layout reads per token from a block of the shape make
     host-profile --experts measures (a real-shape Qwen3-30B-A3B Q4_K_M)."""
     from engines.llamacpp_memory import layout
-    from engines.llamacpp_speed import EXPERTS_PROFILE_BLOCK_BYTES, EXPERTS_PROFILE_SHAPE
+    from engines.llamacpp_host import EXPERTS_PROFILE_BLOCK_BYTES, EXPERTS_PROFILE_SHAPE
     from lab.bench import decode_error
     from lab.contract.real_shape import expected_weights_bytes
 
@@ -993,7 +996,7 @@ def test_a_grids_failed_jobs_and_other_settings_are_not_folded_into_its_points()
     rows = [{**base, "tok_s": t, "pass": n} for n, t in enumerate((10.0, 30.0, 12.0))]
     rows += [{**base, "flash_attn": 0, "tok_s": 7.0, "pass": 0}, {**base, "n_ubatch": 256, "tok_s": 9.0, "pass": 0},
              {"job": {"shape": "qwen3-8b"}, "error": "out of time", "pass": 1}]
-    folded = decode_error.fold_passes({"host": "h", "rows": rows})["rows"]
+    folded = profile_rules.fold_passes({"host": "h", "rows": rows})["rows"]
     assert sorted((r["flash_attn"], r["n_ubatch"], r["tok_s"], r["passes"]) for r in folded) == [
         (0, 512, 7.0, 1), (1, 256, 9.0, 1), (1, 512, 12.0, 3)]
 
@@ -1004,7 +1007,8 @@ def test_a_stack_files_experts_figure_reaches_the_plan_through_pulumis_json_conf
     experts figure that means HOST.expert_share on this node (expert_block_seconds at that share, its read bandwidth
     and the card's K-quant rate) it plans exactly that figure again, and with a cheaper block a faster one."""
     from conftest import run_stack_file, stack_file_config
-    from engines.llamacpp_speed import HOST, PROFILES, card_read_gbs, expert_block_seconds
+    from engines.llamacpp_host import HOST, expert_block_seconds
+    from engines.llamacpp_speed import PROFILES, card_read_gbs
 
     def decode(experts):
         mapping = stack_file_config("rtx3060")

@@ -19,7 +19,8 @@ import sys
 
 import numpy as np
 
-from engines.llamacpp_speed import HostCost, decode_terms, recurrent_blocks, routes_experts, weight_class
+from engines.llamacpp_host import HostCost
+from engines.llamacpp_speed import decode_terms, recurrent_blocks, routes_experts, weight_class
 from lab.bench.decode_error import (GIB, KV_CACHE_SHAPES, KV_CACHE_TABLE, MEASURED, in_datacenter_fit, preset_facts,
                                     recorded_runs, server_and_pool)
 from lab.contract.real_shape import expected_weights_bytes

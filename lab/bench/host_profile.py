@@ -25,7 +25,7 @@ Nor does a rate whose three repetitions spread more than 15 % (stddev over mean)
 figures and exits 1 (as for a slow-down at twice the depth outside 1-10): run it again. Lease 13's H200 host gave one
 f16 empty rate of 31.7 +- 10.3 tok/s, then slow-downs of 0.99, 1.42 and 0.96 in three more runs within minutes.
 So steps 2 and 4 run --passes times (3), interleaved, and each point's rate is its median over the passes
-(decode_error.median_rows, which make bench reads a record with too): a minute the host moves spoils one pass of a
+(profile_rules.median_rows, which make bench reads a record with too): a minute the host moves spoils one pass of a
 point, not the figure. The spread the passes showed is printed.
 
 5. With --experts, on a node with its card (a GPU build): a real-shape Qwen3-30B-A3B Q4_K_M routing each token to its
@@ -58,10 +58,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from engines.llamacpp_speed import (EXPERTS_PROFILE_BLOCKS, EXPERTS_PROFILE_SHAPE, KV_PROFILE_DEPTH, kv_deep_slowdown,
-                                    quantized_kv_ratio)
-from lab.bench.decode_error import (cache_type, experts_figure, median_rows, planned_deep_rate, profile_refusal,
-                                    quantized_refusal, solved_cost, stated_slowdown)
+from engines.llamacpp_host import EXPERTS_PROFILE_BLOCKS, EXPERTS_PROFILE_SHAPE, KV_PROFILE_DEPTH, kv_deep_slowdown
+from engines.llamacpp_speed import quantized_kv_ratio
+from lab.bench.decode_error import planned_deep_rate, solved_cost, stated_slowdown
+from lab.bench.profile_rules import cache_type, experts_figure, median_rows, profile_refusal, quantized_refusal
 from lab.bench.measure_decode import bandwidth_lines
 from lab.contract.real_shape import PRESETS, write_real_shape
 

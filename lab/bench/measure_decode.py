@@ -84,7 +84,7 @@ def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_pa
     """Each job's llama-bench grid, one row per test (written as it goes: a call cut short keeps rows); with
     host_bandwidth, each row also carries the host's read bandwidth at its threads read before and after its job.
     passes > 1 runs the whole list that many times, interleaved (every job once, then again), each row naming its
-    pass: make bench takes each point's median over them (decode_error.fold_passes), as make host-profile does, since
+    pass: make bench takes each point's median over them (profile_rules.fold_passes), as make host-profile does, since
     a shared host moves by more than the plan's tolerance within minutes (lease 14: twelve jobs run twice, up to 28 % apart)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="shapes-") as tmp:
