@@ -84,8 +84,6 @@ KV_DEEP_SLOWDOWN_MOST = 1.49
 # unexplained, so it depends on that shape (one shape, make host-profile's, for every node), and 0 where the
 # weights alone are already slower than measured (the CI machine's single thread).
 HOST_COST_SLOW = HostCost(block_us=700.0, kv_gbs=0.74, kv_deep_slowdown=KV_DEEP_SLOWDOWN_MOST)
-
-
 HOST_COST_FAST = HostCost(block_us=0.0, kv_gbs=4.0, kv_deep_slowdown=1.0)
 
 
@@ -151,17 +149,22 @@ EXPERT_SHARE_BOUNDS = (0.2, 2.0)
 
 
 def node_expert_share(pool: "NodePool", threads: int, card_gbs: float) -> Optional[float]:
-    """The node's share of its read bandwidth for routed experts, from experts_in_ram_us_by_threads: a block's
-    move to RAM adds its CPU time (HOST.expert_block_us, and its bytes read at the share of what the node reads
-    with that many threads) less the card's time for the same bytes (card_gbs, the card's K-quant rate); solved for
-    the share at each count measured, and at this count on the line between them (by_threads). None: not measured,
-    or a share outside EXPERT_SHARE_BOUNDS."""
-    table = pool.experts_in_ram_us_by_threads
-    if not table or not pool.memory_bandwidth_by_threads:
+    """The node's share of its read bandwidth for routed experts, from its experts_in_ram_us_by_threads and
+    memory_bandwidth_by_threads (expert_share); None: not measured."""
+    if not pool.experts_in_ram_us_by_threads or not pool.memory_bandwidth_by_threads:
         return None
-    read = {int(t): float(v) for t, v in pool.memory_bandwidth_by_threads.items()}
+    return expert_share(pool.experts_in_ram_us_by_threads, pool.memory_bandwidth_by_threads, threads, card_gbs)
+
+
+def expert_share(experts_us: dict, read_gbs: dict, threads: int, card_gbs: float) -> Optional[float]:
+    """The share of its read bandwidth (read_gbs, by threads) a node's CPU reads routed experts at, from what a block
+    moved to RAM adds (experts_us, by threads): that move adds its CPU time (HOST.expert_block_us, and its bytes read
+    at the share of what the node reads with that many threads) less the card's time for the same bytes (card_gbs,
+    the card's K-quant rate); solved for the share at each count measured, and at this count on the line between them
+    (by_threads). None: a share outside EXPERT_SHARE_BOUNDS."""
+    read = {int(t): float(v) for t, v in read_gbs.items()}
     shares = {}
-    for t, us in table.items():
+    for t, us in experts_us.items():
         # expert_block_seconds(share, read, card) == us, for the share:
         cpu_s = float(us) / 1e6 + EXPERTS_PROFILE_BLOCK_BYTES / (card_gbs * 1e9) - HOST.expert_block_us / 1e6
         if cpu_s <= 0:

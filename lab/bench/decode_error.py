@@ -14,15 +14,14 @@ import json
 import math
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 
 from common.constants import LLAMACPP_IMAGE_BUILD
 from config.types import ModelFacts, ModelServer, NodePool
-from engines.llamacpp_host import (EXPERTS_PROFILE_SHAPE, KV_DEEP_DEPTH, HostCost, expert_block_seconds, kv_deep_slowdown,
-                                   node_expert_share)
+from engines.llamacpp_host import (EXPERTS_PROFILE_SHAPE, KV_DEEP_DEPTH, HostCost, expert_block_seconds, expert_share,
+                                   kv_deep_slowdown)
 from engines.llamacpp_speed import (PROFILES, card_read_gbs, is_range, predict_range_tok_s, quantized_kv_ratio,
                                     solve_host_cost)
 from config.catalog import lookup
@@ -143,8 +142,7 @@ def experts_at(experts_us: dict, host: dict, threads: int, read_gbs: float, prof
     bandwidth (what the figure means: node_expert_share, solved against the profile's own bandwidth), so the experts'
     time follows the host's drift as its dense weights' does; the figure as given where no share comes of it."""
     card_gbs = card_read_gbs(PROFILES[profile], "kquant", bandwidth)[0]
-    share = node_expert_share(SimpleNamespace(experts_in_ram_us_by_threads=experts_us, memory_bandwidth_by_threads=host),
-                              threads, card_gbs)
+    share = expert_share(experts_us, host, threads, card_gbs)
     return {threads: expert_block_seconds(share, read_gbs, card_gbs) * 1e6} if share else experts_us
 
 
@@ -444,12 +442,16 @@ def main(argv: list[str]) -> int:
               f"measured): {within} of {count} measurements within it ({within / count:.0%}; goal 90%)")
     commit, hosts = FROZEN
     print(f"decode measured after the model was last frozen (commit {commit}; {', '.join(hosts)}), out of sample:")
-    for where, within, count in summary([row for row in table if row[0].endswith(hosts)]):
-        print(f"  {where}: {within} of {count} predictions within +-{TOLERANCE:.0%} ({within / count:.0%}; goal 90%)")
+    print_classes([row for row in table if row[0].endswith(hosts)], "  ")
     print("every recorded measurement (each lease against the model as it is now):")
-    for where, within, count in summary(table):
-        print(f"decode {where}: {within} of {count} predictions within +-{TOLERANCE:.0%} ({within / count:.0%}; goal 90%)")
+    print_classes(table, "decode ")
     return 0
+
+
+def print_classes(table, lead: str) -> None:
+    """One line per placement and KV cache type (summary): the predictions within TOLERANCE, of how many."""
+    for where, within, count in summary(table):
+        print(f"{lead}{where}: {within} of {count} predictions within +-{TOLERANCE:.0%} ({within / count:.0%}; goal 90%)")
 
 
 TOLERANCE = 0.15

@@ -125,8 +125,9 @@ def experts_rates(binary: str, threads: int, workdir: Path) -> list[dict]:
            "-n", "32", "-d", "0", "-t", str(threads), "-fa", "1", "-r", "3", "-o", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
-        raise SystemExit(f"host_profile: llama-bench failed ({out.returncode}) with experts in RAM: "
-                         f"{out.stderr.strip().splitlines()[-1:]}")
+        # The caller keeps the CPU's figures (a card too small for the experts fails here, not the node's CPU).
+        raise RuntimeError(f"llama-bench failed ({out.returncode}) with experts in RAM: "
+                           f"{out.stderr.strip().splitlines()[-1:]}")
     return [{"shape": shape, "quant": quant, "routing": "token", "threads": r["n_threads"], "depth": r.get("n_depth", 0),
              "ngl": 99, "n_cpu_moe": r["n_cpu_moe"], "tok_s": r["avg_ts"], "stddev": r.get("stddev_ts"), "kv_type": "f16",
              "cpu": r.get("cpu_info"), "gpu": r.get("gpu_info"), "build": r.get("build_number"), "backend": r.get("backends")}
@@ -174,9 +175,9 @@ def main(argv: list[str]) -> int:
             if args.experts and not experts_failed:
                 try:
                     moved += [{**r, "pass": n} for r in experts_rates(binary, max(threads), Path(tmp))]
-                except SystemExit as failure:
+                except RuntimeError as failure:
                     # A card that cannot hold the 24 blocks' experts, say: the CPU's figures still stand.
-                    experts_failed, moved = str(failure).removeprefix("host_profile: "), []
+                    experts_failed, moved = str(failure), []
     rows = median_rows(measured)
     refusal = profile_refusal(rows, args.depth)
     if refusal:

@@ -91,9 +91,10 @@ def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_pa
         for number, index, job in ((n, i, job) for n in range(passes) for i, job in enumerate(jobs)):
             if passes > 1 and index == 0:
                 print(f"pass {number + 1} of {passes}", flush=True)
+            tag = {"pass": number} if passes > 1 else {}  # every row of this run of the job names its pass
             routing = job.get("routing", "zero")
             if time.monotonic() > deadline:
-                rows.append({"job": job, "error": "out of time", **({"pass": number} if passes > 1 else {})})
+                rows.append({"job": job, "error": "out of time", **tag})
                 continue
             extra = {"routing": routing} if routing != "zero" else {}
             path = write_real_shape(job["shape"], Path(tmp) / f"{job['shape']}-{job['quant']}-{routing}.gguf", job["quant"], **extra)
@@ -110,7 +111,7 @@ def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_pa
             after = read_now(host_bandwidth, threads)
             for r in results:
                 read = [v for v in (before.get(r.get("n_threads")), after.get(r.get("n_threads"))) if v]
-                rows.append({**({"read_gbs_around": read} if read else {}), **({"pass": number} if passes > 1 else {}),
+                rows.append({**({"read_gbs_around": read} if read else {}), **tag,
                     "device": device, "shape": job["shape"], "quant": job["quant"], "routing": routing,
                     "weights_bytes": expected_weights_bytes(job["shape"], job["quant"]), "n_prompt": r.get("n_prompt"),
                     "n_gen": r.get("n_gen"), "depth": r.get("n_depth", 0), "tok_s": r.get("avg_ts"), "stddev": r.get("stddev_ts"),
@@ -123,7 +124,7 @@ def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_pa
                       f"d {r.get('n_depth', 0):5} t {r.get('n_threads'):2} ngl {r.get('n_gpu_layers'):2} "
                       f"cmoe {r.get('n_cpu_moe')} {r.get('avg_ts'):9.2f} tok/s", flush=True)
             if error:
-                rows.append({"job": job, "error": error, **({"pass": number} if passes > 1 else {})})
+                rows.append({"job": job, "error": error, **tag})
                 print(f"{job['shape']} {job['args']}: {error}", flush=True)
             print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
             path.unlink()
