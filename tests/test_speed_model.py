@@ -709,7 +709,7 @@ def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
     """Every make host-profile run recorded (bench/results-*.json, host_profile: true) is read back by make bench
     (node_figures) to the figures the tool printed on that host: the f16 figures, and the quantized ratios in the
     form the tool had then (at 4096 for leases 7-11; at 8192 since 9802421, on lease 12 and the CI machine of
-    2026-12-06, against the f16 time per position the plan gives there)."""
+    2026-12-06, against the f16 time per position the plan gives there), and the experts figure where it has one."""
     from lab.bench import decode_error
 
     seen, refused = set(), []
@@ -719,7 +719,7 @@ def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
             if profile_rules.profile_refusal(decode_error.profile_rows(run, run["host_cost_from"]), 4096):
                 refused.append((run["host"], [r for r in runs if r.get("host_profile")].index(run)))
                 continue  # refused since (lease 13's first, second and fourth: the test above)
-            _, costs, _, quantized, _ = decode_error.node_figures(runs, run)
+            _, costs, _, quantized, experts = decode_error.node_figures(runs, run)
             printed = run["cpu_decode_by_threads_printed"]
             for threads, figures in printed.items():
                 assert costs[int(threads)]["block_us"] == pytest.approx(figures["block_us"], abs=0.5)
@@ -730,11 +730,16 @@ def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
             steady = {kind: ratio for kind, ratio in run["cpu_quantized_kv_printed"].items()
                       if not (run["host"] == "H200 machine, lease 11" and kind == "q8_0")}
             assert quantized == pytest.approx(steady, abs=0.0051), run["host"]
+            # The experts figure (make host-profile --experts, lease 15 the first to have it) as the tool printed it.
+            printed_experts = run.get("experts_in_ram_us_by_threads_printed")
+            assert (experts.us if experts else None) == (
+                {int(t): us for t, us in printed_experts.items()} if printed_experts else None)
             deep = any(r["depth"] == 8192 and r.get("type_k") in ("q8_0", "q4_0") for r in run["rows"])
             seen.add((run["host"], deep))
     assert {("H100 machine, lease 12", True), ("CI machine, 2026-12-06", True), ("H200 machine, lease 11", False),
             ("H200 machine, lease 7", False), ("H200 machine, lease 13", True), ("H100 machine, lease 8", False),
-            ("H100 machine, lease 9", False), ("H100 machine, lease 10", False), ("H100 machine, lease 14", True)} <= seen
+            ("H100 machine, lease 9", False), ("H100 machine, lease 10", False), ("H100 machine, lease 14", True),
+            ("H100 machine, lease 15", True)} <= seen
     # Refused: exactly lease 13's first, second and fourth profiles, and lease 14's first (a spread of 16 % at 4096).
     expected = []
     for name, host, which in (("results-speed-h200.json", "H200 machine, lease 13", (0, 1, 3)),
@@ -762,12 +767,17 @@ def test_the_out_of_sample_line_counts_only_hosts_measured_after_the_freeze():
         mine = [run for run in runs if run.get("host") == host]
         assert mine and all(commit in run["what"] for run in mine), host
     table = decode_error.rows(decode_error.MEASURED)
-    counted = sum(count for _, _, count in decode_error.summary([row for row in table if row[0].endswith(hosts)]))
-    # Every decode row of those hosts' grids is a prediction (none is calibration or routes every token alike); the
-    # profiles' own rows are not counted.
+    mine = [row for row in table if row[0].endswith(hosts)]
+    counted = sum(count for _, _, count in decode_error.summary(mine))
+    # Every decode row of those hosts' grids (passes folded) is held to the plan: a point counted, or a range where the
+    # plan prints one (lease 15's q8_0 caches at depth, its q8_0 ratio refused), less the row at twice the profile's
+    # depth that gave the host its slow-down (node figures). None is set aside otherwise; the profiles' rows are not
+    # counted.
+    _, ranged = decode_error.range_summary(mine)
     grids = [r for run in runs if run.get("host") in hosts and not run.get("host_profile") for r in run["rows"]
              if not r.get("n_prompt")]
-    assert counted == len(grids) > 40
+    solved = [r for r in grids if (r["shape"], r["depth"], profile_rules.cache_type(r), r["ngl"]) == ("qwen3-1.7b", 8192, "f16", 0)]
+    assert counted + ranged + len(solved) == len(grids) > 40 and ranged >= 8 and len(solved) == 1
 
 
 def test_measure_decode_reads_the_host_bandwidth_around_each_job(tmp_path, monkeypatch):
@@ -843,20 +853,26 @@ def test_make_host_profile_experts_states_what_a_block_moved_to_ram_adds_and_the
         tmp_path, capsys, monkeypatch, fake):
     """--experts on a node whose card llama-bench lists (scripted: each block whose experts move to RAM adds 400 us a
     token) prints experts_in_ram_us_by_threads at the largest thread count, from the rates with 24 and 48 blocks in
-    RAM in every pass; the plan given that line, for that same configuration on a card of either NVIDIA profile,
-    gives back the 400 us a block (the card's own time for the bytes it no longer reads included), and reads experts
-    faster than HOST.expert_share where a block costs less."""
+    RAM in every pass, and keeps the read bandwidth at that count read before and after the step in each pass; the
+    plan given that line, for that same configuration on a card of either NVIDIA profile, gives back the 400 us a
+    block (the card's own time for the bytes it no longer reads included), and reads experts faster than
+    HOST.expert_share where a block costs less."""
     import yaml
     from lab.bench import decode_error, host_profile
     from lab.contract.real_shape import expected_weights_bytes
 
     monkeypatch.setenv("FAKE_DEVICE", "CUDA0: scripted card (24564 MiB, 23000 MiB free)")
+    readings = iter(range(50, 100))  # each reading of the host's bandwidth a new figure, in the order taken
+    monkeypatch.setattr(host_profile, "read_bandwidth", lambda threads, workdir: {t: float(next(readings)) for t in threads})
     out = tmp_path / "record.json"
     assert host_profile.main(["--threads", "4,8", "--passes", "2", "--experts", "--llama-bench", str(fake),
                               "--out", str(out)]) == 0
-    fields = yaml.safe_load(capsys.readouterr().out.split("for the stack file (node_pools.<pool>):\n", 1)[1])
+    printed = capsys.readouterr().out
+    fields = yaml.safe_load(printed.split("for the stack file (node_pools.<pool>):\n", 1)[1])
     assert fields["experts_in_ram_us_by_threads"] == {8: 400}
+    assert fields["memory_bandwidth_by_threads"] == {4: 50, 8: 51} and "(read 52.0-55.0 GB/s around it)" in printed
     record = json.loads(out.read_text())
+    assert record["host_read_gbs"] == {"4": 50.0, "8": 51.0} and record["experts_read_gbs_around"] == [52, 53, 54, 55]
     moved = [(r["n_cpu_moe"], r["pass"], r["threads"]) for r in record["rows"] if r.get("n_cpu_moe")]
     assert sorted(moved) == [(24, 0, 8), (24, 1, 8), (48, 0, 8), (48, 1, 8)]
     assert record["experts_in_ram_us_by_threads"] == {"8": 400}
@@ -925,8 +941,8 @@ def test_make_bench_plans_a_hosts_experts_from_its_profiles_experts_figure(tmp_p
     for name, runs in (("with", [profile, grid]), ("without", [spread, grid])):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps({"runs": runs}))
-        assert decode_error.node_figures(decode_error.recorded_runs(str(path)), grid)[4] == (
-            {16: 300} if name == "with" else None)
+        experts = decode_error.node_figures(decode_error.recorded_runs(str(path)), grid)[4]
+        assert (experts.us if experts else None) == ({16: 300} if name == "with" else None)
         table = decode_error.rows({str(path): ("nvidia-datacenter", "cuda", 3350, True)})
         marks = [row[5] for row in table if row[1].startswith("qwen3-30b-a3b") and row[7] == "experts in RAM"]
         assert len(marks) == 2 and set(marks) == ({"node figures"} if name == "with" else {"refused by the profile"})
@@ -934,6 +950,14 @@ def test_make_bench_plans_a_hosts_experts_from_its_profiles_experts_figure(tmp_p
         predicted[name] = row[4]
     # 300 us a block on this scripted host (HOST's share gives about 520 at 70 GB/s): planned faster.
     assert predicted["with"] > predicted["without"] * 1.1
+    # The same figure measured while the host read 140 GB/s (the step's own readings): half the share of the 70 GB/s
+    # the row is planned at, a slower token; measured at the profile's 70, the plan as without the readings.
+    for readings, slower in (([120.0, 160.0], True), ([70.0, 70.0], False)):
+        path = tmp_path / "readings.json"
+        path.write_text(json.dumps({"runs": [{**profile, "experts_read_gbs_around": readings}, grid]}))
+        (row,) = [row for row in decode_error.rows({str(path): ("nvidia-datacenter", "cuda", 3350, True)})
+                  if row[1].startswith("qwen3.6-35b-a3b")]
+        assert (row[4] < predicted["with"] / 1.1) if slower else row[4] == pytest.approx(predicted["with"], rel=1e-9)
     # Read around the job at 120 GB/s instead of the profile's 70: the same share of more bandwidth, a faster token.
     drifted = {**grid, "rows": [{**grid["rows"][0], "read_gbs_around": [120.0, 120.0]}]}
     path = tmp_path / "drifted.json"

@@ -14,7 +14,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,10 +137,20 @@ def planned_deep_rate(empty_tok_s: float, profile_tok_s: float, slowdown: float)
     return 1 / (1 / empty_tok_s + 2 * slowdown * (1 / profile_tok_s - 1 / empty_tok_s))
 
 
+class ExpertsFigure(NamedTuple):
+    """A node's experts figure as make host-profile --experts printed it (experts_in_ram_us_by_threads), and the read
+    bandwidth by threads it was measured at: the experts step's own readings (experts_read_gbs_around, recorded since
+    lease 15, the first host to measure the figure: the step runs last, minutes after the profile's first reading,
+    and that host's read bandwidth moved 50-88 GB/s within them), else the profile's (host_read_gbs)."""
+    us: dict
+    read_gbs: dict
+
+
 def experts_at(experts_us: dict, host: dict, threads: int, read_gbs: float, profile: str, bandwidth: float) -> dict:
-    """A node's experts figure restated at the read bandwidth measured around a row's job: the same share of the
-    bandwidth (what the figure means: node_expert_share, solved against the profile's own bandwidth), so the experts'
-    time follows the host's drift as its dense weights' does; the figure as given where no share comes of it."""
+    """A node's experts figure restated at the read bandwidth a row's plan reads (measured around its job): the same
+    share of the bandwidth (what the figure means: node_expert_share, solved against host, the bandwidth the figure
+    was measured at), so the experts' time follows the host's drift as its dense weights' does; the figure as given
+    where no share comes of it."""
     card_gbs = card_read_gbs(PROFILES[profile], "kquant", bandwidth)[0]
     share = expert_share(experts_us, host, threads, card_gbs)
     return {threads: expert_block_seconds(share, read_gbs, card_gbs) * 1e6} if share else experts_us
@@ -205,12 +215,14 @@ def profile_rows(run: dict, source: dict) -> list[dict]:
                         and (r["shape"], r["quant"]) == (source["shape"], source["quant"])])
 
 
-def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[dict], set, Optional[dict], Optional[dict]]:
+def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[dict], set, Optional[dict],
+                                                        Optional[ExpertsFigure]]:
     """What `make host-profile` gives a user for the host a run was measured on: its read bandwidth by threads,
     its decode figures by threads (cpu_decode_by_threads), both from the one run of that host that holds the
     CPU-only rows host_cost_from names (solved from them), those rows' keys (shape, quant, threads, depth), where
     that run measured quantized caches too (the tool's step 4), their ratios (cpu_quantized_kv), and where it
-    measured experts in RAM (--experts), what a block moved there adds (experts_in_ram_us_by_threads).
+    measured experts in RAM (--experts), what a block moved there adds (experts_in_ram_us_by_threads) and the read
+    bandwidth it was measured at (ExpertsFigure).
     Every run of the host is predicted from these, as a user's servers would be."""
     source = run.get("host_cost_from")
 
@@ -267,18 +279,20 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
             continue  # the tool states no ratio for this cache (the host moved between or during the runs)
         quantized[kind] = round(ratio, 2)
         used |= {(source["shape"], source["quant"], most, d, kind) for d in (0, at)}
-    experts_us = None
+    experts = None
     moved = [r for r in home["rows"] if r.get("n_cpu_moe") and (r["shape"], r["quant"]) == EXPERTS_PROFILE_SHAPE]
     if home.get("host_profile") and moved:
         figure, _, _ = experts_figure(moved)  # refused (the reason is the tool's): HOST.expert_share, as for a user
         if figure:
-            experts_us = figure
+            readings = home.get("experts_read_gbs_around")
+            experts = ExpertsFigure(figure, {**host, **{t: sum(readings) / len(readings) for t in figure}} if readings
+                                    else host)
             used |= {(r["shape"], r["quant"], r["threads"], r["depth"], "experts", r["n_cpu_moe"]) for r in moved}
     # The rows the figures came from, as this run holds them: all of them for the home; for another profile of the
     # host (refused, or not the first that stands) none, its rows its own (measured_row); for any other run the row
     # at twice the depth it may have supplied.
     mine = used | deep_used if run is home else set() if run.get("host_profile") else deep_used
-    return host, costs or None, mine, quantized or None, experts_us
+    return host, costs or None, mine, quantized or None, experts
 
 
 def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]:
@@ -296,17 +310,17 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
             continue
         runs = recorded_runs(path)
         for run in runs:
-            host, cost, cost_rows, quantized, experts_us = node_figures(runs, run)
+            host, cost, cost_rows, quantized, experts = node_figures(runs, run)
             for r in run["rows"]:
                 if r.get("n_prompt"):
                     continue  # prefill: lab/bench/prefill_error.py
                 out.append(measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows,
-                                        quantized, experts_us))
+                                        quantized, experts))
     return out
 
 
 def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized=None,
-                 experts_us=None) -> tuple:
+                 experts: Optional[ExpertsFigure] = None) -> tuple:
     weights = r.get("weights_bytes")
     if weights is None:
         weights = expected_weights_bytes(r["shape"], r["quant"])
@@ -314,12 +328,13 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     cache = cache_type(r)
     cpu_moe, threads = r.get("n_cpu_moe") or None, r.get("threads") or 8
     on_card = discrete and ngl != 0
+    experts_us = experts.us if experts else None
     if host and r.get("read_gbs_around"):
         # The host's read bandwidth read around this row's job (measure_decode --host-bandwidth): a shared host's drifts.
-        around = sum(r["read_gbs_around"]) / len(r["read_gbs_around"])
-        if experts_us and on_card and profile in PROFILES:
-            experts_us = experts_at(experts_us, host, threads, around, profile, bandwidth)
-        host = {**host, threads: around}
+        host = {**host, threads: sum(r["read_gbs_around"]) / len(r["read_gbs_around"])}
+    if experts and on_card and profile in PROFILES and host and experts.read_gbs.get(threads) != host.get(threads):
+        # The figure restated at the bandwidth this row's plan reads: the same share of it.
+        experts_us = experts_at(experts.us, experts.read_gbs, threads, host[threads], profile, bandwidth)
     low, high = prediction_range(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
                                  on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
                                  threads, host, cost, cache=cache, quantized=quantized, experts_us=experts_us) or (None, None)
@@ -460,8 +475,8 @@ RANGE = "the plan's range"
 # was last frozen at, and the hosts measured after it: their rows are the out-of-sample figure. A change to the model
 # after a host's rows were seen moves the commit and empties the hosts (the rows seen stay in the all-leases lines, in
 # sample); one that leaves every recorded prediction as it was does not (the node's experts figure,
-# experts_in_ram_us_by_threads, which no recorded profile has yet; moving code between modules).
-FROZEN = ("a0782b9", ("H100 machine, lease 14",))
+# experts_in_ram_us_by_threads, added before lease 15 measured the first; moving code between modules).
+FROZEN = ("a0782b9", ("H100 machine, lease 14", "H100 machine, lease 15"))
 
 
 def class_counts(points, tolerance: float) -> list[tuple[str, str, int, int]]:

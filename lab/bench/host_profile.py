@@ -34,8 +34,10 @@ point, not the figure. The spread the passes showed is printed.
    from which the plan solves the share of the read bandwidth this node's CPU reads routed experts at (fixed at one
    H200 host's 0.78 until now; eight hosts measured since lay at 0.65-1.15). Refused like the rest where its rates
    spread, or where a block moved added no more than moving the hidden state alone does; where llama-bench fails
-   (a card that cannot hold 24 blocks' experts, about 11 GB with the rest), the CPU's figures still stand. What it
-   adds to a pass (an 18 GB file of zeros, sparse, loaded twice) is not measured yet.
+   (a card that cannot hold 24 blocks' experts, about 11 GB with the rest), the CPU's figures still stand. The read
+   bandwidth before and after the step is kept with it (experts_read_gbs_around; make bench restates the figure from
+   it). On lease 15's H100 host a three-pass profile at 16 threads with the step took about 140 s (the
+   step's own share not timed).
 
 Run it on the node that serves (or one of its kind), with nothing else running: a second H200 host read 30 %
 faster and attended twice as fast as the first (docs/capacity-planning.md, "Decode speed"). A pass takes about
@@ -76,8 +78,9 @@ def default_threads() -> list[int]:
 
 def read_bandwidth(threads: list[int], workdir: Path) -> dict[int, float]:
     binary = workdir / "host_bandwidth"
-    subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", str(ROOT / "bench" / "host_bandwidth.c"), "-o", str(binary)],
-                   check=True)
+    if not binary.exists():
+        subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", str(ROOT / "bench" / "host_bandwidth.c"), "-o",
+                        str(binary)], check=True)
     out = subprocess.run([str(binary), "4", *map(str, threads)], check=True, capture_output=True, text=True).stdout
     return bandwidth_lines(out)
 
@@ -166,25 +169,32 @@ def main(argv: list[str]) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="host-profile-") as tmp:
         bandwidth = read_bandwidth(threads, Path(tmp))
-        measured, moved, experts_failed = [], [], None
+        measured, moved, experts_failed, experts_read = [], [], None, []
         for n in range(args.passes):
             # Interleaved: a host that moves for a minute moves one pass of each point, which the median leaves out.
             measured += [{**r, "pass": n} for r in decode_rates(binary, threads, [args.depth, 2 * args.depth], Path(tmp))]
             for kind in kv_types:
                 measured += [{**r, "pass": n} for r in decode_rates(binary, [max(threads)], [2 * args.depth], Path(tmp), kind)]
             if args.experts and not experts_failed:
+                # The read bandwidth before and after the step, kept with the figure: it runs minutes after the first
+                # reading, and make bench restates the figure from the bandwidth it was measured at (lease 15's host
+                # read 50-88 GB/s within a call).
+                before = read_bandwidth([max(threads)], Path(tmp))[max(threads)]
                 try:
                     moved += [{**r, "pass": n} for r in experts_rates(binary, max(threads), Path(tmp))]
                 except RuntimeError as failure:
                     # A card that cannot hold the 24 blocks' experts, say: the CPU's figures still stand.
                     experts_failed, moved = str(failure), []
+                experts_read += [before, read_bandwidth([max(threads)], Path(tmp))[max(threads)]]
     rows = median_rows(measured)
     refusal = profile_refusal(rows, args.depth)
     if refusal:
         # No figures: the record keeps the rates (and why), for the lab.
         if args.out:
             Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "depth": args.depth, "shape": SHAPE,
-                                                  "quant": QUANT, "rows": measured + moved, "refused": refusal}, indent=1))
+                                                  "quant": QUANT, "rows": measured + moved, "refused": refusal,
+                                                  **({"experts_read_gbs_around": experts_read} if args.experts else {})},
+                                                 indent=1))
         print(f"host_profile: {refusal}; no figures: run it again on a quiet node", file=sys.stderr)
         return 1
     experts, experts_why, folded = experts_figure(moved) if moved else ({}, experts_failed, {})
@@ -238,13 +248,15 @@ def main(argv: list[str]) -> int:
             few, many = EXPERTS_PROFILE_BLOCKS
             print(f"{t:3} threads, experts in RAM: {EXPERTS_PROFILE_SHAPE[0]} {EXPERTS_PROFILE_SHAPE[1]} "
                   f"{folded[(t, few)]['tok_s']:.2f} tok/s with {few} blocks' experts in RAM, "
-                  f"{folded[(t, many)]['tok_s']:.2f} with {many}: {us} us a token for each block moved")
+                  f"{folded[(t, many)]['tok_s']:.2f} with {many}: {us} us a token for each block moved (read "
+                  f"{min(experts_read):.1f}-{max(experts_read):.1f} GB/s around it)")
     if args.out:
         Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "depth": args.depth, "shape": SHAPE, "quant": QUANT,
                                               "rows": measured + moved, "cpu_decode_by_threads": figures,
                                               "slowdown_at_twice_the_depth": slowdowns,
                                               "cpu_quantized_kv": ratios,
-                                              **({"experts_in_ram_us_by_threads": experts} if args.experts else {}),
+                                              **({"experts_in_ram_us_by_threads": experts,
+                                                  "experts_read_gbs_around": experts_read} if args.experts else {}),
                                               **({"experts_refused": experts_why} if args.experts and experts_why else {})},
                                              indent=1))
     print("for the stack file (node_pools.<pool>):")
