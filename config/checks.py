@@ -54,6 +54,9 @@ def node_pool_problems(pool: NodePool, path: str) -> list[Problem]:
         problems.append((f"{path}.gpu_resource", "a pool with vram has discrete GPUs: name the device plugin's resource (e.g. nvidia.com/gpu)"))
     if pool.vram is None and (pool.gpus_per_node > 1 or pool.vram_bandwidth_gbs is not None):
         problems.append((f"{path}.vram", "gpus_per_node and vram_bandwidth_gbs describe discrete GPUs: set vram (memory of one GPU)"))
+    if pool.vram is None and pool.experts_in_ram_us_by_threads:
+        problems.append((f"{path}.experts_in_ram_us_by_threads", "measures experts moved from a discrete card to "
+                         "system RAM; on unified memory or a CPU they are in the same memory already: remove it"))
     if pool.backend == "cpu" and pool.gpu_resource is not None:
         problems.append((f"{path}.backend", "a cpu backend uses no GPU: remove gpu_resource, or name the GPU backend"))
     return problems

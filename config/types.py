@@ -129,8 +129,9 @@ class NodePool(Strict):
         "token, in microseconds, with N threads ({16: 410}), measured by `make host-profile EXPERTS=1` on the node "
         "with its card (llama-bench on a real-shape Qwen3-30B-A3B Q4_K_M, its experts of 24 and of all 48 blocks in "
         "RAM): the plan solves from it the share of memory_bandwidth_by_threads this node's CPU reads routed experts "
-        "at (eight hosts measured: 0.65-1.15; engines/llamacpp_host.py, node_expert_share). null: 0.78, one H200 "
-        "host's (HOST.expert_share).", default=None
+        "at (eight hosts measured: 0.65-1.15; engines/llamacpp_host.py, node_expert_share); a figure that gives a share "
+        "outside 0.2-2.0 on the pool's card, a pool without memory_bandwidth_by_threads or without vram, is refused. null: 0.78, one "
+        "H200 host's (HOST.expert_share).", default=None
     )
     vram: Optional[Memory] = doc(
         "Memory of one discrete GPU (an RTX 4090: 24Gi). null: unified memory (iGPU/APU), the GPU uses the node's "

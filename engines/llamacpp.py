@@ -17,7 +17,7 @@ from .base import Credentials, Engine, Problem
 from .llamacpp_flags import extra_args_problems
 from .llamacpp_ceiling import faster_than_on_card
 from .llamacpp_prefill import prefill
-from .llamacpp_speed import is_range, predict_range_tok_s, range_reasons
+from .llamacpp_speed import experts_figure_problems, is_range, predict_range_tok_s, range_reasons
 from .llamacpp_split import RPC_RANGE_WHY, one_node_instead, split_estimate
 from .llamacpp_memory import (
     BITS_PER_WEIGHT,
@@ -163,6 +163,8 @@ class LlamaCpp(Engine):
         if model.cpu_moe_layers is not None and not discrete:
             problems.append((f"{path}.cpu_moe_layers", "keeps experts in system RAM beside a discrete GPU; on unified "
                              "memory or a CPU everything is in the same memory already: remove it"))
+        if discrete:
+            problems += experts_figure_problems(pool, model.backend_on(pool), f"node_pools.{model.node_pool}")
         if model.gpus > 1:
             if not discrete:
                 problems.append((f"{path}.gpus", "several GPUs per replica are discrete cards (node_pools.<pool>.vram); "

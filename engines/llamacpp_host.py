@@ -162,18 +162,23 @@ def expert_share(experts_us: dict, read_gbs: dict, threads: int, card_gbs: float
     at the share of what the node reads with that many threads) less the card's time for the same bytes (card_gbs,
     the card's K-quant rate); solved for the share at each count measured, and at this count on the line between them
     (by_threads). None: a share outside EXPERT_SHARE_BOUNDS."""
-    read = {int(t): float(v) for t, v in read_gbs.items()}
     shares = {}
     for t, us in experts_us.items():
-        # expert_block_seconds(share, read, card) == us, for the share:
-        cpu_s = float(us) / 1e6 + EXPERTS_PROFILE_BLOCK_BYTES / (card_gbs * 1e9) - HOST.expert_block_us / 1e6
-        if cpu_s <= 0:
-            return None
-        share = EXPERTS_PROFILE_BLOCK_BYTES / (cpu_s * by_threads(read, int(t)) * 1e9)
-        if not EXPERT_SHARE_BOUNDS[0] <= share <= EXPERT_SHARE_BOUNDS[1]:
+        share = solved_share(us, read_gbs, int(t), card_gbs)
+        if share is None or not EXPERT_SHARE_BOUNDS[0] <= share <= EXPERT_SHARE_BOUNDS[1]:
             return None
         shares[int(t)] = share
     return by_threads(shares, threads)
+
+
+def solved_share(us: float, read_gbs: dict, threads: int, card_gbs: float) -> Optional[float]:
+    """The share one figure (us a block with this many threads) gives, unbounded; None where the figure is no more
+    than what moving a block adds without reading its experts (HOST.expert_block_us, less the card's time)."""
+    # expert_block_seconds(share, read, card) == us, for the share:
+    cpu_s = float(us) / 1e6 + EXPERTS_PROFILE_BLOCK_BYTES / (card_gbs * 1e9) - HOST.expert_block_us / 1e6
+    if cpu_s <= 0:
+        return None
+    return EXPERTS_PROFILE_BLOCK_BYTES / (cpu_s * by_threads({int(t): float(v) for t, v in read_gbs.items()}, threads) * 1e9)
 
 
 def expert_block_seconds(share: float, read_gbs: float, card_gbs: float) -> float:

@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from .llamacpp_host import (HOST, HOST_KV_GROUP, KV_PROFILE_DEPTH, HostCost, host_cost, host_read_gbs,
-                            node_expert_share)
+from .llamacpp_host import (EXPERT_SHARE_BOUNDS, HOST, HOST_KV_GROUP, KV_PROFILE_DEPTH, HostCost, host_cost,
+                            host_read_gbs, node_expert_share, solved_share)
 from .llamacpp_memory import KV_TYPE_BYTES, layout, quant_of
 
 if TYPE_CHECKING:
@@ -325,6 +325,30 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
         threads=model.threads, cpu_kv_scale=cpu_kv_scale(model, facts, pool),
         expert_share=(node_expert_share(pool, model.threads, card_read_gbs(main, "kquant", gpu_bandwidth)[0])
                       if discrete and expert_read > 0 and main and gpu_bandwidth else None) or HOST.expert_share)
+
+
+def experts_figure_problems(pool: "NodePool", backend: Optional[str], path: str) -> list[tuple[str, str]]:
+    """A pool's experts_in_ram_us_by_threads the plan cannot use (it would plan HOST.expert_share unsaid): no read
+    bandwidth by threads to solve the share against, or a share outside EXPERT_SHARE_BOUNDS on this pool's card."""
+    figure, where = pool.experts_in_ram_us_by_threads, f"{path}.experts_in_ram_us_by_threads"
+    if not figure:
+        return []
+    if not pool.memory_bandwidth_by_threads:
+        return [(where, "the plan solves this figure against the node's read bandwidth by threads, which the pool "
+                 "does not state: set memory_bandwidth_by_threads from the same make host-profile EXPERTS=1 run")]
+    main = PROFILES.get(profile_name(pool, backend))
+    if main is None or pool.vram_bandwidth_gbs is None:
+        return []  # no decode figure on this card at all (the summary says why)
+    card = card_read_gbs(main, "kquant", pool.vram_bandwidth_gbs)[0]
+    low, high = EXPERT_SHARE_BOUNDS
+    for threads, us in figure.items():
+        share = solved_share(us, pool.memory_bandwidth_by_threads, threads, card)
+        if share is None or not low <= share <= high:
+            said = "no time for reading the experts at all" if share is None else f"a share of {share:.2f}"
+            return [(f"{where}.{threads}", f"{us:g} us a block with {threads} threads gives {said} of "
+                     f"memory_bandwidth_by_threads for routed experts, outside {low}-{high} (hosts measured: 0.65-1.15): "
+                     "a figure of another node or another run; measure both on this node with make host-profile EXPERTS=1")]
+    return []
 
 
 def cpu_quantized_ratio(kind: str) -> float:

@@ -1050,3 +1050,70 @@ def test_a_stack_files_experts_figure_reaches_the_plan_through_pulumis_json_conf
     default = decode(None)
     assert decode({8: same}) == pytest.approx(default, rel=1e-3)
     assert decode({8: same * 0.8}) > default * 1.05
+
+
+@pytest.mark.parametrize("figure, bandwidth, where, said", [
+    # 5 ms a block at 40 GB/s: a share of 0.12, below any host measured (a figure from a slower node, or a busy run).
+    ({8: 5000}, {8: 40}, "node_pools.rtx3060.experts_in_ram_us_by_threads.8", "a share of 0.12 of"),
+    # 120 us a block: barely more than moving a block adds without reading its experts (a share of 6).
+    ({8: 120}, {8: 40}, "node_pools.rtx3060.experts_in_ram_us_by_threads.8", "outside 0.2-2.0"),
+    # No read bandwidth by threads to solve the share against: the figure would be dropped unsaid.
+    ({8: 500}, None, "node_pools.rtx3060.experts_in_ram_us_by_threads", "set memory_bandwidth_by_threads"),
+])
+def test_an_experts_figure_the_plan_cannot_use_stops_the_render_on_one_line(tmp_path, figure, bandwidth, where, said):
+    """rtx3060's pool (a 360 GB/s card; Qwen3-30B-A3B's experts of 28 blocks in RAM) with a hand-typed experts figure
+    the plan cannot solve a share from (engines/llamacpp_speed.py, experts_figure_problems): where the plan would quietly
+    fall back to HOST.expert_share, the offline render stops with one line naming the stack file, the config path and
+    the fix, and writes nothing. The same pool with the figure make host-profile prints for it renders."""
+    import yaml
+    from conftest import stack_file_config
+    from engines.llamacpp_host import HOST, expert_block_seconds
+    from engines.llamacpp_speed import PROFILES, card_read_gbs
+    from render.output import RenderError, render_stack
+
+    def render(experts, by_threads):
+        mapping = stack_file_config("rtx3060")
+        pool = mapping["inference-plane:node_pools"]["rtx3060"]
+        pool["experts_in_ram_us_by_threads"] = experts
+        if by_threads:
+            pool["memory_bandwidth_by_threads"] = by_threads
+        (tmp_path / "Pulumi.t.yaml").write_text(yaml.safe_dump({"config": mapping}))
+        return render_stack("t", tmp_path / "out", project_dir=tmp_path)
+
+    with pytest.raises(RenderError) as caught:
+        render(figure, bandwidth)
+    message = str(caught.value)
+    assert message.startswith("Pulumi.t.yaml") and where + ":" in message and said in message
+    assert "make host-profile EXPERTS=1" in message and "\n" not in message
+    assert not (tmp_path / "out").exists()
+    card = card_read_gbs(PROFILES["nvidia"], "kquant", 360)[0]
+    render({8: round(expert_block_seconds(HOST.expert_share, 40, card) * 1e6)}, {8: 40})
+    assert (tmp_path / "out").is_dir()
+
+
+def test_an_experts_figure_on_a_pool_without_a_discrete_card_is_refused_at_the_boundary():
+    """homelab's Iris Xe pool (unified memory: vram unset) given an experts figure: the figure measures experts moved
+    from a card to system RAM, which such a node has no use for, so the config is refused with the path and fix."""
+    from config import ConfigError
+    from conftest import homelab_plain_values
+    from plane import parse_stack
+
+    values = homelab_plain_values()
+    values["node_pools"]["iris-xe"]["experts_in_ram_us_by_threads"] = {4: 500}
+    with pytest.raises(ConfigError) as caught:
+        parse_stack(values)
+    assert str(caught.value) == (
+        "invalid stack config: node_pools.iris-xe.experts_in_ram_us_by_threads: measures experts moved from a discrete "
+        "card to system RAM; on unified memory or a CPU they are in the same memory already: remove it")
+
+
+def test_make_bench_node_figures_print_the_experts_figure_where_a_host_has_one(capsys):
+    """decode_error --node-figures (make bench's second table): lease 15's line carries the experts figure its profile
+    printed and the bandwidth its share is solved at; a host profiled without --experts prints none."""
+    from lab.bench import decode_error
+
+    assert decode_error.main(["--node-figures"]) == 0
+    lines = {line.split(":", 1)[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["H100 machine, lease 15"].endswith(
+        "; experts in RAM 554 us a block moved with 16 threads (its share solved at 78.9 GB/s)")
+    assert "experts" not in lines["H100 machine, lease 14"]

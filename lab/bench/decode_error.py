@@ -414,15 +414,16 @@ def recorded_runs(path: str) -> list[dict]:
     return [fold_passes(run) for run in record["runs"]] if isinstance(record, dict) else [{"rows": record}]
 
 
-def recorded_node_figures() -> dict[str, tuple[dict, dict]]:
-    """Each measured host's read bandwidth and decode figures by threads, as make host-profile gives them."""
+def recorded_node_figures(experts: bool = False) -> dict[str, tuple]:
+    """Each measured host's read bandwidth and decode figures by threads, as make host-profile gives them (with
+    experts, its experts figure too: an ExpertsFigure, or None)."""
     out = {}
     for path in MEASURED:
         runs = recorded_runs(path)
         for run in runs:
-            host, costs, _, _, _ = node_figures(runs, run)
+            host, costs, _, _, figure = node_figures(runs, run)
             if costs:
-                out[run["host"]] = (host, costs)
+                out[run["host"]] = (host, costs, figure) if experts else (host, costs)
     return out
 
 
@@ -431,11 +432,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--node-figures", action="store_true", help="print each measured host's figures instead")
     args = parser.parse_args(argv)
     if args.node_figures:
-        for name, (host, costs) in recorded_node_figures().items():
+        for name, (host, costs, experts) in recorded_node_figures(experts=True).items():
             print(f"{name}: read GB/s {host}; " + ", ".join(
                 f"{t} threads {c['block_us']:.0f} us a block, KV {c['kv_gbs_per_thread']:.2f} GB/s a thread"
                 + (f", {c['kv_deep_slowdown']:.2f} times the time per position at 8192" if c.get("kv_deep_slowdown") else "")
-                for t, c in costs.items()))
+                for t, c in costs.items()) + "".join(
+                f"; experts in RAM {us:g} us a block moved with {t} threads (its share solved at {experts.read_gbs[t]:.1f} GB/s)"
+                for t, us in (experts.us.items() if experts else ())))
         return 0
     table = rows(MEASURED)
     print("| placement | device | model | settings | KV cache | depth | measured t/s | predicted t/s | error | source |")
