@@ -344,10 +344,11 @@ def experts_figure_problems(pool: "NodePool", backend: Optional[str], path: str)
     for threads, us in figure.items():
         share = solved_share(us, pool.memory_bandwidth_by_threads, threads, card)
         if share is None or not low <= share <= high:
-            said = "no time for reading the experts at all" if share is None else f"a share of {share:.2f}"
-            return [(f"{where}.{threads}", f"{us:g} us a block with {threads} threads gives {said} of "
-                     f"memory_bandwidth_by_threads for routed experts, outside {low}-{high} (hosts measured: 0.65-1.15): "
-                     "a figure of another node or another run; measure both on this node with make host-profile EXPERTS=1")]
+            said = (f"is no more than moving a block adds without reading its experts ({HOST.expert_block_us:g} us, less "
+                    "the card's time for them)" if share is None else f"gives a share of {share:.2f} of "
+                    f"memory_bandwidth_by_threads for routed experts, outside {low}-{high} (hosts measured: 0.65-1.15)")
+            return [(f"{where}.{threads}", f"{us:g} us a block with {threads} threads {said}: a figure of another node "
+                     "or another run; measure both on this node with make host-profile EXPERTS=1")]
     return []
 
 

@@ -719,7 +719,7 @@ def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
             if profile_rules.profile_refusal(decode_error.profile_rows(run, run["host_cost_from"]), 4096):
                 refused.append((run["host"], [r for r in runs if r.get("host_profile")].index(run)))
                 continue  # refused since (lease 13's first, second and fourth: the test above)
-            _, costs, _, quantized, experts = decode_error.node_figures(runs, run)
+            _, costs, _, quantized, experts_us = decode_error.node_figures(runs, run)
             printed = run["cpu_decode_by_threads_printed"]
             for threads, figures in printed.items():
                 assert costs[int(threads)]["block_us"] == pytest.approx(figures["block_us"], abs=0.5)
@@ -732,8 +732,7 @@ def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
             assert quantized == pytest.approx(steady, abs=0.0051), run["host"]
             # The experts figure (make host-profile --experts, lease 15 the first to have it) as the tool printed it.
             printed_experts = run.get("experts_in_ram_us_by_threads_printed")
-            assert (experts.us if experts else None) == (
-                {int(t): us for t, us in printed_experts.items()} if printed_experts else None)
+            assert experts_us == ({int(t): us for t, us in printed_experts.items()} if printed_experts else None)
             deep = any(r["depth"] == 8192 and r.get("type_k") in ("q8_0", "q4_0") for r in run["rows"])
             seen.add((run["host"], deep))
     assert {("H100 machine, lease 12", True), ("CI machine, 2026-12-06", True), ("H200 machine, lease 11", False),
@@ -853,11 +852,12 @@ def test_make_host_profile_experts_states_what_a_block_moved_to_ram_adds_and_the
         tmp_path, capsys, monkeypatch, fake):
     """--experts on a node whose card llama-bench lists (scripted: each block whose experts move to RAM adds 400 us a
     token) prints experts_in_ram_us_by_threads at the largest thread count, from the rates with 24 and 48 blocks in
-    RAM in every pass, and keeps the read bandwidth at that count read before and after the step in each pass; the
-    plan given that line, for that same configuration on a card of either NVIDIA profile, gives back the 400 us a
-    block (the card's own time for the bytes it no longer reads included), and reads experts faster than
-    HOST.expert_share where a block costs less."""
+    RAM in every pass, restated at the bandwidth printed beside it from the bandwidth read before and after the step
+    in each pass (its reading time scaled by their ratio); the plan given the line, for that same configuration on a
+    card of either NVIDIA profile, gives back the 400 us a block (the card's own time for the bytes it no longer
+    reads included), and reads experts faster than HOST.expert_share where a block costs less."""
     import yaml
+    from engines.llamacpp_host import HOST
     from lab.bench import decode_error, host_profile
     from lab.contract.real_shape import expected_weights_bytes
 
@@ -869,13 +869,16 @@ def test_make_host_profile_experts_states_what_a_block_moved_to_ram_adds_and_the
                               "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     fields = yaml.safe_load(printed.split("for the stack file (node_pools.<pool>):\n", 1)[1])
-    assert fields["experts_in_ram_us_by_threads"] == {8: 400}
-    assert fields["memory_bandwidth_by_threads"] == {4: 50, 8: 51} and "(read 52.0-55.0 GB/s around it)" in printed
+    # 400 us a block measured while the host read 52-55 GB/s (53.5 on average), stated at the 51 GB/s printed beside it.
+    stated = round(HOST.expert_block_us + (400 - HOST.expert_block_us) * 53.5 / 51)
+    assert fields["experts_in_ram_us_by_threads"] == {8: stated} and stated > 400
+    assert fields["memory_bandwidth_by_threads"] == {4: 50, 8: 51}
+    assert f"read 52.0-55.0 GB/s around them: {stated} us a token for each block moved, at the 51.0 GB/s above" in printed
     record = json.loads(out.read_text())
-    assert record["host_read_gbs"] == {"4": 50.0, "8": 51.0} and record["experts_read_gbs_around"] == [52, 53, 54, 55]
+    assert record["host_read_gbs"] == {"4": 50.0, "8": 51.0} and record["experts_read_gbs_around"] == {"8": [52, 53, 54, 55]}
+    assert record["experts_in_ram_us_by_threads"] == {"8": stated}
     moved = [(r["n_cpu_moe"], r["pass"], r["threads"]) for r in record["rows"] if r.get("n_cpu_moe")]
     assert sorted(moved) == [(24, 0, 8), (24, 1, 8), (48, 0, 8), (48, 1, 8)]
-    assert record["experts_in_ram_us_by_threads"] == {"8": 400}
     weights = expected_weights_bytes("qwen3-30b-a3b", "Q4_K_M") / 2 ** 30
     facts = decode_error.preset_facts("qwen3-30b-a3b")
     host = {8: 70.0, 16: 89.0}
@@ -941,8 +944,8 @@ def test_make_bench_plans_a_hosts_experts_from_its_profiles_experts_figure(tmp_p
     for name, runs in (("with", [profile, grid]), ("without", [spread, grid])):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps({"runs": runs}))
-        experts = decode_error.node_figures(decode_error.recorded_runs(str(path)), grid)[4]
-        assert (experts.us if experts else None) == ({16: 300} if name == "with" else None)
+        assert decode_error.node_figures(decode_error.recorded_runs(str(path)), grid)[4] == (
+            {16: 300} if name == "with" else None)
         table = decode_error.rows({str(path): ("nvidia-datacenter", "cuda", 3350, True)})
         marks = [row[5] for row in table if row[1].startswith("qwen3-30b-a3b") and row[7] == "experts in RAM"]
         assert len(marks) == 2 and set(marks) == ({"node figures"} if name == "with" else {"refused by the profile"})
@@ -950,11 +953,11 @@ def test_make_bench_plans_a_hosts_experts_from_its_profiles_experts_figure(tmp_p
         predicted[name] = row[4]
     # 300 us a block on this scripted host (HOST's share gives about 520 at 70 GB/s): planned faster.
     assert predicted["with"] > predicted["without"] * 1.1
-    # The same figure measured while the host read 140 GB/s (the step's own readings): half the share of the 70 GB/s
-    # the row is planned at, a slower token; measured at the profile's 70, the plan as without the readings.
+    # The same rates measured while the host read 140 GB/s (the step's own readings): restated at the profile's 70, the
+    # experts' reading time doubles (the tool prints that figure), a slower token; read at 70, the plan as without.
     for readings, slower in (([120.0, 160.0], True), ([70.0, 70.0], False)):
         path = tmp_path / "readings.json"
-        path.write_text(json.dumps({"runs": [{**profile, "experts_read_gbs_around": readings}, grid]}))
+        path.write_text(json.dumps({"runs": [{**profile, "experts_read_gbs_around": {"16": readings}}, grid]}))
         (row,) = [row for row in decode_error.rows({str(path): ("nvidia-datacenter", "cuda", 3350, True)})
                   if row[1].startswith("qwen3.6-35b-a3b")]
         assert (row[4] < predicted["with"] / 1.1) if slower else row[4] == pytest.approx(predicted["with"], rel=1e-9)
@@ -1057,6 +1060,8 @@ def test_a_stack_files_experts_figure_reaches_the_plan_through_pulumis_json_conf
     ({8: 5000}, {8: 40}, "node_pools.rtx3060.experts_in_ram_us_by_threads.8", "a share of 0.12 of"),
     # 120 us a block: barely more than moving a block adds without reading its experts (a share of 6).
     ({8: 120}, {8: 40}, "node_pools.rtx3060.experts_in_ram_us_by_threads.8", "outside 0.2-2.0"),
+    # 20 us a block: less than moving a block adds without reading its experts; no share at all.
+    ({8: 20}, {8: 40}, "node_pools.rtx3060.experts_in_ram_us_by_threads.8", "is no more than moving a block adds"),
     # No read bandwidth by threads to solve the share against: the figure would be dropped unsaid.
     ({8: 500}, None, "node_pools.rtx3060.experts_in_ram_us_by_threads", "set memory_bandwidth_by_threads"),
 ])
@@ -1109,11 +1114,10 @@ def test_an_experts_figure_on_a_pool_without_a_discrete_card_is_refused_at_the_b
 
 def test_make_bench_node_figures_print_the_experts_figure_where_a_host_has_one(capsys):
     """decode_error --node-figures (make bench's second table): lease 15's line carries the experts figure its profile
-    printed and the bandwidth its share is solved at; a host profiled without --experts prints none."""
+    printed; a host profiled without --experts prints none."""
     from lab.bench import decode_error
 
     assert decode_error.main(["--node-figures"]) == 0
     lines = {line.split(":", 1)[0]: line for line in capsys.readouterr().out.splitlines()}
-    assert lines["H100 machine, lease 15"].endswith(
-        "; experts in RAM 554 us a block moved with 16 threads (its share solved at 78.9 GB/s)")
+    assert lines["H100 machine, lease 15"].endswith("; experts in RAM 554 us a block moved with 16 threads")
     assert "experts" not in lines["H100 machine, lease 14"]

@@ -14,7 +14,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,20 +137,10 @@ def planned_deep_rate(empty_tok_s: float, profile_tok_s: float, slowdown: float)
     return 1 / (1 / empty_tok_s + 2 * slowdown * (1 / profile_tok_s - 1 / empty_tok_s))
 
 
-class ExpertsFigure(NamedTuple):
-    """A node's experts figure as make host-profile --experts printed it (experts_in_ram_us_by_threads), and the read
-    bandwidth by threads it was measured at: the experts step's own readings (experts_read_gbs_around, recorded since
-    lease 15, the first host to measure the figure: the step runs last, minutes after the profile's first reading,
-    and that host's read bandwidth moved 50-88 GB/s within them), else the profile's (host_read_gbs)."""
-    us: dict
-    read_gbs: dict
-
-
 def experts_at(experts_us: dict, host: dict, threads: int, read_gbs: float, profile: str, bandwidth: float) -> dict:
-    """A node's experts figure restated at the read bandwidth a row's plan reads (measured around its job): the same
-    share of the bandwidth (what the figure means: node_expert_share, solved against host, the bandwidth the figure
-    was measured at), so the experts' time follows the host's drift as its dense weights' does; the figure as given
-    where no share comes of it."""
+    """A node's experts figure restated at the read bandwidth measured around a row's job: the same share of the
+    bandwidth (what the figure means: node_expert_share, solved against the profile's own bandwidth), so the experts'
+    time follows the host's drift as its dense weights' does; the figure as given where no share comes of it."""
     card_gbs = card_read_gbs(PROFILES[profile], "kquant", bandwidth)[0]
     share = expert_share(experts_us, host, threads, card_gbs)
     return {threads: expert_block_seconds(share, read_gbs, card_gbs) * 1e6} if share else experts_us
@@ -215,14 +205,12 @@ def profile_rows(run: dict, source: dict) -> list[dict]:
                         and (r["shape"], r["quant"]) == (source["shape"], source["quant"])])
 
 
-def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[dict], set, Optional[dict],
-                                                        Optional[ExpertsFigure]]:
+def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[dict], set, Optional[dict], Optional[dict]]:
     """What `make host-profile` gives a user for the host a run was measured on: its read bandwidth by threads,
     its decode figures by threads (cpu_decode_by_threads), both from the one run of that host that holds the
     CPU-only rows host_cost_from names (solved from them), those rows' keys (shape, quant, threads, depth), where
     that run measured quantized caches too (the tool's step 4), their ratios (cpu_quantized_kv), and where it
-    measured experts in RAM (--experts), what a block moved there adds (experts_in_ram_us_by_threads) and the read
-    bandwidth it was measured at (ExpertsFigure).
+    measured experts in RAM (--experts), what a block moved there adds (experts_in_ram_us_by_threads).
     Every run of the host is predicted from these, as a user's servers would be."""
     source = run.get("host_cost_from")
 
@@ -279,20 +267,20 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
             continue  # the tool states no ratio for this cache (the host moved between or during the runs)
         quantized[kind] = round(ratio, 2)
         used |= {(source["shape"], source["quant"], most, d, kind) for d in (0, at)}
-    experts = None
+    experts_us = None
     moved = [r for r in home["rows"] if r.get("n_cpu_moe") and (r["shape"], r["quant"]) == EXPERTS_PROFILE_SHAPE]
     if home.get("host_profile") and moved:
-        figure, _, _ = experts_figure(moved)  # refused (the reason is the tool's): HOST.expert_share, as for a user
+        # Restated at the profile's bandwidth from the readings around the step, as the tool prints it (recorded since
+        # lease 15); refused (the reason is the tool's): HOST.expert_share, as for a user.
+        figure, _, _ = experts_figure(moved, home.get("experts_read_gbs_around"), host)
         if figure:
-            readings = home.get("experts_read_gbs_around")
-            experts = ExpertsFigure(figure, {**host, **{t: sum(readings) / len(readings) for t in figure}} if readings
-                                    else host)
+            experts_us = figure
             used |= {(r["shape"], r["quant"], r["threads"], r["depth"], "experts", r["n_cpu_moe"]) for r in moved}
     # The rows the figures came from, as this run holds them: all of them for the home; for another profile of the
     # host (refused, or not the first that stands) none, its rows its own (measured_row); for any other run the row
     # at twice the depth it may have supplied.
     mine = used | deep_used if run is home else set() if run.get("host_profile") else deep_used
-    return host, costs or None, mine, quantized or None, experts
+    return host, costs or None, mine, quantized or None, experts_us
 
 
 def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]:
@@ -310,17 +298,17 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
             continue
         runs = recorded_runs(path)
         for run in runs:
-            host, cost, cost_rows, quantized, experts = node_figures(runs, run)
+            host, cost, cost_rows, quantized, experts_us = node_figures(runs, run)
             for r in run["rows"]:
                 if r.get("n_prompt"):
                     continue  # prefill: lab/bench/prefill_error.py
                 out.append(measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows,
-                                        quantized, experts))
+                                        quantized, experts_us))
     return out
 
 
 def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized=None,
-                 experts: Optional[ExpertsFigure] = None) -> tuple:
+                 experts_us=None) -> tuple:
     weights = r.get("weights_bytes")
     if weights is None:
         weights = expected_weights_bytes(r["shape"], r["quant"])
@@ -328,13 +316,12 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     cache = cache_type(r)
     cpu_moe, threads = r.get("n_cpu_moe") or None, r.get("threads") or 8
     on_card = discrete and ngl != 0
-    experts_us = experts.us if experts else None
     if host and r.get("read_gbs_around"):
         # The host's read bandwidth read around this row's job (measure_decode --host-bandwidth): a shared host's drifts.
-        host = {**host, threads: sum(r["read_gbs_around"]) / len(r["read_gbs_around"])}
-    if experts and on_card and profile in PROFILES and host and experts.read_gbs.get(threads) != host.get(threads):
-        # The figure restated at the bandwidth this row's plan reads: the same share of it.
-        experts_us = experts_at(experts.us, experts.read_gbs, threads, host[threads], profile, bandwidth)
+        around = sum(r["read_gbs_around"]) / len(r["read_gbs_around"])
+        if experts_us and on_card and profile in PROFILES:
+            experts_us = experts_at(experts_us, host, threads, around, profile, bandwidth)
+        host = {**host, threads: around}
     low, high = prediction_range(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
                                  on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
                                  threads, host, cost, cache=cache, quantized=quantized, experts_us=experts_us) or (None, None)
@@ -416,7 +403,7 @@ def recorded_runs(path: str) -> list[dict]:
 
 def recorded_node_figures(experts: bool = False) -> dict[str, tuple]:
     """Each measured host's read bandwidth and decode figures by threads, as make host-profile gives them (with
-    experts, its experts figure too: an ExpertsFigure, or None)."""
+    experts, its experts figure too, or None)."""
     out = {}
     for path in MEASURED:
         runs = recorded_runs(path)
@@ -437,8 +424,7 @@ def main(argv: list[str]) -> int:
                 f"{t} threads {c['block_us']:.0f} us a block, KV {c['kv_gbs_per_thread']:.2f} GB/s a thread"
                 + (f", {c['kv_deep_slowdown']:.2f} times the time per position at 8192" if c.get("kv_deep_slowdown") else "")
                 for t, c in costs.items()) + "".join(
-                f"; experts in RAM {us:g} us a block moved with {t} threads (its share solved at {experts.read_gbs[t]:.1f} GB/s)"
-                for t, us in (experts.us.items() if experts else ())))
+                f"; experts in RAM {us} us a block moved with {t} threads" for t, us in (experts or {}).items()))
         return 0
     table = rows(MEASURED)
     print("| placement | device | model | settings | KV cache | depth | measured t/s | predicted t/s | error | source |")

@@ -35,8 +35,8 @@ point, not the figure. The spread the passes showed is printed.
    H200 host's 0.78 until now; eight hosts measured since lay at 0.65-1.15). Refused like the rest where its rates
    spread, or where a block moved added no more than moving the hidden state alone does; where llama-bench fails
    (a card that cannot hold 24 blocks' experts, about 11 GB with the rest), the CPU's figures still stand. The read
-   bandwidth before and after the step is kept with it (experts_read_gbs_around; make bench restates the figure from
-   it). On lease 15's H100 host a three-pass profile at 16 threads with the step took about 140 s (the
+   bandwidth is read before and after the step (experts_read_gbs_around), and the figure printed is restated at the
+   bandwidth printed beside it (profile_rules.experts_figure). On lease 15's H100 host a three-pass profile at 16 threads with the step took about 140 s (the
    step's own share not timed).
 
 Run it on the node that serves (or one of its kind), with nothing else running: a second H200 host read 30 %
@@ -169,23 +169,22 @@ def main(argv: list[str]) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="host-profile-") as tmp:
         bandwidth = read_bandwidth(threads, Path(tmp))
-        measured, moved, experts_failed, experts_read = [], [], None, []
+        measured, moved, experts_failed, experts_read = [], [], None, {max(threads): []}
         for n in range(args.passes):
             # Interleaved: a host that moves for a minute moves one pass of each point, which the median leaves out.
             measured += [{**r, "pass": n} for r in decode_rates(binary, threads, [args.depth, 2 * args.depth], Path(tmp))]
             for kind in kv_types:
                 measured += [{**r, "pass": n} for r in decode_rates(binary, [max(threads)], [2 * args.depth], Path(tmp), kind)]
             if args.experts and not experts_failed:
-                # The read bandwidth before and after the step, kept with the figure: it runs minutes after the first
-                # reading, and make bench restates the figure from the bandwidth it was measured at (lease 15's host
-                # read 50-88 GB/s within a call).
+                # The read bandwidth before and after the step: it runs minutes after the first reading, and the
+                # figure is restated at that reading's bandwidth, the one printed beside it (experts_figure).
                 before = read_bandwidth([max(threads)], Path(tmp))[max(threads)]
                 try:
                     moved += [{**r, "pass": n} for r in experts_rates(binary, max(threads), Path(tmp))]
                 except RuntimeError as failure:
                     # A card that cannot hold the 24 blocks' experts, say: the CPU's figures still stand.
                     experts_failed, moved = str(failure), []
-                experts_read += [before, read_bandwidth([max(threads)], Path(tmp))[max(threads)]]
+                experts_read[max(threads)] += [before, read_bandwidth([max(threads)], Path(tmp))[max(threads)]]
     rows = median_rows(measured)
     refusal = profile_refusal(rows, args.depth)
     if refusal:
@@ -197,7 +196,7 @@ def main(argv: list[str]) -> int:
                                                  indent=1))
         print(f"host_profile: {refusal}; no figures: run it again on a quiet node", file=sys.stderr)
         return 1
-    experts, experts_why, folded = experts_figure(moved) if moved else ({}, experts_failed, {})
+    experts, experts_why, folded = experts_figure(moved, experts_read, bandwidth) if moved else ({}, experts_failed, {})
     if args.passes > 1:
         apart = max(r["passes_apart"] for r in [*rows, *folded.values()])
         print(f"{args.passes} passes: each figure below is from the median rate of each point; the passes of one point "
@@ -248,8 +247,9 @@ def main(argv: list[str]) -> int:
             few, many = EXPERTS_PROFILE_BLOCKS
             print(f"{t:3} threads, experts in RAM: {EXPERTS_PROFILE_SHAPE[0]} {EXPERTS_PROFILE_SHAPE[1]} "
                   f"{folded[(t, few)]['tok_s']:.2f} tok/s with {few} blocks' experts in RAM, "
-                  f"{folded[(t, many)]['tok_s']:.2f} with {many}: {us} us a token for each block moved (read "
-                  f"{min(experts_read):.1f}-{max(experts_read):.1f} GB/s around it)")
+                  f"{folded[(t, many)]['tok_s']:.2f} with {many}, read {min(experts_read[t]):.1f}-"
+                  f"{max(experts_read[t]):.1f} GB/s around them: {us} us a token for each block moved, at the "
+                  f"{bandwidth[t]:.1f} GB/s above")
     if args.out:
         Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "depth": args.depth, "shape": SHAPE, "quant": QUANT,
                                               "rows": measured + moved, "cpu_decode_by_threads": figures,

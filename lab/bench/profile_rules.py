@@ -92,13 +92,21 @@ def experts_point(r: dict) -> tuple:
     return r["threads"], r["n_cpu_moe"]
 
 
-def experts_figure(rows: list[dict]) -> tuple[dict[int, int], Optional[str], dict[tuple, dict]]:
+def experts_figure(rows: list[dict], readings: Optional[dict] = None,
+                   read_gbs: Optional[dict] = None) -> tuple[dict[int, int], Optional[str], dict[tuple, dict]]:
     """make host-profile --experts's figure (experts_in_ram_us_by_threads) from its rows, passes folded (median_rows by
     experts_point; the folded rows are returned too, by point): per thread count, what each block whose experts moved
     to RAM added per token, in microseconds, from the rates with EXPERTS_PROFILE_BLOCKS's blocks in RAM; or why none
     stands (the tool exits 1, make bench plans with HOST.expert_share): a rate whose repetitions spread past
     PROFILE_STEADY, or a block that added no more than HOST.expert_block_us (more blocks in RAM about as fast as fewer:
-    the node's speed moved between the runs)."""
+    the node's speed moved between the runs).
+    With the read bandwidth read around the step (readings, by threads) and the profile's (read_gbs, the
+    memory_bandwidth_by_threads printed beside it), the figure is restated at the latter, so the pool's figures agree
+    with one another: the experts' reading time scaled by the two bandwidths' ratio, HOST.expert_block_us held. The
+    plan solves the share against memory_bandwidth_by_threads (node_expert_share); the step runs minutes after the
+    profile's reading, and lease 15's host read 45.7-88.1 GB/s within a call. The card's time for the block's bytes is
+    scaled with the rest: off by that time times the ratio less one (about 9 us a block on an H100, 90 on a 360 GB/s
+    card; at a ratio of 0.87, 1 and 12 us)."""
     folded = {experts_point(r): r for r in median_rows(rows, experts_point)}
     for r in folded.values():
         if spread(r["tok_s"], r.get("stddev")) is not None:
@@ -113,6 +121,10 @@ def experts_figure(rows: list[dict]) -> tuple[dict[int, int], Optional[str], dic
         if us <= HOST.expert_block_us:
             return {}, (f"with {threads} threads a block of experts moved to RAM added {us:.0f} us a token, no more than "
                         f"the {HOST.expert_block_us:.0f} us of moving the hidden state alone: the node's speed moved"), folded
+        measured = {int(t): v for t, v in (readings or {}).items()}.get(threads)
+        printed = {int(t): v for t, v in (read_gbs or {}).items()}.get(threads)
+        if measured and printed:
+            us = HOST.expert_block_us + (us - HOST.expert_block_us) * (sum(measured) / len(measured)) / printed
         figures[threads] = round(us)
     return figures, None, folded
 
