@@ -162,13 +162,21 @@ def expert_share(experts_us: dict, read_gbs: dict, threads: int, card_gbs: float
     at the share of what the node reads with that many threads) less the card's time for the same bytes (card_gbs,
     the card's K-quant rate); solved for the share at each count measured, and at this count on the line between them
     (by_threads). None: a share outside EXPERT_SHARE_BOUNDS."""
+    shares, refused = figure_shares(experts_us, read_gbs, card_gbs)
+    return None if refused else by_threads(shares, threads)
+
+
+def figure_shares(experts_us: dict, read_gbs: dict, card_gbs: float) -> tuple[dict[int, float], Optional[tuple]]:
+    """The share each thread count of a figure gives (solved_share), and the first (threads, us, share) whose share
+    is outside EXPERT_SHARE_BOUNDS (share None: the figure leaves no time for reading the experts), None where all
+    stand: the plan uses no part of a figure with one refused (expert_share; experts_figure_problems says which)."""
     shares = {}
     for t, us in experts_us.items():
         share = solved_share(us, read_gbs, int(t), card_gbs)
         if share is None or not EXPERT_SHARE_BOUNDS[0] <= share <= EXPERT_SHARE_BOUNDS[1]:
-            return None
+            return shares, (int(t), us, share)
         shares[int(t)] = share
-    return by_threads(shares, threads)
+    return shares, None
 
 
 def solved_share(us: float, read_gbs: dict, threads: int, card_gbs: float) -> Optional[float]:

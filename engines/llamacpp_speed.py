@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from .llamacpp_host import (EXPERT_SHARE_BOUNDS, HOST, HOST_KV_GROUP, KV_PROFILE_DEPTH, HostCost, host_cost,
-                            host_read_gbs, node_expert_share, solved_share)
+from .llamacpp_host import (EXPERT_SHARE_BOUNDS, HOST, HOST_KV_GROUP, KV_PROFILE_DEPTH, HostCost, figure_shares,
+                            host_cost, host_read_gbs, node_expert_share)
 from .llamacpp_memory import KV_TYPE_BYTES, layout, quant_of
 
 if TYPE_CHECKING:
@@ -339,17 +339,16 @@ def experts_figure_problems(pool: "NodePool", backend: Optional[str], path: str)
     main = PROFILES.get(profile_name(pool, backend))
     if main is None or pool.vram_bandwidth_gbs is None:
         return []  # no decode figure on this card at all (the summary says why)
-    card = card_read_gbs(main, "kquant", pool.vram_bandwidth_gbs)[0]
-    low, high = EXPERT_SHARE_BOUNDS
-    for threads, us in figure.items():
-        share = solved_share(us, pool.memory_bandwidth_by_threads, threads, card)
-        if share is None or not low <= share <= high:
-            said = (f"is no more than moving a block adds without reading its experts ({HOST.expert_block_us:g} us, less "
-                    "the card's time for them)" if share is None else f"gives a share of {share:.2f} of "
-                    f"memory_bandwidth_by_threads for routed experts, outside {low}-{high} (hosts measured: 0.65-1.15)")
-            return [(f"{where}.{threads}", f"{us:g} us a block with {threads} threads {said}: a figure of another node "
-                     "or another run; measure both on this node with make host-profile EXPERTS=1")]
-    return []
+    _, refused = figure_shares(figure, pool.memory_bandwidth_by_threads,
+                               card_read_gbs(main, "kquant", pool.vram_bandwidth_gbs)[0])
+    if refused is None:
+        return []
+    (threads, us, share), (low, high) = refused, EXPERT_SHARE_BOUNDS
+    said = (f"is no more than moving a block adds without reading its experts ({HOST.expert_block_us:g} us, less the "
+            "card's time for them)" if share is None else f"gives a share of {share:.2f} of "
+            f"memory_bandwidth_by_threads for routed experts, outside {low}-{high} (hosts measured: 0.65-1.15)")
+    return [(f"{where}.{threads}", f"{us:g} us a block with {threads} threads {said}: a figure of another node or "
+             "another run; measure both on this node with make host-profile EXPERTS=1")]
 
 
 def cpu_quantized_ratio(kind: str) -> float:

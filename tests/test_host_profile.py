@@ -16,10 +16,10 @@ import yaml
 
 from conftest import ROOT, plain_values
 from engines.llamacpp_speed import predict_range_tok_s
+from lab.bench import profile_rules
 from plane import parse_stack, plan_capacity
 
 
-from lab.bench import profile_rules
 from lab.llama_build import build  # a module that builds: its tests are marked llama
 
 

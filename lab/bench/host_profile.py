@@ -36,8 +36,8 @@ point, not the figure. The spread the passes showed is printed.
    spread, or where a block moved added no more than moving the hidden state alone does; where llama-bench fails
    (a card that cannot hold 24 blocks' experts, about 11 GB with the rest), the CPU's figures still stand. The read
    bandwidth is read before and after the step (experts_read_gbs_around), and the figure printed is restated at the
-   bandwidth printed beside it (profile_rules.experts_figure). On lease 15's H100 host a three-pass profile at 16 threads with the step took about 140 s (the
-   step's own share not timed).
+   bandwidth printed beside it (profile_rules.experts_figure). On lease 15's H100 host a three-pass profile at 16
+   threads with the step took about 140 s (the step's own share not timed).
 
 Run it on the node that serves (or one of its kind), with nothing else running: a second H200 host read 30 %
 faster and attended twice as fast as the first (docs/capacity-planning.md, "Decode speed"). A pass takes about
@@ -169,22 +169,23 @@ def main(argv: list[str]) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="host-profile-") as tmp:
         bandwidth = read_bandwidth(threads, Path(tmp))
-        measured, moved, experts_failed, experts_read = [], [], None, {max(threads): []}
+        most = max(threads)  # the quantized caches' and the experts' runs take the largest thread count
+        measured, moved, experts_failed, experts_read = [], [], None, {most: []}
         for n in range(args.passes):
             # Interleaved: a host that moves for a minute moves one pass of each point, which the median leaves out.
             measured += [{**r, "pass": n} for r in decode_rates(binary, threads, [args.depth, 2 * args.depth], Path(tmp))]
             for kind in kv_types:
-                measured += [{**r, "pass": n} for r in decode_rates(binary, [max(threads)], [2 * args.depth], Path(tmp), kind)]
+                measured += [{**r, "pass": n} for r in decode_rates(binary, [most], [2 * args.depth], Path(tmp), kind)]
             if args.experts and not experts_failed:
                 # The read bandwidth before and after the step: it runs minutes after the first reading, and the
                 # figure is restated at that reading's bandwidth, the one printed beside it (experts_figure).
-                before = read_bandwidth([max(threads)], Path(tmp))[max(threads)]
+                before = read_bandwidth([most], Path(tmp))[most]
                 try:
-                    moved += [{**r, "pass": n} for r in experts_rates(binary, max(threads), Path(tmp))]
+                    moved += [{**r, "pass": n} for r in experts_rates(binary, most, Path(tmp))]
                 except RuntimeError as failure:
                     # A card that cannot hold the 24 blocks' experts, say: the CPU's figures still stand.
                     experts_failed, moved = str(failure), []
-                experts_read[max(threads)] += [before, read_bandwidth([max(threads)], Path(tmp))[max(threads)]]
+                experts_read[most] += [before, read_bandwidth([most], Path(tmp))[most]]
     rows = median_rows(measured)
     refusal = profile_refusal(rows, args.depth)
     if refusal:
@@ -219,7 +220,6 @@ def main(argv: list[str]) -> int:
               f"{rates[(t, args.depth)]:.2f} at {args.depth}, {rates[(t, 2 * args.depth)]:.2f} at {2 * args.depth}: "
               f"{cost.block_us:.0f} us a block, KV {cost.kv_gbs:.2f} GB/s a thread, {slowdown:.2f} times the time per "
               f"position at {2 * args.depth}")
-    most = max(threads)
     ratios = {}
     failed = False
     # The f16 rate the plan gives at twice the depth from the figures printed (the slow-down as printed; at another

@@ -113,6 +113,8 @@ def experts_figure(rows: list[dict], readings: Optional[dict] = None,
             return {}, (f"with {r['n_cpu_moe']} blocks of experts in RAM the rate spread {r['stddev'] / r['tok_s']:.0%} over "
                         f"its runs (more than {PROFILE_STEADY:.0%}): the node's speed moved"), folded
     few, many = EXPERTS_PROFILE_BLOCKS
+    readings = {int(t): sum(v) / len(v) for t, v in (readings or {}).items() if v}
+    read_gbs = {int(t): v for t, v in (read_gbs or {}).items()}
     figures = {}
     for threads in sorted({t for t, _ in folded}):
         if (threads, few) not in folded or (threads, many) not in folded:
@@ -121,10 +123,8 @@ def experts_figure(rows: list[dict], readings: Optional[dict] = None,
         if us <= HOST.expert_block_us:
             return {}, (f"with {threads} threads a block of experts moved to RAM added {us:.0f} us a token, no more than "
                         f"the {HOST.expert_block_us:.0f} us of moving the hidden state alone: the node's speed moved"), folded
-        measured = {int(t): v for t, v in (readings or {}).items()}.get(threads)
-        printed = {int(t): v for t, v in (read_gbs or {}).items()}.get(threads)
-        if measured and printed:
-            us = HOST.expert_block_us + (us - HOST.expert_block_us) * (sum(measured) / len(measured)) / printed
+        if threads in readings and read_gbs.get(threads):
+            us = HOST.expert_block_us + (us - HOST.expert_block_us) * readings[threads] / read_gbs[threads]
         figures[threads] = round(us)
     return figures, None, folded
 
