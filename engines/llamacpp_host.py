@@ -70,10 +70,10 @@ class HostCost:
 KV_PROFILE_DEPTH, KV_DEEP_DEPTH = 4096, 8192
 
 
-# The largest of those slow-downs measured (1.41 on an H100 machine's 16-thread Xeon, 1.49 on the 2-core CI EPYC:
-# bench/results-speed-h100.json lease 10, bench/results-decode-cpu.json): a node whose slow-down is not measured is
-# planned between none and this.
-KV_DEEP_SLOWDOWN_MOST = 1.49
+# The largest of those slow-downs measured (1.38-1.67 on the H100 machines' 16-thread Xeons, the most on lease 16's;
+# 1.49 on the 2-core CI EPYC: bench/results-speed-h100.json, bench/results-decode-cpu.json): a node whose slow-down is
+# not measured is planned between none and this.
+KV_DEEP_SLOWDOWN_MOST = 1.67
 
 
 # The slowest and the fastest of the hosts measured (`lab/bench/decode_error.py --node-figures` prints each: five

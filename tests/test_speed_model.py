@@ -738,7 +738,7 @@ def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
     assert {("H100 machine, lease 12", True), ("CI machine, 2026-12-06", True), ("H200 machine, lease 11", False),
             ("H200 machine, lease 7", False), ("H200 machine, lease 13", True), ("H100 machine, lease 8", False),
             ("H100 machine, lease 9", False), ("H100 machine, lease 10", False), ("H100 machine, lease 14", True),
-            ("H100 machine, lease 15", True)} <= seen
+            ("H100 machine, lease 15", True), ("H100 machine, lease 16", True)} <= seen
     # Refused: exactly lease 13's first, second and fourth profiles, and lease 14's first (a spread of 16 % at 4096).
     expected = []
     for name, host, which in (("results-speed-h200.json", "H200 machine, lease 13", (0, 1, 3)),
@@ -1124,4 +1124,38 @@ def test_make_bench_node_figures_print_the_experts_figure_where_a_host_has_one(c
     assert decode_error.main(["--node-figures"]) == 0
     lines = {line.split(":", 1)[0]: line for line in capsys.readouterr().out.splitlines()}
     assert lines["H100 machine, lease 15"].endswith("; experts in RAM 554 us a block moved with 16 threads")
+    # Lease 16's, restated from the readings around its step (82.6-112.8 GB/s) to the 88.1 the profile printed.
+    assert lines["H100 machine, lease 16"].endswith("; experts in RAM 315 us a block moved with 16 threads")
     assert "experts" not in lines["H100 machine, lease 14"]
+
+
+def test_make_bench_sorts_the_out_of_sample_points_by_how_far_the_host_moved(tmp_path):
+    """drift_counts (make bench's line under the out-of-sample classes): each point of a grid whose job carries the
+    bandwidth read around it falls in the band of that reading over the bandwidth its host's figures were measured at
+    (the profile's, at the job's threads), and is counted within or not as the class lines count it; a row without a
+    reading, or held to a range, is in none."""
+    from lab.bench import decode_error
+
+    runs = decode_error.recorded_runs(str(decode_error.ROOT / "bench" / "results-speed-h100.json"))
+    profile = next(run for run in runs if run.get("host") == "H100 machine, lease 16" and run.get("host_profile"))
+    row = {"device": "NVIDIA H100 80GB HBM3", "shape": "llama-3.1-8b", "quant": "Q4_K_M", "routing": "zero",
+           "n_prompt": 0, "n_gen": 32, "depth": 0, "tok_s": 20.0, "threads": 16, "ngl": 24, "type_k": "f16",
+           "type_v": "f16"}
+    host, files = {**profile, "host": "scripted host"}, {}
+    # Read at half, the same and 1.5 times the profile's 88.1 GB/s, and once without a reading.
+    readings = ([44.0, 44.1], [88.1, 88.1], [132.0, 132.2], None)
+    grids = [{"host": "scripted host", "host_cost_from": profile["host_cost_from"],
+              "rows": [{**row, **({"read_gbs_around": around} if around else {})}]} for around in readings]
+    path = tmp_path / "drift.json"
+    path.write_text(json.dumps({"runs": [host, *grids]}))
+    files = {str(path): ("nvidia-datacenter", "cuda", 3350, True)}
+    predicted = [r[4] for r in decode_error.rows(files) if r[1].startswith("llama-3.1-8b")]
+    assert len(predicted) == 4 and predicted[0] < predicted[1] < predicted[2]
+    # Measured at the plan's figure where read at half and 1.5 times, twice it where read as profiled.
+    for grid, planned, factor in zip(grids, predicted, (1.0, 2.0, 1.0, 1.0)):
+        grid["rows"][0]["tok_s"] = planned * factor
+    path.write_text(json.dumps({"runs": [host, *grids]}))
+    assert decode_error.drift_counts(files, ("scripted host",)) == [
+        ("below 0.75 times", 1, 1), ("0.75-1.25 times", 0, 1), ("above 1.25 times", 1, 1)]
+    assert decode_error.drift_counts(files, ("another host",)) == [
+        ("below 0.75 times", 0, 0), ("0.75-1.25 times", 0, 0), ("above 1.25 times", 0, 0)]

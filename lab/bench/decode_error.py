@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from common.constants import LLAMACPP_IMAGE_BUILD
 from config.types import ModelFacts, ModelServer, NodePool
-from engines.llamacpp_host import (EXPERTS_PROFILE_SHAPE, KV_DEEP_DEPTH, HostCost, expert_block_seconds, expert_share,
-                                   kv_deep_slowdown)
+from engines.llamacpp_host import (EXPERTS_PROFILE_SHAPE, KV_DEEP_DEPTH, HostCost, by_threads, expert_block_seconds,
+                                   expert_share, kv_deep_slowdown)
 from engines.llamacpp_speed import (PROFILES, card_read_gbs, is_range, predict_range_tok_s, quantized_kv_ratio,
                                     solve_host_cost)
 from config.catalog import lookup
@@ -447,6 +447,9 @@ def main(argv: list[str]) -> int:
     commit, hosts = FROZEN
     print(f"decode measured after the model was last frozen (commit {commit}; {', '.join(hosts)}), out of sample:")
     print_classes([row for row in table if row[0].endswith(hosts)], "  ")
+    print("  by the host's read bandwidth around the job, against the bandwidth its figures were measured at (points "
+          "that carry a reading): " + "; ".join(f"{label}: {within} of {count} within +-{TOLERANCE:.0%}"
+                                                for label, within, count in drift_counts(MEASURED, hosts) if count))
     print("every recorded measurement (each lease against the model as it is now):")
     print_classes(table, "decode ")
     return 0
@@ -465,7 +468,36 @@ RANGE = "the plan's range"
 # after a host's rows were seen moves the commit and empties the hosts (the rows seen stay in the all-leases lines, in
 # sample); one that leaves every recorded prediction as it was does not (the node's experts figure,
 # experts_in_ram_us_by_threads, added before lease 15 measured the first; moving code between modules).
-FROZEN = ("a0782b9", ("H100 machine, lease 14", "H100 machine, lease 15"))
+FROZEN = ("a0782b9", ("H100 machine, lease 14", "H100 machine, lease 15", "H100 machine, lease 16"))
+
+
+# How far the read bandwidth around a job (measure_decode --host-bandwidth) lay from the one the host's figures were
+# measured at: a shared host that moved that far is not the node its figures describe (lease 16 read 31-47 GB/s around
+# most of its grid against its profile's 88), which make bench shows beside the out-of-sample lines, counting none apart.
+DRIFT_BANDS = ((0.0, 0.75, "below 0.75 times"), (0.75, 1.25, "0.75-1.25 times"), (1.25, math.inf, "above 1.25 times"))
+
+
+def drift_counts(measured_files: dict, hosts: tuple[str, ...]) -> list[tuple[str, int, int]]:
+    """These hosts' points (counted rows: not calibration, not held to a range) whose job carries the bandwidth read
+    around it, by DRIFT_BANDS of that reading over the bandwidth their host's figures were measured at (the profile's,
+    at the job's threads): (band, within TOLERANCE, how many)."""
+    counts = {label: [0, 0] for _, _, label in DRIFT_BANDS}
+    for path, (profile, backend, bandwidth, discrete) in measured_files.items():
+        runs = recorded_runs(path) if Path(path).exists() else []
+        for run in (run for run in runs if run.get("host") in hosts):
+            host, cost, used, quantized, experts_us = node_figures(runs, run)
+            for r in (r for r in run["rows"] if host and r.get("read_gbs_around") and not r.get("n_prompt")):
+                row = measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, used, quantized,
+                                   experts_us)
+                measured, predicted, cal = row[3], row[4], row[5]
+                if not predicted or cal:
+                    continue
+                ratio = (sum(r["read_gbs_around"]) / len(r["read_gbs_around"])
+                         / by_threads(host, r.get("threads") or 8))
+                label = next(label for low, high, label in DRIFT_BANDS if low <= ratio < high)
+                counts[label][0] += abs(predicted - measured) / measured <= TOLERANCE
+                counts[label][1] += 1
+    return [(label, *counts[label]) for _, _, label in DRIFT_BANDS]
 
 
 def class_counts(points, tolerance: float) -> list[tuple[str, str, int, int]]:

@@ -10,7 +10,7 @@ llama.cpp's decode costs it beyond reading the weights, printed as the two stack
    download) at an empty context, at --depth and at twice it, with each thread count.
 3. engines/llamacpp_speed.solve_host_cost turns the first two rates into the node's figures at that count: the
    time the weights do not explain, per block; the rest at depth, the KV cache's rate per thread; and the third
-   into how much slower each position is at twice the depth (kv_deep_slowdown; 1.2-1.49 measured):
+   into how much slower each position is at twice the depth (kv_deep_slowdown; 1.2-1.67 measured):
    cpu_decode_by_threads.
 4. With the largest thread count, each quantized KV cache type (--kv-types, flash attention on as in step 2) at an
    empty context and at twice the depth: its time per position there against the time per position the plan gives
