@@ -293,18 +293,21 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
         out.append((device, f"{name} {quant}", depth, measured, low, RANGE if span and not cal else cal, source, where,
                     None, "f16", span))
     out += kv_cache_rows()
+    return out + [row for _, _, _, row in measured_rows(measured_files)]
+
+
+def measured_rows(measured_files: dict[str, tuple[str, str, float, bool]], hosts: Optional[tuple[str, ...]] = None):
+    """Each recorded decode row (of these hosts, where given) with its run, the read bandwidth its host's figures give
+    (node_figures) and its row of the table (measured_row)."""
     for path, (profile, backend, bandwidth, discrete) in measured_files.items():
-        if not Path(path).exists():
-            continue
-        runs = recorded_runs(path)
-        for run in runs:
+        runs = recorded_runs(path) if Path(path).exists() else []
+        for run in (run for run in runs if hosts is None or run.get("host") in hosts):
             host, cost, cost_rows, quantized, experts_us = node_figures(runs, run)
             for r in run["rows"]:
                 if r.get("n_prompt"):
                     continue  # prefill: lab/bench/prefill_error.py
-                out.append(measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows,
-                                        quantized, experts_us))
-    return out
+                yield r, run, host, measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost,
+                                                 cost_rows, quantized, experts_us)
 
 
 def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized=None,
@@ -482,21 +485,13 @@ def drift_counts(measured_files: dict, hosts: tuple[str, ...]) -> list[tuple[str
     around it, by DRIFT_BANDS of that reading over the bandwidth their host's figures were measured at (the profile's,
     at the job's threads): (band, within TOLERANCE, how many)."""
     counts = {label: [0, 0] for _, _, label in DRIFT_BANDS}
-    for path, (profile, backend, bandwidth, discrete) in measured_files.items():
-        runs = recorded_runs(path) if Path(path).exists() else []
-        for run in (run for run in runs if run.get("host") in hosts):
-            host, cost, used, quantized, experts_us = node_figures(runs, run)
-            for r in (r for r in run["rows"] if host and r.get("read_gbs_around") and not r.get("n_prompt")):
-                row = measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, used, quantized,
-                                   experts_us)
-                measured, predicted, cal = row[3], row[4], row[5]
-                if not predicted or cal:
-                    continue
-                ratio = (sum(r["read_gbs_around"]) / len(r["read_gbs_around"])
-                         / by_threads(host, r.get("threads") or 8))
-                label = next(label for low, high, label in DRIFT_BANDS if low <= ratio < high)
-                counts[label][0] += abs(predicted - measured) / measured <= TOLERANCE
-                counts[label][1] += 1
+    for r, _, host, (_, _, _, measured, predicted, cal, *_) in measured_rows(measured_files, hosts):
+        if not (host and r.get("read_gbs_around") and predicted) or cal:
+            continue
+        ratio = sum(r["read_gbs_around"]) / len(r["read_gbs_around"]) / by_threads(host, r.get("threads") or 8)
+        label = next(label for low, high, label in DRIFT_BANDS if low <= ratio < high)
+        counts[label][0] += abs(predicted - measured) / measured <= TOLERANCE
+        counts[label][1] += 1
     return [(label, *counts[label]) for _, _, label in DRIFT_BANDS]
 
 
