@@ -66,8 +66,8 @@ class HostDecodeFigure(Strict):
     kv_gbs_per_thread: Annotated[Number, Field(gt=0, le=1000)] = doc(
         "GB/s of KV cache a thread attends over, for 4 query heads per KV head, at 4096 positions in the context.")
     kv_deep_slowdown: Optional[Annotated[Number, Field(ge=1, le=10)]] = doc(
-        "The time each position in the context costs at 8192 positions over its time at 4096 (1.38-1.67 on "
-        "16-thread Xeons, 1.49 on a 2-core EPYC): past some depth a CPU's attention slows per position. Between the two depths "
+        "The time each position in the context costs at 8192 positions over its time at 4096 (1.2-1.67 on "
+        "16-thread Xeons, 1.27-1.49 on a 2-core EPYC): past some depth a CPU's attention slows per position. Between the two depths "
         "the plan draws a line, past 8192 it holds this. null: from none to the most measured (a range).", default=None)
 
 

@@ -70,8 +70,8 @@ class HostCost:
 KV_PROFILE_DEPTH, KV_DEEP_DEPTH = 4096, 8192
 
 
-# The largest of those slow-downs measured (1.38-1.67 on the H100 machines' 16-thread Xeons, the most on lease 16's;
-# 1.49 on the 2-core CI EPYC: bench/results-speed-h100.json, bench/results-decode-cpu.json): a node whose slow-down is
+# The largest of those slow-downs measured (1.2-1.67 on the GPU machines' 16-thread Xeons, the most on lease 16's;
+# 1.27-1.49 on the 2-core CI EPYC: bench/results-speed-h*.json, bench/results-decode-cpu.json): a node whose slow-down is
 # not measured is planned between none and this.
 KV_DEEP_SLOWDOWN_MOST = 1.67
 
@@ -103,14 +103,20 @@ def by_threads(table: dict[int, float], threads: int) -> float:
     return v0 + (v1 - v0) * (threads - t0) / (t1 - t0)
 
 
+def read_gbs_at(table: dict[int, float], threads: int) -> float:
+    """What a node reads with this many threads from its memory_bandwidth_by_threads: interpolated between the counts
+    given, proportional below the first, flat beyond the last."""
+    first, gbs = min(table.items())
+    return gbs * threads / first if threads < first else by_threads({t: float(v) for t, v in table.items()}, threads)
+
+
 def host_read_gbs(pool: "NodePool", threads: int) -> Optional[tuple[float, float]]:
     """(low, high) GB/s the node reads with this many threads: the measured figure (interpolated between the
     counts given, proportional below the first, flat beyond the last) twice, or without it from
     HOST.thread_read_gbs per thread up to memory_bandwidth_gbs, and memory_bandwidth_gbs. None: no figure."""
     table = pool.memory_bandwidth_by_threads
     if table:
-        first, gbs = min(table.items())
-        value = gbs * threads / first if threads < first else by_threads({t: float(v) for t, v in table.items()}, threads)
+        value = read_gbs_at(table, threads)
         return value, value
     if pool.memory_bandwidth_gbs is None:
         return None

@@ -139,7 +139,7 @@ def test_the_unmeasured_range_spans_every_host_measured():
     assert HOST_COST_FAST.block_us == min(blocks) == 0.0  # a host whose weights alone explain the time
     assert min(rates) * 0.95 <= HOST_COST_SLOW.kv_gbs <= min(rates)
     assert max(rates) <= HOST_COST_FAST.kv_gbs <= max(rates) * 1.05
-    # The slow-down past 4096 positions: from none to the most measured (two hosts measured it).
+    # The slow-down past 4096 positions: from none to the most measured (ten hosts measured it).
     from engines.llamacpp_host import KV_DEEP_SLOWDOWN_MOST
     slowdowns = [f["kv_deep_slowdown"] for f in figures if "kv_deep_slowdown" in f]
     assert len(slowdowns) >= 2 and KV_DEEP_SLOWDOWN_MOST == pytest.approx(max(slowdowns), abs=0.005)
@@ -1130,32 +1130,44 @@ def test_make_bench_node_figures_print_the_experts_figure_where_a_host_has_one(c
 
 
 def test_make_bench_sorts_the_out_of_sample_points_by_how_far_the_host_moved(tmp_path):
-    """drift_counts (make bench's line under the out-of-sample classes): each point of a grid whose job carries the
-    bandwidth read around it falls in the band of that reading over the bandwidth its host's figures were measured at
-    (the profile's, at the job's threads), and is counted within or not as the class lines count it; a row without a
-    reading, or held to a range, is in none."""
+    """drift_counts (make bench's line under the out-of-sample classes): each point beside layers in RAM whose job
+    carries the bandwidth read around it falls in the band of that reading over what its host's figures give at the
+    job's threads (the plan's rule: interpolated between the counts measured, proportional below the first), and is
+    counted within or not as the class lines count it; a row without a reading, held to a range, or on the card alone
+    (the reading plays no part in its plan) is in none."""
     from lab.bench import decode_error
 
     runs = decode_error.recorded_runs(str(decode_error.ROOT / "bench" / "results-speed-h100.json"))
-    profile = next(run for run in runs if run.get("host") == "H100 machine, lease 16" and run.get("host_profile"))
+    lease16 = next(run for run in runs if run.get("host") == "H100 machine, lease 16" and run.get("host_profile"))
+    # Lease 16's profile (solved at 16 threads, 88.1 GB/s, its q4_0 ratio refused), with 40 GB/s read at 8 threads.
+    scripted = {**lease16, "host": "scripted host", "host_read_gbs": {"8": 40.0, "16": 88.1}}
     row = {"device": "NVIDIA H100 80GB HBM3", "shape": "llama-3.1-8b", "quant": "Q4_K_M", "routing": "zero",
            "n_prompt": 0, "n_gen": 32, "depth": 0, "tok_s": 20.0, "threads": 16, "ngl": 24, "type_k": "f16",
            "type_v": "f16"}
-    host, files = {**profile, "host": "scripted host"}, {}
-    # Read at half, the same and 1.5 times the profile's 88.1 GB/s, and once without a reading.
-    readings = ([44.0, 44.1], [88.1, 88.1], [132.0, 132.2], None)
-    grids = [{"host": "scripted host", "host_cost_from": profile["host_cost_from"],
-              "rows": [{**row, **({"read_gbs_around": around} if around else {})}]} for around in readings]
+    jobs = [  # (the row's changes, the reading around it, measured over planned)
+        ({}, [44.0, 44.1], 1.0),  # 0.5 times the profile's 88.1: below, within
+        ({}, [88.1, 88.1], 2.0),  # as profiled, measured at half the plan: 0.75-1.25, not within
+        ({}, [132.0, 132.2], 2.0),  # 1.5 times: above, not within
+        ({"threads": 12}, [64.0, 64.1], 1.0),  # 64.05 GB/s at 12 threads (between 8 and 16): 0.75-1.25, within
+        ({"threads": 4}, [20.0, 20.0], 1.0),  # 20 GB/s at 4 threads (half of 8's): 0.75-1.25, within
+        ({}, None, 1.0),  # no reading: in none
+        ({"type_k": "q4_0", "type_v": "q4_0"}, [88.1, 88.1], 1.0),  # q4_0 at an empty context: a point, within
+        ({"type_k": "q4_0", "type_v": "q4_0", "depth": 8192}, [20.0, 20.0], 1.0),  # q4_0 ratio refused: a range
+        ({"ngl": 99}, [20.0, 20.0], 1.0),  # every layer on the card
+    ]
+    grids = [{"host": "scripted host", "host_cost_from": lease16["host_cost_from"],
+              "rows": [{**row, **changes, **({"read_gbs_around": around} if around else {})}]}
+             for changes, around, _ in jobs]
     path = tmp_path / "drift.json"
-    path.write_text(json.dumps({"runs": [host, *grids]}))
+    path.write_text(json.dumps({"runs": [scripted, *grids]}))
     files = {str(path): ("nvidia-datacenter", "cuda", 3350, True)}
-    predicted = [r[4] for r in decode_error.rows(files) if r[1].startswith("llama-3.1-8b")]
-    assert len(predicted) == 4 and predicted[0] < predicted[1] < predicted[2]
-    # Measured at the plan's figure where read at half and 1.5 times, twice it where read as profiled.
-    for grid, planned, factor in zip(grids, predicted, (1.0, 2.0, 1.0, 1.0)):
-        grid["rows"][0]["tok_s"] = planned * factor
-    path.write_text(json.dumps({"runs": [host, *grids]}))
-    assert decode_error.drift_counts(files, ("scripted host",)) == [
-        ("below 0.75 times", 1, 1), ("0.75-1.25 times", 0, 1), ("above 1.25 times", 1, 1)]
-    assert decode_error.drift_counts(files, ("another host",)) == [
+    table = [row for _, _, row in decode_error.measured_rows(files)][-len(jobs):]
+    assert [row[5] or None for row in table] == [None] * 7 + [decode_error.RANGE, None] and all(row[4] for row in table)
+    for grid, planned, (_, _, factor) in zip(grids, table, jobs):
+        grid["rows"][0]["tok_s"] = planned[4] * factor
+    path.write_text(json.dumps({"runs": [scripted, *grids]}))
+    walked = list(decode_error.measured_rows(files))
+    assert decode_error.drift_counts(walked) == [
+        ("below 0.75 times", 1, 1), ("0.75-1.25 times", 3, 4), ("above 1.25 times", 0, 1)]
+    assert decode_error.drift_counts([]) == [
         ("below 0.75 times", 0, 0), ("0.75-1.25 times", 0, 0), ("above 1.25 times", 0, 0)]

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from common.constants import LLAMACPP_IMAGE_BUILD
 from config.types import ModelFacts, ModelServer, NodePool
-from engines.llamacpp_host import (EXPERTS_PROFILE_SHAPE, KV_DEEP_DEPTH, HostCost, by_threads, expert_block_seconds,
-                                   expert_share, kv_deep_slowdown)
+from engines.llamacpp_host import (EXPERTS_PROFILE_SHAPE, KV_DEEP_DEPTH, HostCost, expert_block_seconds, expert_share,
+                                   kv_deep_slowdown, read_gbs_at)
 from engines.llamacpp_speed import (PROFILES, card_read_gbs, is_range, predict_range_tok_s, quantized_kv_ratio,
                                     solve_host_cost)
 from config.catalog import lookup
@@ -284,6 +284,11 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
 
 
 def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]:
+    return fixed_rows() + [row for _, _, row in measured_rows(measured_files)]
+
+
+def fixed_rows() -> list[tuple]:
+    """The rows of published and issue #44's figures (RECORDS, kv_cache_rows), the recorded leases' aside."""
     out = []
     for device, profile, backend, bw, discrete, facts, quant, weights, depth, gpus, measured, cal, source in RECORDS:
         low, high = prediction_range(profile, backend, bw, discrete, facts, quant, weights, depth, gpus) or (None, None)
@@ -292,22 +297,21 @@ def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]
         where = "GPU only" if discrete else ("CPU only" if backend == "cpu" else "GPU, unified memory")
         out.append((device, f"{name} {quant}", depth, measured, low, RANGE if span and not cal else cal, source, where,
                     None, "f16", span))
-    out += kv_cache_rows()
-    return out + [row for _, _, _, row in measured_rows(measured_files)]
+    return out + kv_cache_rows()
 
 
-def measured_rows(measured_files: dict[str, tuple[str, str, float, bool]], hosts: Optional[tuple[str, ...]] = None):
-    """Each recorded decode row (of these hosts, where given) with its run, the read bandwidth its host's figures give
-    (node_figures) and its row of the table (measured_row)."""
+def measured_rows(measured_files: dict[str, tuple[str, str, float, bool]]):
+    """Each recorded decode row with the read bandwidth by threads its host's figures give (node_figures) and its row of
+    the table (measured_row)."""
     for path, (profile, backend, bandwidth, discrete) in measured_files.items():
         runs = recorded_runs(path) if Path(path).exists() else []
-        for run in (run for run in runs if hosts is None or run.get("host") in hosts):
+        for run in runs:
             host, cost, cost_rows, quantized, experts_us = node_figures(runs, run)
             for r in run["rows"]:
                 if r.get("n_prompt"):
                     continue  # prefill: lab/bench/prefill_error.py
-                yield r, run, host, measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost,
-                                                 cost_rows, quantized, experts_us)
+                yield r, host, measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows,
+                                            quantized, experts_us)
 
 
 def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized=None,
@@ -429,7 +433,8 @@ def main(argv: list[str]) -> int:
                 for t, c in costs.items()) + "".join(
                 f"; experts in RAM {us} us a block moved with {t} threads" for t, us in (experts or {}).items()))
         return 0
-    table = rows(MEASURED)
+    walked = list(measured_rows(MEASURED))
+    table = fixed_rows() + [row for _, _, row in walked]
     print("| placement | device | model | settings | KV cache | depth | measured t/s | predicted t/s | error | source |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for device, model, depth, measured_tok_s, predicted, cal, source, where, detail, cache, span in table:
@@ -450,9 +455,11 @@ def main(argv: list[str]) -> int:
     commit, hosts = FROZEN
     print(f"decode measured after the model was last frozen (commit {commit}; {', '.join(hosts)}), out of sample:")
     print_classes([row for row in table if row[0].endswith(hosts)], "  ")
-    print("  by the host's read bandwidth around the job, against the bandwidth its figures were measured at (points "
-          "that carry a reading): " + "; ".join(f"{label}: {within} of {count} within +-{TOLERANCE:.0%}"
-                                                for label, within, count in drift_counts(MEASURED, hosts) if count))
+    drift = [f"{label}: {within} of {count} within +-{TOLERANCE:.0%}"
+             for label, within, count in drift_counts([w for w in walked if w[2][0].endswith(hosts)]) if count]
+    if drift:
+        print("  by the host's read bandwidth around the job, against what its figures were measured at (points beside "
+              "layers or experts in RAM or CPU only that carry a reading): " + "; ".join(drift))
     print("every recorded measurement (each lease against the model as it is now):")
     print_classes(table, "decode ")
     return 0
@@ -469,26 +476,32 @@ RANGE = "the plan's range"
 # The commit the decode model (engines/llamacpp_speed.py, llamacpp_host.py; make host-profile's rules: profile_rules.py)
 # was last frozen at, and the hosts measured after it: their rows are the out-of-sample figure. A change to the model
 # after a host's rows were seen moves the commit and empties the hosts (the rows seen stay in the all-leases lines, in
-# sample); one that leaves every recorded prediction as it was does not (the node's experts figure,
-# experts_in_ram_us_by_threads, added before lease 15 measured the first; moving code between modules).
+# sample); one that leaves every prediction of those hosts' rows as it was does not (the node's experts figure,
+# experts_in_ram_us_by_threads, added before lease 15 measured the first; moving code between modules; the unmeasured
+# range's slow end following the most measured, KV_DEEP_SLOWDOWN_MOST with lease 16, which moved only earlier leases'
+# ranges).
 FROZEN = ("a0782b9", ("H100 machine, lease 14", "H100 machine, lease 15", "H100 machine, lease 16"))
 
 
 # How far the read bandwidth around a job (measure_decode --host-bandwidth) lay from the one the host's figures were
-# measured at: a shared host that moved that far is not the node its figures describe (lease 16 read 31-47 GB/s around
+# measured at: a shared host that moved that far is not the node its figures describe (lease 16 read 31-48 GB/s around
 # most of its grid against its profile's 88), which make bench shows beside the out-of-sample lines, counting none apart.
 DRIFT_BANDS = ((0.0, 0.75, "below 0.75 times"), (0.75, 1.25, "0.75-1.25 times"), (1.25, math.inf, "above 1.25 times"))
 
 
-def drift_counts(measured_files: dict, hosts: tuple[str, ...]) -> list[tuple[str, int, int]]:
-    """These hosts' points (counted rows: not calibration, not held to a range) whose job carries the bandwidth read
-    around it, by DRIFT_BANDS of that reading over the bandwidth their host's figures were measured at (the profile's,
-    at the job's threads): (band, within TOLERANCE, how many)."""
+def drift_counts(walked) -> list[tuple[str, int, int]]:
+    """Of measured_rows' rows given, the points the class lines count (summary: not calibration, not held to a range)
+    whose host's side the plan restates at the reading around their job (every placement but GPU only) and that carry
+    one, by DRIFT_BANDS of that reading over what the host's figures give at the job's threads (read_gbs_at, the plan's
+    rule): (band, within TOLERANCE, how many)."""
+    counted = {(where, cache) for where, cache, _, _ in class_counts(
+        [(row[7], row[9], row[3], row[4], row[5]) for _, _, row in walked], TOLERANCE)}
     counts = {label: [0, 0] for _, _, label in DRIFT_BANDS}
-    for r, _, host, (_, _, _, measured, predicted, cal, *_) in measured_rows(measured_files, hosts):
-        if not (host and r.get("read_gbs_around") and predicted) or cal:
+    for r, host, (_, _, _, measured, predicted, cal, _, where, _, cache, _) in walked:
+        if (cal or not predicted or (where, cache) not in counted or where == "GPU only"
+                or not (host and r.get("read_gbs_around"))):
             continue
-        ratio = sum(r["read_gbs_around"]) / len(r["read_gbs_around"]) / by_threads(host, r.get("threads") or 8)
+        ratio = sum(r["read_gbs_around"]) / len(r["read_gbs_around"]) / read_gbs_at(host, r.get("threads") or 8)
         label = next(label for low, high, label in DRIFT_BANDS if low <= ratio < high)
         counts[label][0] += abs(predicted - measured) / measured <= TOLERANCE
         counts[label][1] += 1
