@@ -16,6 +16,7 @@ from planning.memory import Estimate, weights_quantity
 from .base import Credentials, Engine, Problem
 from .llamacpp_flags import extra_args_problems
 from .llamacpp_ceiling import faster_than_on_card
+from .llamacpp_held import decode_held_warning
 from .llamacpp_prefill import prefill
 from .llamacpp_speed import experts_figure_problems, is_range, predict_range_tok_s, range_reasons
 from .llamacpp_split import RPC_RANGE_WHY, one_node_instead, split_estimate
@@ -245,7 +246,9 @@ class LlamaCpp(Engine):
             prefill_tok_s=round(prompt[0], 1) if prompt else None,
             first_token_full_s=round(prompt[1], 2) if prompt else None,
             multimodal=facts.mmproj is not None,
-            warnings=tuple(w for w in [faster_than_on_card(model, facts, pool, backend, path, span)] if w),
+            warnings=tuple(w for w in [faster_than_on_card(model, facts, pool, backend, path, span),
+                                       None if ranged or not decode else decode_held_warning(model, facts, backend,
+                                                                                            discrete, path)] if w),
         ), problems
 
     @staticmethod

@@ -1171,3 +1171,58 @@ def test_make_bench_sorts_the_out_of_sample_points_by_how_far_the_host_moved(tmp
         ("below 0.75 times", 1, 1), ("0.75-1.25 times", 3, 4), ("above 1.25 times", 0, 1)]
     assert decode_error.drift_counts([]) == [
         ("below 0.75 times", 0, 0), ("0.75-1.25 times", 0, 0), ("above 1.25 times", 0, 0)]
+
+
+def test_the_held_table_is_make_benchs_out_of_sample_count():
+    """engines/llamacpp_held.DECODE_HELD is make bench's out-of-sample lines (decode_error.FROZEN's hosts), class by
+    class: every class make bench counts there, and no other."""
+    from engines.llamacpp_held import DECODE_GOAL, DECODE_HELD, DECODE_TOLERANCE
+    from lab.bench import decode_error
+
+    _, hosts = decode_error.FROZEN
+    table = [row for row in decode_error.rows(decode_error.MEASURED) if row[0].endswith(hosts)]
+    counted = {(where, cache): (within, count) for where, cache, within, count in decode_error.class_counts(
+        [(row[7], row[9], row[3], row[4], row[5]) for row in table], decode_error.TOLERANCE)}
+    assert DECODE_HELD == counted and DECODE_TOLERANCE == decode_error.TOLERANCE and DECODE_GOAL == 0.9
+
+
+def test_a_decode_figure_of_a_class_short_of_the_goal_says_how_far_its_class_held(tmp_path):
+    """A server whose decode the plan prints as one figure (its node measured by make host-profile) in a placement and
+    cache make bench has held within +-15 % on fewer than 90 % of points out of sample gets a summary line saying so,
+    with the count; a class at the goal, or a figure printed as a range (it says its own why), gets none."""
+    import yaml
+    from conftest import stack_file_config
+    from engines.llamacpp_held import decode_class, decode_held_warning
+    from lab.bench.decode_error import preset_facts, server_and_pool
+    from render.output import render_stack
+
+    def summary(profiled):
+        # rtx3060's pool with an H100's decode profile and bandwidth (the card make bench measured out of sample: a
+        # GeForce card's quantized cache is a range, its cost not measured there).
+        mapping = stack_file_config("rtx3060")
+        pool = mapping["inference-plane:node_pools"]["rtx3060"]
+        pool.update(decode_profile="nvidia-datacenter", vram_bandwidth_gbs=3350)
+        if profiled:
+            pool["memory_bandwidth_by_threads"] = {8: 40}
+            pool["cpu_decode_by_threads"] = {8: {"block_us": 150, "kv_gbs_per_thread": 1.3, "kv_deep_slowdown": 1.4}}
+            pool["cpu_quantized_kv"] = {"q8_0": 1.2}
+        (tmp_path / "Pulumi.t.yaml").write_text(yaml.safe_dump({"config": mapping}))
+        return render_stack("t", tmp_path / f"out-{profiled}", project_dir=tmp_path).summary()
+
+    # rtx3060's chat: Qwen3-30B-A3B with 28 blocks' experts in RAM beside a q8_0 cache, 3 of 11 out of sample.
+    said = [line for line in summary(True).splitlines() if "points measured after the model was frozen" in line]
+    assert len(said) == 1 and "models.chat: decode (experts in RAM, q8_0 KV cache)" in said[0]
+    assert "on 3 of 11 points" in said[0] and "+-15%" in said[0]
+    assert "points measured after the model was frozen" not in summary(False)  # a range: its reasons say why
+    # Every block on the card with a q8_0 cache (4 of 4): none; 12 of 32 blocks in RAM with q4_0 (32 of 36): one.
+    for ngl, cache, expected in ((None, "q8_0", ("GPU only", "q8_0")), (20, "q4_0", ("partial offload", "q4_0"))):
+        model, facts, _ = server_and_pool("nvidia", "cuda", 360, True, preset_facts("llama-3.1-8b"), "Q4_K_M", 4.6,
+                                          0, 1, ngl=ngl, threads=8, cache=cache)
+        assert decode_class(model, facts, "cuda", True) == expected
+        line = decode_held_warning(model, facts, "cuda", True, "models.chat")
+        assert (line is None) if expected[0] == "GPU only" else "on 32 of 36 points" in line
+    # On the CPU backend, CPU only; a GPU sharing the node's memory is a class make bench has not measured: none.
+    model, facts, _ = server_and_pool("cpu", "cpu", None, False, preset_facts("llama-3.1-8b"), "Q4_K_M", 4.6, 0, 1)
+    assert decode_class(model, facts, "cpu", False) == ("CPU only", "f16")
+    assert decode_class(model, facts, "vulkan", False)[0] == "GPU, unified memory"
+    assert decode_held_warning(model, facts, "vulkan", False, "models.chat") is None

@@ -1,0 +1,55 @@
+"""How far the plan's decode figure has held, per placement and KV cache type, against llama-bench on hosts measured
+after the model was last frozen (make bench's out-of-sample lines, lab/bench/decode_error.py), so that a summary
+printing one figure for a class short of the goal says so where the user reads it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from .llamacpp_memory import layout
+
+if TYPE_CHECKING:
+    from config.types import ModelFacts, ModelServer
+
+
+# (placement, KV cache type) -> (points within DECODE_TOLERANCE of llama-bench, points measured): make bench's lines
+# "decode measured after the model was last frozen" (commit a0782b9; three H100 machines, leases 14-16, 2026-12-06).
+# tests/test_speed_model.py holds every entry to make bench's count. A class not listed was not measured there.
+DECODE_HELD = {
+    ("GPU only", "q4_0"): (8, 8), ("GPU only", "q8_0"): (4, 4), ("GPU only", "f16"): (2, 2),
+    ("experts in RAM", "q4_0"): (6, 16), ("experts in RAM", "q8_0"): (3, 11),
+    ("partial offload", "q4_0"): (32, 36), ("partial offload", "q8_0"): (23, 34),
+    ("CPU only", "q4_0"): (19, 20), ("CPU only", "q8_0"): (5, 5), ("CPU only", "f16"): (2, 2),
+}
+DECODE_TOLERANCE, DECODE_GOAL = 0.15, 0.9  # issue #44's: within +-15 % on 90 % of points in every class
+
+
+def decode_class(model: "ModelServer", facts: "ModelFacts", backend: Optional[str], discrete: bool) -> tuple[str, str]:
+    """The placement and KV cache type make bench counts a server's decode under (decode_error.placement): on the CPU
+    backend, CPU only; a GPU sharing the node's memory; beside a discrete card, experts of offloaded blocks in RAM,
+    blocks in RAM (partial offload), or every block on the card. The cache is its K type (a pair of types is refused
+    on CUDA)."""
+    place = layout(model, facts)
+    if not discrete:
+        where = "CPU only" if backend == "cpu" else "GPU, unified memory"
+    elif place.experts_in_ram:
+        where = "experts in RAM"
+    else:
+        where = "partial offload" if place.gpu_blocks < place.layers else "GPU only"
+    return where, model.cache_type_k or "f16"
+
+
+def decode_held_warning(model: "ModelServer", facts: "ModelFacts", backend: Optional[str], discrete: bool,
+                        path: str) -> Optional[str]:
+    """The summary's line for a server whose decode the plan prints as one figure (a node measured by make
+    host-profile) in a class that held within DECODE_TOLERANCE on fewer than DECODE_GOAL of its points out of sample;
+    None otherwise (a range says its own why)."""
+    where, cache = decode_class(model, facts, backend, discrete)
+    held = DECODE_HELD.get((where, cache))
+    if held is None or held[0] >= DECODE_GOAL * held[1]:
+        return None
+    within, count = held
+    return (f"{path}: decode ({where}, {cache} KV cache) is a class whose figure lay within "
+            f"+-{DECODE_TOLERANCE:.0%} of llama-bench on {within} of {count} points measured after the model was "
+            "frozen (make bench, docs/capacity-planning.md): this one may be further off")
