@@ -67,8 +67,9 @@ class HostDecodeFigure(Strict):
         "GB/s of KV cache a thread attends over, for 4 query heads per KV head, at 4096 positions in the context.")
     kv_deep_slowdown: Optional[Annotated[Number, Field(ge=1, le=10)]] = doc(
         "The time each position in the context costs at 8192 positions over its time at 4096 (1.2-1.67 on "
-        "16-thread Xeons, 1.27-1.49 on a 2-core EPYC): past some depth a CPU's attention slows per position. Between the two depths "
-        "the plan draws a line, past 8192 it holds this. null: from none to the most measured (a range).", default=None)
+        "16-thread Xeons, 1.27-1.49 on a 2-core EPYC): past some depth a CPU's attention slows per position. "
+        "Between the two depths the plan draws a line, past 8192 it holds this. null: from none to the most measured "
+        "(a range).", default=None)
 
 
 class NodePool(Strict):
@@ -130,8 +131,8 @@ class NodePool(Strict):
         "with its card (llama-bench on a real-shape Qwen3-30B-A3B Q4_K_M, its experts of 24 and of all 48 blocks in "
         "RAM): the plan solves from it the share of memory_bandwidth_by_threads this node's CPU reads routed experts "
         "at (eight hosts measured: 0.65-1.15; engines/llamacpp_host.py, node_expert_share); a figure that gives a share "
-        "outside 0.2-2.0 on the pool's card, a pool without memory_bandwidth_by_threads or without vram, is refused. null: 0.78, one "
-        "H200 host's (HOST.expert_share).", default=None
+        "outside 0.2-2.0 on the pool's card, a pool without memory_bandwidth_by_threads or without vram, is refused. "
+        "null: 0.78, one H200 host's (HOST.expert_share).", default=None
     )
     vram: Optional[Memory] = doc(
         "Memory of one discrete GPU (an RTX 4090: 24Gi). null: unified memory (iGPU/APU), the GPU uses the node's "

@@ -223,6 +223,8 @@ class LlamaCpp(Engine):
                                    {"empty": 0, "half": model.ctx_size // 2, "full": model.ctx_size})
         decode = {name: low for name, (low, _) in span.items()} if span else None
         ranged = bool(span) and any(is_range(low, high) for low, high in span.values())
+        # One figure printed: how far its class has held out of sample, where short of the goal (a range says why).
+        held = decode_held_warning(model, facts, backend, discrete, path) if decode and not ranged else None
         prompt = prefill(model, facts, pool, backend, discrete)
         download = weights_bytes(model, facts)
         if facts.mmproj is not None:
@@ -246,9 +248,7 @@ class LlamaCpp(Engine):
             prefill_tok_s=round(prompt[0], 1) if prompt else None,
             first_token_full_s=round(prompt[1], 2) if prompt else None,
             multimodal=facts.mmproj is not None,
-            warnings=tuple(w for w in [faster_than_on_card(model, facts, pool, backend, path, span),
-                                       None if ranged or not decode else decode_held_warning(model, facts, backend,
-                                                                                            discrete, path)] if w),
+            warnings=tuple(w for w in [faster_than_on_card(model, facts, pool, backend, path, span), held] if w),
         ), problems
 
     @staticmethod

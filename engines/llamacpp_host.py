@@ -71,8 +71,8 @@ KV_PROFILE_DEPTH, KV_DEEP_DEPTH = 4096, 8192
 
 
 # The largest of those slow-downs measured (1.2-1.67 on the GPU machines' 16-thread Xeons, the most on lease 16's;
-# 1.27-1.49 on the 2-core CI EPYC: bench/results-speed-h*.json, bench/results-decode-cpu.json): a node whose slow-down is
-# not measured is planned between none and this.
+# 1.27-1.49 on the 2-core CI EPYC: bench/results-speed-h*.json, bench/results-decode-cpu.json): a node whose slow-down
+# is not measured is planned between none and this.
 KV_DEEP_SLOWDOWN_MOST = 1.67
 
 
@@ -192,7 +192,8 @@ def solved_share(us: float, read_gbs: dict, threads: int, card_gbs: float) -> Op
     cpu_s = float(us) / 1e6 + EXPERTS_PROFILE_BLOCK_BYTES / (card_gbs * 1e9) - HOST.expert_block_us / 1e6
     if cpu_s <= 0:
         return None
-    return EXPERTS_PROFILE_BLOCK_BYTES / (cpu_s * by_threads({int(t): float(v) for t, v in read_gbs.items()}, threads) * 1e9)
+    read = by_threads({int(t): float(v) for t, v in read_gbs.items()}, threads)
+    return EXPERTS_PROFILE_BLOCK_BYTES / (cpu_s * read * 1e9)
 
 
 def expert_block_seconds(share: float, read_gbs: float, card_gbs: float) -> float:

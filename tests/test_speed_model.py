@@ -1184,6 +1184,19 @@ def test_the_held_table_is_make_benchs_out_of_sample_count():
     counted = {(where, cache): (within, count) for where, cache, within, count in decode_error.class_counts(
         [(row[7], row[9], row[3], row[4], row[5]) for row in table], decode_error.TOLERANCE)}
     assert DECODE_HELD == counted and DECODE_TOLERANCE == decode_error.TOLERANCE and DECODE_GOAL == 0.9
+    # The summary names a server's class as make bench names its rows': the plan's layout of each out-of-sample row
+    # (decode_class) is the placement make bench counts it under.
+    from engines.llamacpp_held import decode_class
+    for r, _, row in decode_error.measured_rows(decode_error.MEASURED):
+        if not row[0].endswith(hosts):
+            continue
+        on_card = row[7] != "CPU only"
+        ngl = r.get("ngl") if r.get("ngl") is not None and r["ngl"] < 99 else None
+        model, facts, _ = decode_error.server_and_pool(
+            "nvidia-datacenter" if on_card else "cpu", "cuda" if on_card else "cpu", 3350 if on_card else None, on_card,
+            decode_error.preset_facts(r["shape"]), r["quant"], 4.6, r["depth"], 1, ngl, r.get("n_cpu_moe") or None,
+            r["threads"], cache=row[9])
+        assert decode_class(model, facts, "cuda" if on_card else "cpu", on_card) == (row[7], row[9]), (r, row[7])
 
 
 def test_a_decode_figure_of_a_class_short_of_the_goal_says_how_far_its_class_held(tmp_path):
