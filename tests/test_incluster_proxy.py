@@ -145,7 +145,8 @@ def proxy_against(tmp: Path, env_extra: dict | None = None, key_file: str = f"# 
         with admission_proxy(SPEC["proxy"], root, env, tmp) as (_, proc, log):
             proxy = Proxy(port, proc, fake, log)
             pinned = [n for n, m in plan["models"].items() if m["pinned"]]
-            wait_for(lambda: all(fake.status[n] == "loaded" for n in pinned), "the pinned model was never loaded")
+            wait_for(lambda: all(fake.status[n] == "loaded" for n in pinned), "the pinned model was never loaded",
+                     seconds=10 + 2 * load_seconds)  # a test's slow load (6 s) on a loaded machine
             yield proxy
 
 
@@ -595,7 +596,7 @@ def test_a_cold_request_behind_busy_models_gets_a_503_in_bounded_time(tmp_path):
     (the gateway's next tier) after ADMIT_WAIT_SECONDS (2 s here), and the busy ones are untouched."""
     with proxy_against(tmp_path, plan=small_plan(20, "ABC"), env_extra={"ADMIT_WAIT_SECONDS": "2"}) as proxy:
         busy = [in_background(chat_status, proxy, m, 6.0) for m in "AB"]
-        time.sleep(0.5)
+        wait_for(lambda: proxy.in_flight().get("A") == 1 and proxy.in_flight().get("B") == 1, "not busy")
         started = time.monotonic()
         status = chat_status(proxy, "C")
         waited = time.monotonic() - started
@@ -812,8 +813,9 @@ def test_a_drain_waits_no_longer_than_asked_and_lapses_without_the_keeper(tmp_pa
     A keeper that never says resume (it crashed) holds the model back no longer than DRAIN_HOLD_SECONDS."""
     sock = tmp_path / "control.sock"
     model = UNPINNED[0]
-    with proxy_against(tmp_path, {"ADMISSION_CONTROL": str(sock), "DRAIN_HOLD_SECONDS": "1"}) as proxy:
-        held = in_thread(lambda: proxy.exchange(http("POST", "/v1/chat/completions", chat(model, hold=4.0)), timeout=30))
+    # The hold (3 s) outlasts the drain (0.5 s) by the answer and the refused request's round trip, on a loaded machine.
+    with proxy_against(tmp_path, {"ADMISSION_CONTROL": str(sock), "DRAIN_HOLD_SECONDS": "3"}) as proxy:
+        held = in_thread(lambda: proxy.exchange(http("POST", "/v1/chat/completions", chat(model, hold=6.0)), timeout=30))
         wait_for(lambda: proxy.in_flight().get(model) == 1, "the held request was never admitted")
         started = time.monotonic()
         assert control(sock, "/drain", {"models": [model], "seconds": 0.5}) == (200, {"in_flight": {model: 1}, "unknown": []})
@@ -821,7 +823,7 @@ def test_a_drain_waits_no_longer_than_asked_and_lapses_without_the_keeper(tmp_pa
         assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(model)))) == 503
         assert status_of(held()[0]) == 200
         wait_for(lambda: status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(model)))) == 200,
-                 "a drain the keeper never ended still refuses the model", seconds=5)
+                 "a drain the keeper never ended still refuses the model", seconds=8)
 
 
 def test_models_drained_together_stay_drained_until_the_last_has_ended(tmp_path):
@@ -855,7 +857,8 @@ def test_a_smaller_budget_unloads_idle_models_at_once_and_busy_ones_once_they_fi
         for name in pair:
             assert status_of(proxy.exchange(http("POST", "/v1/chat/completions", chat(name)))) == 200
         busy, idle = pair
-        held = in_thread(lambda: proxy.exchange(http("POST", "/v1/chat/completions", chat(busy, hold=4.0)), timeout=30))
+        # Held past the idle model's unload (up to a pin round and a poll) and the 2 s below, on a loaded machine.
+        held = in_thread(lambda: proxy.exchange(http("POST", "/v1/chat/completions", chat(busy, hold=8.0)), timeout=30))
         wait_for(lambda: proxy.in_flight().get(busy) == 1, "the held request was never admitted")
         # The new plan: room for the pinned models and the busy one only.
         smaller = {**PLAN, "vram_budget_gib": round(pinned + vram[busy] + 0.05, 2)}
