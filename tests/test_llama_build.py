@@ -37,6 +37,52 @@ def test_source_fetched_from_an_empty_cache_and_verified(tmp_path, monkeypatch):
     assert not (tmp_path / "empty-cache").exists(), "a fetch-only run must not write the build cache"
 
 
+def _archive(path: Path, members: list[tuple[str, str, int]]) -> Path:
+    """A .tar.gz of (name, kind, mode): kind "file", "dir" or "symlink" (to ../outside)."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as t:
+        for name, kind, mode in members:
+            info = tarfile.TarInfo(name)
+            info.mode, info.uid, info.gid = mode, 4242, 4242
+            if kind == "dir":
+                info.type = tarfile.DIRTYPE
+                t.addfile(info)
+            elif kind == "symlink":
+                info.type, info.linkname = tarfile.SYMTYPE, "../outside"
+                t.addfile(info)
+            else:
+                info.size = 2
+                t.addfile(info, io.BytesIO(b"x\n"))
+    return path
+
+
+@pytest.mark.parametrize("filters", [True, False], ids=["this python's tarfile", "a tarfile without filters"])
+def test_the_archive_is_unpacked_as_plain_files_inside_its_folder(tmp_path, monkeypatch, filters):
+    """Debian 12's Python 3.11.2 has no tarfile filters (3.11.4 added them): with them or without, the unpack
+    refuses a name outside its folder and a link before writing anything, and keeps no set-id bit, no write for
+    others and no owner from the archive."""
+    import os
+    import tarfile
+
+    if not filters:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)  # as on 3.11.2 (on which both cases are this one)
+    good = _archive(tmp_path / "good.tar.gz", [("pkg", "dir", 0o777), ("pkg/run.sh", "file", 0o4777),
+                                               ("pkg/data.txt", "file", 0o666)])
+    llama.unpack_archive(good, tmp_path / "out")
+    run, data = tmp_path / "out" / "pkg" / "run.sh", tmp_path / "out" / "pkg" / "data.txt"
+    assert run.read_bytes() == b"x\n" and data.read_bytes() == b"x\n"
+    assert not run.stat().st_mode & (stat.S_ISUID | stat.S_IWOTH | stat.S_IWGRP)
+    assert not data.stat().st_mode & stat.S_IWOTH
+    assert run.stat().st_uid == os.getuid()
+    for bad in [[("../escape.txt", "file", 0o644)], [("/abs.txt", "file", 0o644)], [("pkg/link", "symlink", 0o777)]]:
+        archive = _archive(tmp_path / "bad.tar.gz", bad)
+        with pytest.raises(llama.BuildError, match="not a plain file or folder inside the archive"):
+            llama.unpack_archive(archive, tmp_path / "bad-out")
+        assert not (tmp_path / "bad-out").exists() and not (tmp_path / "escape.txt").exists()
+
+
 def test_a_build_that_does_not_exist_fails_in_one_line(tmp_path, capsys):
     line = _one_line_error(capsys, ["--fetch-only", str(tmp_path), "--sha256", "0" * 64, "99999"])
     assert "b99999 source could not be fetched with pip" in line
