@@ -6,12 +6,13 @@ cached (keyed by the archive's hash) and is exercised by `make test` before the 
 """
 from __future__ import annotations
 
+import io
+import os
 import stat
+import tarfile
 from pathlib import Path
 
 import pytest
-
-
 
 import lab.llama_build as llama
 
@@ -39,9 +40,6 @@ def test_source_fetched_from_an_empty_cache_and_verified(tmp_path, monkeypatch):
 
 def _archive(path: Path, members: list[tuple[str, str, int]]) -> Path:
     """A .tar.gz of (name, kind, mode): kind "file", "dir" or "symlink" (to ../outside)."""
-    import io
-    import tarfile
-
     with tarfile.open(path, "w:gz") as t:
         for name, kind, mode in members:
             info = tarfile.TarInfo(name)
@@ -63,9 +61,6 @@ def test_the_archive_is_unpacked_as_plain_files_inside_its_folder(tmp_path, monk
     """Debian 12's Python 3.11.2 has no tarfile filters (3.11.4 added them): with them or without, the unpack
     refuses a name outside its folder and a link before writing anything, and keeps no set-id bit, no write for
     others and no owner from the archive."""
-    import os
-    import tarfile
-
     if not filters:
         monkeypatch.delattr(tarfile, "data_filter", raising=False)  # as on 3.11.2 (on which both cases are this one)
     good = _archive(tmp_path / "good.tar.gz", [("pkg", "dir", 0o777), ("pkg/run.sh", "file", 0o4777),
