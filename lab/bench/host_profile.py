@@ -29,8 +29,9 @@ So steps 2 and 4 run --passes times (3), interleaved, and each point's rate is i
 point, not the figure. The spread the passes showed is printed.
 
 5. With --experts, on a node with its card (a GPU build): a real-shape Qwen3-30B-A3B Q4_K_M routing each token to its
-   own experts, every layer on the card, the experts of 24 and of all 48 blocks in system RAM, 32 tokens at an empty
-   context with the largest thread count: what each block moved to RAM adds to a token (experts_in_ram_us_by_threads),
+   own experts, every layer on the card, the experts of 24 and of all 48 blocks in system RAM, 128 tokens at an empty
+   context with the largest thread count: what each block moved to RAM adds to a token (experts_in_ram_us_by_threads,
+   the two rates paired within each pass, the median over passes taken: profile_rules.experts_figure),
    from which the plan solves the share of the read bandwidth this node's CPU reads routed experts at (fixed at one
    H200 host's 0.78 until now; eight hosts measured since lay at 0.65-1.15). Refused like the rest where its rates
    spread, or where a block moved added no more than moving the hidden state alone does; where llama-bench fails
@@ -116,23 +117,28 @@ def gpu_devices(binary: str) -> list[str]:
     return [line for line in lines[1:] if GPU_DEVICE.match(line)]
 
 
+# Tokens a run of the experts step generates: 128, where leases 15 and 16 ran 32 (0.3-1 s a repetition at 35-100 tok/s;
+# their passes' figures lay 353-602 us apart on lease 15). Chosen before the lease that first ran it.
+EXPERTS_TOKENS = 128
+
+
 def experts_rates(binary: str, threads: int, workdir: Path) -> list[dict]:
     """Step 5 (--experts): a real-shape Qwen3-30B-A3B Q4_K_M whose router sends each token to its own experts (as a
     trained one does; zero weights route every token alike), every layer on the card, the experts of
-    EXPERTS_PROFILE_BLOCKS's blocks in system RAM, 32 tokens at an empty context."""
+    EXPERTS_PROFILE_BLOCKS's blocks in system RAM, EXPERTS_TOKENS tokens at an empty context."""
     shape, quant = EXPERTS_PROFILE_SHAPE
     model = workdir / f"{shape}-{quant}-token.gguf"
     if not model.exists():
         write_real_shape(shape, model, quant, routing="token")
     cmd = [binary, "-m", str(model), "-ngl", "99", "-ncmoe", ",".join(map(str, EXPERTS_PROFILE_BLOCKS)), "-p", "0",
-           "-n", "32", "-d", "0", "-t", str(threads), "-fa", "1", "-r", "3", "-o", "json"]
+           "-n", str(EXPERTS_TOKENS), "-d", "0", "-t", str(threads), "-fa", "1", "-r", "3", "-o", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         # The caller keeps the CPU's figures (a card too small for the experts fails here, not the node's CPU).
         raise RuntimeError(f"llama-bench failed ({out.returncode}) with experts in RAM: "
                            f"{out.stderr.strip().splitlines()[-1:]}")
     return [{"shape": shape, "quant": quant, "routing": "token", "threads": r["n_threads"], "depth": r.get("n_depth", 0),
-             "ngl": 99, "n_cpu_moe": r["n_cpu_moe"], "tok_s": r["avg_ts"], "stddev": r.get("stddev_ts"), "kv_type": "f16",
+             "ngl": 99, "n_cpu_moe": r["n_cpu_moe"], "n_gen": r.get("n_gen"), "tok_s": r["avg_ts"], "stddev": r.get("stddev_ts"), "kv_type": "f16",
              "cpu": r.get("cpu_info"), "gpu": r.get("gpu_info"), "build": r.get("build_number"), "backend": r.get("backends")}
             for r in json.loads(out.stdout)]
 

@@ -94,39 +94,61 @@ def experts_point(r: dict) -> tuple:
 
 def experts_figure(rows: list[dict], readings: Optional[dict] = None,
                    read_gbs: Optional[dict] = None) -> tuple[dict[int, int], Optional[str], dict[tuple, dict]]:
-    """make host-profile --experts's figure (experts_in_ram_us_by_threads) from its rows, passes folded (median_rows by
-    experts_point; the folded rows are returned too, by point): per thread count, what each block whose experts moved
-    to RAM added per token, in microseconds, from the rates with EXPERTS_PROFILE_BLOCKS's blocks in RAM; or why none
-    stands (the tool exits 1, make bench plans with HOST.expert_share): a rate whose repetitions spread past
-    PROFILE_STEADY, or a block that added no more than HOST.expert_block_us (more blocks in RAM about as fast as fewer:
-    the node's speed moved between the runs).
-    With the read bandwidth read around the step (readings, by threads) and the profile's (read_gbs, the
-    memory_bandwidth_by_threads printed beside it), the figure is restated at the latter, so the pool's figures agree
-    with one another: the experts' reading time scaled by the two bandwidths' ratio, HOST.expert_block_us held. The
-    plan solves the share against memory_bandwidth_by_threads (node_expert_share); the step runs minutes after the
-    profile's reading, and lease 15's host read 45.7-88.1 GB/s within a call. The card's time for the block's bytes is
-    scaled with the rest: off by that time times the ratio less one (about 9 us a block on an H100, 90 on a 360 GB/s
-    card; at a ratio of 0.87, 1 and 12 us)."""
+    """make host-profile --experts's figure (experts_in_ram_us_by_threads) from its rows: per thread count, what each
+    block whose experts moved to RAM added per token, in microseconds, from the rates with EXPERTS_PROFILE_BLOCKS's
+    blocks in RAM, paired within each pass (pass_figures) and the median over the passes taken; or why none stands
+    (the tool exits 1, make bench plans with HOST.expert_share): a rate whose repetitions spread past PROFILE_STEADY,
+    or a block that added no more than HOST.expert_block_us (more blocks in RAM about as fast as fewer: the node's speed
+    moved between the runs). The passes folded by point (median_rows by experts_point) are returned too, for the
+    printed rates.
+    Paired, not the difference of two medians: the two rates of one pass run back to back, minutes from the other
+    passes', and a host that moves between passes moves both of a pair; a difference of medians may pair a fast pass's
+    rate with a slow one's (lease 15's passes gave 353, 463 and 602 us, the medians 554). Chosen before the lease that
+    first measured it; lease 16's figure is the same either way (315 us), lease 15's 463 where it was 554.
+    With the read bandwidth read around the step (readings, by threads: before and after each pass's step, in order)
+    and the profile's (read_gbs, the memory_bandwidth_by_threads printed beside it), each pass's figure is restated at
+    the latter from its own pass's two readings (all of them where the record's readings do not pair with its passes),
+    so the pool's figures agree with one another: the experts' reading time scaled by the two bandwidths' ratio,
+    HOST.expert_block_us held. The plan solves the share against memory_bandwidth_by_threads (node_expert_share); the
+    step runs minutes after the profile's reading, and lease 15's host read 45.7-88.1 GB/s within a call. The card's
+    time for the block's bytes is scaled with the rest: off by that time times the ratio less one (about 9 us a block on
+    an H100, 90 on a 360 GB/s card; at a ratio of 0.87, 1 and 12 us)."""
     folded = {experts_point(r): r for r in median_rows(rows, experts_point)}
     for r in folded.values():
         if spread(r["tok_s"], r.get("stddev")) is not None:
             return {}, (f"with {r['n_cpu_moe']} blocks of experts in RAM the rate spread {r['stddev'] / r['tok_s']:.0%} over "
                         f"its runs (more than {PROFILE_STEADY:.0%}): the node's speed moved"), folded
-    few, many = EXPERTS_PROFILE_BLOCKS
-    readings = {int(t): sum(v) / len(v) for t, v in (readings or {}).items() if v}
     read_gbs = {int(t): v for t, v in (read_gbs or {}).items()}
     figures = {}
-    for threads in sorted({t for t, _ in folded}):
-        if (threads, few) not in folded or (threads, many) not in folded:
-            continue
-        us = (1 / folded[(threads, many)]["tok_s"] - 1 / folded[(threads, few)]["tok_s"]) / (many - few) * 1e6
+    for threads, pairs in pass_figures(rows).items():
+        us = statistics.median(pairs.values())
         if us <= HOST.expert_block_us:
             return {}, (f"with {threads} threads a block of experts moved to RAM added {us:.0f} us a token, no more than "
                         f"the {HOST.expert_block_us:.0f} us of moving the hidden state alone: the node's speed moved"), folded
-        if threads in readings and read_gbs.get(threads):
-            us = HOST.expert_block_us + (us - HOST.expert_block_us) * readings[threads] / read_gbs[threads]
+        around = [float(v) for v in (readings or {}).get(threads, (readings or {}).get(str(threads))) or ()]
+        if around and read_gbs.get(threads):
+            passes = sorted(pairs)
+            each = ({n: around[2 * i:2 * i + 2] for i, n in enumerate(passes)} if len(around) == 2 * len(passes)
+                    else {n: around for n in passes})
+            us = statistics.median(HOST.expert_block_us + (pairs[n] - HOST.expert_block_us)
+                                   * (sum(each[n]) / len(each[n])) / read_gbs[threads] for n in passes)
         figures[threads] = round(us)
     return figures, None, folded
+
+
+def pass_figures(rows: list[dict]) -> dict[int, dict]:
+    """make host-profile --experts's rows paired within each pass: per thread count, per pass (None for rows that name
+    none), what each block moved to RAM added per token in that pass, in microseconds, from its rates with
+    EXPERTS_PROFILE_BLOCKS's blocks in RAM; a pass without both rates gives none."""
+    few, many = EXPERTS_PROFILE_BLOCKS
+    rates: dict[tuple, dict[int, float]] = {}
+    for r in rows:
+        rates.setdefault((r["threads"], r.get("pass")), {})[r["n_cpu_moe"]] = r["tok_s"]
+    out: dict[int, dict] = {}
+    for (threads, n), pair in sorted(rates.items(), key=lambda item: (item[0][0], -1 if item[0][1] is None else item[0][1])):
+        if few in pair and many in pair:
+            out.setdefault(threads, {})[n] = (1 / pair[many] - 1 / pair[few]) / (many - few) * 1e6
+    return out
 
 
 def profile_point(r: dict) -> tuple:
