@@ -753,7 +753,7 @@ def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
     assert {("H100 machine, lease 12", True), ("CI machine, 2026-12-06", True), ("H200 machine, lease 11", False),
             ("H200 machine, lease 7", False), ("H200 machine, lease 13", True), ("H100 machine, lease 8", False),
             ("H100 machine, lease 9", False), ("H100 machine, lease 10", False), ("H100 machine, lease 14", True),
-            ("H100 machine, lease 15", True), ("H100 machine, lease 16", True)} <= seen
+            ("H100 machine, lease 15", True), ("H100 machine, lease 16", True), ("H100 machine, lease 17", True)} <= seen
     # Refused: exactly lease 13's first, second and fourth profiles, and lease 14's first (a spread of 16 % at 4096).
     expected = []
     for name, host, which in (("results-speed-h200.json", "H200 machine, lease 13", (0, 1, 3)),
@@ -765,37 +765,71 @@ def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
 
 
 def test_the_out_of_sample_line_counts_only_hosts_measured_after_the_freeze():
-    """make bench's out-of-sample lines (decode_error.FROZEN) count the rows of hosts measured after the model's last
-    freeze: each such host is recorded, every one of its runs says it was measured after that commit, the commit is
-    in this repository's history, and no run of another host says so."""
+    """make bench's out-of-sample lines count the rows of hosts measured after the model's last freeze (FROZEN), and
+    those of hosts measured after the freeze before (CARRIED) less the placements a change since moved: each such host
+    is recorded, every one of its runs says it was measured after its commit, the commit is in this repository's
+    history, and no run of another host says so; every grid row of those hosts is counted, held to a range, or lent
+    its host a figure, but for the moved ones."""
     import subprocess
     from lab.bench import decode_error
 
-    commit, hosts = decode_error.FROZEN
-    subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=decode_error.ROOT, check=True)
     runs = [run for path in decode_error.MEASURED for run in decode_error.recorded_runs(path)]
-    after = {run["host"] for run in runs if f"frozen in {commit}" in run.get("what", "")
-             or f"frozen ({commit}" in run.get("what", "")}
-    assert after == set(hosts)
-    for host in hosts:
-        mine = [run for run in runs if run.get("host") == host]
-        assert mine and all(commit in run["what"] for run in mine), host
+    everyone = ()
+    for commit, hosts in (decode_error.FROZEN, decode_error.CARRIED[:2]):
+        subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=decode_error.ROOT, check=True)
+        after = {run["host"] for run in runs if f"frozen in {commit}" in run.get("what", "")
+                 or f"frozen ({commit}" in run.get("what", "")}
+        assert after == set(hosts)
+        for host in hosts:
+            mine = [run for run in runs if run.get("host") == host]
+            assert mine and all(commit in run["what"] for run in mine), host
+        everyone += hosts
     table = decode_error.rows(decode_error.MEASURED)
-    mine = [row for row in table if row[0].endswith(hosts)]
-    counted = sum(count for _, _, count in decode_error.summary(mine))
+    mine = [row for row in table if row[0].endswith(everyone)]
+    kept = [row for row in mine if decode_error.out_of_sample(row)]
+    moved = [row for row in mine if not decode_error.out_of_sample(row)]
+    # The moved rows are exactly the experts rows of leases 15 and 16 (the placements CARRIED names).
+    assert moved and {(row[0].split(", ", 1)[1], row[7]) for row in moved} == set(decode_error.CARRIED[2])
+    counted = sum(count for _, _, count in decode_error.summary(kept))
     # Every decode row of those hosts' grids (passes folded) is held to the plan: a point counted, or a range where the
     # plan prints one (lease 15's q8_0 caches at depth, its q8_0 ratio refused), less the row at twice the profile's
     # depth that gave the host its slow-down (node figures). None is set aside otherwise; the profiles' rows are not
     # counted.
-    _, ranged = decode_error.range_summary(mine)
-    grids = [r for run in runs if run.get("host") in hosts and not run.get("host_profile") for r in run["rows"]
+    _, ranged = decode_error.range_summary(kept)
+    moved_points = sum(count for _, _, count in decode_error.summary(moved)) + decode_error.range_summary(moved)[1]
+    grids = [r for run in runs if run.get("host") in everyone and not run.get("host_profile") for r in run["rows"]
              if not r.get("n_prompt")]
     # The rows node_figures says a grid run lent its host's figures (keyed as it keys them).
-    solved = [r for run in runs if run.get("host") in hosts and not run.get("host_profile")
+    solved = [r for run in runs if run.get("host") in everyone and not run.get("host_profile")
               for used in [decode_error.node_figures(runs, run)[2]] for r in run["rows"]
               if not r.get("n_prompt") and profile_rules.cache_type(r) == "f16"
               and (r["shape"], r["quant"], r["threads"], r["depth"]) in used]
-    assert counted + ranged + len(solved) == len(grids) > 40 and ranged >= 8 and len(solved) == 1
+    assert counted + ranged + moved_points + len(solved) == len(grids) > 60 and ranged >= 8 and len(solved) == 1
+
+
+def test_the_carried_hosts_rows_are_predicted_as_before_the_last_freeze(monkeypatch):
+    """CARRIED's rows counted out of sample have the prediction they had before the change the last freeze followed
+    (a3c9d1b: the experts step's passes paired), and the moved ones do not: make bench's table with each host's experts
+    figure as the tool printed it then (the difference of the rates' medians) against the table as it is."""
+    from lab.bench import decode_error
+
+    _, carried, _ = decode_error.CARRIED
+    now = [row for row in decode_error.rows(decode_error.MEASURED) if row[0].endswith(carried)]
+    runs = {run["host"]: run for path in decode_error.MEASURED for run in decode_error.recorded_runs(path)
+            if run.get("host_profile") and run.get("experts_in_ram_us_by_threads_printed")}
+    rule = profile_rules.experts_figure
+
+    def as_printed(rows, readings=None, read_gbs=None):
+        figures, why, folded = rule(rows, readings, read_gbs)
+        host = next(name for name, run in runs.items() if rows and rows[0] in run["rows"])
+        return {int(t): us for t, us in runs[host]["experts_in_ram_us_by_threads_printed"].items()}, why, folded
+
+    monkeypatch.setattr(decode_error, "experts_figure", as_printed)
+    before = [row for row in decode_error.rows(decode_error.MEASURED) if row[0].endswith(carried)]
+    assert len(before) == len(now)
+    changed = {(row[0], row[7]) for row, old in zip(now, before) if row[4] != old[4] or row[10] != old[10]}
+    assert all(decode_error.out_of_sample(row) == ((row[0], row[7]) not in changed) for row in now)
+    assert {(device.split(", ", 1)[1], where) for device, where in changed} == set(decode_error.CARRIED[2])
 
 
 def test_measure_decode_reads_the_host_bandwidth_around_each_job(tmp_path, monkeypatch):
@@ -1214,13 +1248,12 @@ def test_make_bench_sorts_the_out_of_sample_points_by_how_far_the_host_moved(tmp
 
 
 def test_the_held_table_is_make_benchs_out_of_sample_count():
-    """engines/llamacpp_held.DECODE_HELD is make bench's out-of-sample lines (decode_error.FROZEN's hosts), class by
-    class: every class make bench counts there, and no other."""
+    """engines/llamacpp_held.DECODE_HELD is make bench's out-of-sample lines (decode_error.out_of_sample: FROZEN's hosts
+    and CARRIED's unmoved rows), class by class: every class make bench counts there, and no other."""
     from engines.llamacpp_held import DECODE_GOAL, DECODE_HELD, DECODE_TOLERANCE
     from lab.bench import decode_error
 
-    _, hosts = decode_error.FROZEN
-    table = [row for row in decode_error.rows(decode_error.MEASURED) if row[0].endswith(hosts)]
+    table = [row for row in decode_error.rows(decode_error.MEASURED) if decode_error.out_of_sample(row)]
     counted = {(where, cache): (within, count) for where, cache, within, count in decode_error.class_counts(
         [(row[7], row[9], row[3], row[4], row[5]) for row in table], decode_error.TOLERANCE)}
     assert DECODE_HELD == counted and DECODE_TOLERANCE == decode_error.TOLERANCE and DECODE_GOAL == 0.9
@@ -1228,7 +1261,7 @@ def test_the_held_table_is_make_benchs_out_of_sample_count():
     # (decode_class) is the placement make bench counts it under.
     from engines.llamacpp_held import decode_class
     for r, _, row in decode_error.measured_rows(decode_error.MEASURED):
-        if not row[0].endswith(hosts):
+        if not decode_error.out_of_sample(row):
             continue
         on_card = row[7] != "CPU only"
         ngl = r.get("ngl") if r.get("ngl") is not None and r["ngl"] < 99 else None
@@ -1262,18 +1295,18 @@ def test_a_decode_figure_of_a_class_short_of_the_goal_says_how_far_its_class_hel
         (tmp_path / "Pulumi.t.yaml").write_text(yaml.safe_dump({"config": mapping}))
         return render_stack("t", tmp_path / f"out-{profiled}", project_dir=tmp_path).summary()
 
-    # rtx3060's chat: Qwen3-30B-A3B with 28 blocks' experts in RAM beside a q8_0 cache, 6 of 11 out of sample.
+    # rtx3060's chat: Qwen3-30B-A3B with 28 blocks' experts in RAM beside a q8_0 cache, 0 of 6 out of sample.
     said = [line for line in summary(True).splitlines() if "points measured after the model was frozen" in line]
     assert len(said) == 1 and "models.chat: decode (experts in RAM, q8_0 KV cache)" in said[0]
-    assert "on 6 of 11 points" in said[0] and "+-15%" in said[0]
+    assert "on 0 of 6 points" in said[0] and "+-15%" in said[0]
     assert "points measured after the model was frozen" not in summary(False)  # a range: its reasons say why
-    # Every block on the card with a q8_0 cache (4 of 4): none; 12 of 32 blocks in RAM with q4_0 (32 of 36): one.
+    # Every block on the card with a q8_0 cache (4 of 4): none; 12 of 32 blocks in RAM with q4_0 (33 of 39): one.
     for ngl, cache, expected in ((None, "q8_0", ("GPU only", "q8_0")), (20, "q4_0", ("partial offload", "q4_0"))):
         model, facts, _ = server_and_pool("nvidia", "cuda", 360, True, preset_facts("llama-3.1-8b"), "Q4_K_M", 4.6,
                                           0, 1, ngl=ngl, threads=8, cache=cache)
         assert decode_class(model, facts, "cuda", True) == expected
         line = decode_held_warning(model, facts, "cuda", True, "models.chat")
-        assert (line is None) if expected[0] == "GPU only" else "on 32 of 36 points" in line
+        assert (line is None) if expected[0] == "GPU only" else "on 33 of 39 points" in line
     # On the CPU backend, CPU only; a GPU sharing the node's memory is a class make bench has not measured: none.
     model, facts, _ = server_and_pool("cpu", "cpu", None, False, preset_facts("llama-3.1-8b"), "Q4_K_M", 4.6, 0, 1)
     assert decode_class(model, facts, "cpu", False) == ("CPU only", "f16")
