@@ -64,7 +64,8 @@ ROOT = Path(__file__).resolve().parents[2]
 from engines.llamacpp_host import EXPERTS_PROFILE_BLOCKS, EXPERTS_PROFILE_SHAPE, KV_PROFILE_DEPTH, kv_deep_slowdown
 from engines.llamacpp_speed import quantized_kv_ratio
 from lab.bench.decode_error import planned_deep_rate, solved_cost, stated_slowdown
-from lab.bench.profile_rules import cache_type, experts_figure, median_rows, profile_refusal, quantized_refusal
+from lab.bench.profile_rules import (cache_type, experts_figure, median_rows, pass_figures, profile_refusal,
+                                     quantized_refusal)
 from lab.bench.measure_decode import bandwidth_lines
 from lab.contract.real_shape import PRESETS, write_real_shape
 
@@ -255,7 +256,8 @@ def main(argv: list[str]) -> int:
                   f"{folded[(t, few)]['tok_s']:.2f} tok/s with {few} blocks' experts in RAM, "
                   f"{folded[(t, many)]['tok_s']:.2f} with {many}, read {min(experts_read[t]):.1f}-"
                   f"{max(experts_read[t]):.1f} GB/s around them: {us} us a token for each block moved, at the "
-                  f"{bandwidth[t]:.1f} GB/s above")
+                  f"{bandwidth[t]:.1f} GB/s above (the median of the passes', each restated; as measured: "
+                  + ", ".join(f"{v:.0f}" for v in pass_figures(moved)[t].values()) + " us)")
     if args.out:
         Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "depth": args.depth, "shape": SHAPE, "quant": QUANT,
                                               "rows": measured + moved, "cpu_decode_by_threads": figures,

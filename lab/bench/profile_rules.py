@@ -104,7 +104,7 @@ def experts_figure(rows: list[dict], readings: Optional[dict] = None,
     Paired, not the difference of two medians: the two rates of one pass run back to back, minutes from the other
     passes', and a host that moves between passes moves both of a pair; a difference of medians may pair a fast pass's
     rate with a slow one's (lease 15's passes gave 353, 463 and 602 us, the medians 554). Chosen before the lease that
-    first measured it; lease 16's figure is the same either way (315 us), lease 15's 463 where it was 554.
+    first measured it; lease 16's figure is 316 us where it was 315, lease 15's 463 where it was 554.
     With the read bandwidth read around the step (readings, by threads: before and after each pass's step, in order)
     and the profile's (read_gbs, the memory_bandwidth_by_threads printed beside it), each pass's figure is restated at
     the latter from its own pass's two readings (all of them where the record's readings do not pair with its passes),
@@ -114,7 +114,8 @@ def experts_figure(rows: list[dict], readings: Optional[dict] = None,
     time for the block's bytes is scaled with the rest: off by that time times the ratio less one (about 9 us a block on
     an H100, 90 on a 360 GB/s card; at a ratio of 0.87, 1 and 12 us)."""
     folded = {experts_point(r): r for r in median_rows(rows, experts_point)}
-    for r in folded.values():
+    # Each pass's rate (the figure takes each pass's own), not only their median.
+    for r in rows:
         if spread(r["tok_s"], r.get("stddev")) is not None:
             return {}, (f"with {r['n_cpu_moe']} blocks of experts in RAM the rate spread {r['stddev'] / r['tok_s']:.0%} over "
                         f"its runs (more than {PROFILE_STEADY:.0%}): the node's speed moved"), folded
@@ -127,9 +128,10 @@ def experts_figure(rows: list[dict], readings: Optional[dict] = None,
                         f"the {HOST.expert_block_us:.0f} us of moving the hidden state alone: the node's speed moved"), folded
         around = [float(v) for v in (readings or {}).get(threads, (readings or {}).get(str(threads))) or ()]
         if around and read_gbs.get(threads):
-            passes = sorted(pairs)
-            each = ({n: around[2 * i:2 * i + 2] for i, n in enumerate(passes)} if len(around) == 2 * len(passes)
-                    else {n: around for n in passes})
+            # The tool reads before and after each pass's step, pass by pass: pass n's two are around[2n:2n+2].
+            passes = list(pairs)
+            numbered = all(isinstance(n, int) for n in passes) and len(around) >= 2 * (max(passes) + 1)
+            each = {n: around[2 * n:2 * n + 2] if numbered else around for n in passes}
             us = statistics.median(HOST.expert_block_us + (pairs[n] - HOST.expert_block_us)
                                    * (sum(each[n]) / len(each[n])) / read_gbs[threads] for n in passes)
         figures[threads] = round(us)
