@@ -120,13 +120,14 @@ def experts_figure(rows: list[dict], readings: Optional[dict] = None,
             return {}, (f"with {r['n_cpu_moe']} blocks of experts in RAM the rate spread {r['stddev'] / r['tok_s']:.0%} over "
                         f"its runs (more than {PROFILE_STEADY:.0%}): the node's speed moved"), folded
     read_gbs = {int(t): v for t, v in (read_gbs or {}).items()}
+    readings = {int(t): [float(v) for v in around] for t, around in (readings or {}).items()}
     figures = {}
     for threads, pairs in pass_figures(rows).items():
         us = statistics.median(pairs.values())
         if us <= HOST.expert_block_us:
             return {}, (f"with {threads} threads a block of experts moved to RAM added {us:.0f} us a token, no more than "
                         f"the {HOST.expert_block_us:.0f} us of moving the hidden state alone: the node's speed moved"), folded
-        around = [float(v) for v in (readings or {}).get(threads, (readings or {}).get(str(threads))) or ()]
+        around = readings.get(threads)
         if around and read_gbs.get(threads):
             # The tool reads before and after each pass's step, pass by pass: pass n's two are around[2n:2n+2].
             passes = list(pairs)
