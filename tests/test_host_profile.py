@@ -68,6 +68,10 @@ def test_the_printed_lines_are_pool_fields_the_plan_uses(profile):
         del values["node_pools"]["minipc"]["cpu_quantized_kv"]
         unmeasured = plan_capacity(parse_stack(values)).servers["chat"]
         assert (unmeasured.decode_range_tok_s is None) == (cache == "f16")
+    # The compute read before the passes and after them, at the thread count profiled: make bench restates a later
+    # job's CPU work at the compute read around it against these (lab/bench/decode_error.py, profile_compute).
+    assert set(record["host_compute_gops"]) == {"2"} and len(record["host_compute_gops"]["2"]) == 2
+    assert all(v > 1.0 for v in record["host_compute_gops"]["2"])
     # The bandwidth printed is host_bandwidth's, the figures the record's (rounded for the stack file).
     assert fields["memory_bandwidth_by_threads"] == {int(t): round(v) for t, v in record["host_read_gbs"].items()}
     assert fields["cpu_decode_by_threads"] == {int(t): f for t, f in record["cpu_decode_by_threads"].items()}

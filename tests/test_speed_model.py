@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import plain_values
+from conftest import ROOT, plain_values
 from config.catalog import facts_for
 from engines.llamacpp_host import (HOST, HOST_COST_FAST, HOST_COST_SLOW, KV_DEEP_SLOWDOWN_MOST, HostCost, host_cost,
                                    host_read_gbs)
@@ -463,15 +463,16 @@ print(json.dumps(rows))
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    """make host-profile's tool with FAKE_BENCH for llama-bench, no model file written and 70 GB/s read at any
-    thread count: the scripted llama-bench's path."""
+    """make host-profile's tool with FAKE_BENCH for llama-bench, no model file written, 70 GB/s read at any thread
+    count and 20 Gop/s of compute a thread: the scripted llama-bench's path."""
     from lab.bench import host_profile
 
     bench = tmp_path / "llama-bench"
     bench.write_text(FAKE_BENCH)
     bench.chmod(0o755)
     monkeypatch.setattr(host_profile, "write_real_shape", lambda shape, path, quant, **kw: path.write_bytes(b""))
-    monkeypatch.setattr(host_profile, "read_bandwidth", lambda threads, workdir: {t: 70.0 for t in threads})
+    monkeypatch.setattr(host_profile, "read_host", lambda threads, workdir: ({t: 70.0 for t in threads},
+                                                                             {t: 20.0 * t for t in threads}))
     return bench
 
 
@@ -835,7 +836,7 @@ def test_the_carried_hosts_rows_are_predicted_as_before_the_last_freeze():
 
 def test_measure_decode_reads_the_host_bandwidth_around_each_job(tmp_path, monkeypatch):
     """measure_decode --host-bandwidth (scripted here: llama-bench and bench/host_bandwidth.c stand-ins) reads the
-    bandwidth at the job's threads before and after it and writes both on each of its rows; a reading that fails
+    bandwidth and the compute at the job's threads before and after it and writes both on each of its rows; a reading that fails
     leaves the rows without it (planned with the profile's) and the grid goes on."""
     from lab.bench import measure_decode
 
@@ -847,7 +848,7 @@ def test_measure_decode_reads_the_host_bandwidth_around_each_job(tmp_path, monke
     reader = tmp_path / "host_bandwidth"
     reader.write_text(f"#!/bin/sh\nn=$(cat {counter} 2>/dev/null || echo 0); echo $((n + 1)) > {counter}\n"
                       "[ \"$n\" -ge 2 ] && exit 1\n"
-                      "shift; for t in \"$@\"; do echo \"threads $t read_gbs $((60 + 4 * n)).5\"; done\n")
+                      "shift; for t in \"$@\"; do echo \"threads $t read_gbs $((60 + 4 * n)).5 compute_gops $((400 - n))\"; done\n")
     for script in (bench, reader):
         script.chmod(0o755)
     monkeypatch.setattr(measure_decode, "write_real_shape", lambda shape, path, quant, **kw: (path.write_bytes(b""), path)[1])
@@ -855,6 +856,7 @@ def test_measure_decode_reads_the_host_bandwidth_around_each_job(tmp_path, monke
     rows = measure_decode.run_jobs(str(bench), [job, job], "scripted", time.monotonic() + 60, tmp_path / "out.json",
                                    str(reader))
     assert [r.get("read_gbs_around") for r in rows] == [[60.5, 64.5], [60.5, 64.5], None, None]
+    assert [r.get("compute_gops_around") for r in rows] == [[400.0, 399.0], [400.0, 399.0], None, None]
     assert [r["depth"] for r in rows] == [0, 8192, 0, 8192] and measure_decode.job_threads(job["args"]) == [16]
 
 
@@ -917,7 +919,7 @@ def test_make_host_profile_experts_states_what_a_block_moved_to_ram_adds_and_the
 
     monkeypatch.setenv("FAKE_DEVICE", "CUDA0: scripted card (24564 MiB, 23000 MiB free)")
     readings = iter(range(50, 100))  # each reading of the host's bandwidth a new figure, in the order taken
-    monkeypatch.setattr(host_profile, "read_bandwidth", lambda threads, workdir: {t: float(next(readings)) for t in threads})
+    monkeypatch.setattr(host_profile, "read_host", lambda threads, workdir: ({t: float(next(readings)) for t in threads}, {}))
     out = tmp_path / "record.json"
     assert host_profile.main(["--threads", "4,8", "--passes", "2", "--experts", "--llama-bench", str(fake),
                               "--out", str(out)]) == 0
@@ -1320,3 +1322,78 @@ def test_a_decode_figure_of_a_class_short_of_the_goal_says_how_far_its_class_hel
     assert decode_class(model, facts, "cpu", False) == ("CPU only", "f16")
     assert decode_class(model, facts, "vulkan", False)[0] == "GPU, unified memory"
     assert decode_held_warning(model, facts, "vulkan", False, "models.chat") is None
+
+
+def test_a_row_is_planned_with_the_cpus_own_work_at_the_compute_read_around_its_job(tmp_path):
+    """A shared host whose cores are taken slows the CPU's own work, which its read bandwidth does not tell (lease 15
+    read 0.68-0.91 of its profile and its deep points came in as planned; lease 17 read 0.68-0.83 and they came in
+    16-34 % slow). measure_decode --host-bandwidth also reads the host's compute around each job, make host-profile
+    reads it with its figures (host_compute_gops), and make bench plans a row with the CPU's own work (its time per
+    block, its attention) at the pace of the compute around the job over the profile's, and its reads at the
+    bandwidth read around it as before: at half the compute, the time beyond reading the weights doubles and the
+    reading time stays; with either reading missing, the plan is the profile's."""
+    from lab.bench import decode_error
+
+    runs = decode_error.recorded_runs(str(decode_error.ROOT / "bench" / "results-speed-h100.json"))
+    lease16 = next(run for run in runs if run.get("host") == "H100 machine, lease 16" and run.get("host_profile"))
+    scripted = {**lease16, "host": "scripted host", "host_compute_gops": {"16": [380.0, 420.0]}}
+    row = {"device": "NVIDIA H100 80GB HBM3", "shape": "qwen3-8b", "quant": "Q4_K_M", "routing": "zero", "n_prompt": 0,
+           "n_gen": 32, "depth": 8192, "tok_s": 5.0, "threads": 16, "ngl": 0, "type_k": "f16", "type_v": "f16",
+           "read_gbs_around": [60.0, 60.0]}
+
+    def planned(profile: dict, **changes) -> float:
+        grid = {"host": "scripted host", "host_cost_from": lease16["host_cost_from"], "rows": [{**row, **changes}]}
+        path = tmp_path / "compute.json"
+        path.write_text(json.dumps({"runs": [profile, grid]}))
+        (predicted,) = [r[4] for r in decode_error.rows({str(path): ("nvidia-datacenter", "cuda", 3350, True)})
+                        if r[0].endswith("scripted host") and r[1].startswith("qwen3-8b")]
+        return predicted
+
+    host, costs, _, _, _ = decode_error.node_figures(runs, lease16)
+    assert decode_error.profile_compute([scripted], scripted) == {16: 400.0}
+    as_profiled = planned(scripted)
+    assert planned(scripted, compute_gops_around=[400.0, 400.0]) == pytest.approx(as_profiled, rel=1e-12)
+    # The same row planned by hand at 60 GB/s: all of it, and its reads alone (no time per block, an empty context).
+    model, facts, pool = decode_error.server_and_pool("cpu", "cpu", None, False, decode_error.preset_facts("qwen3-8b"),
+                                                      "Q4_K_M", decode_error.expected_weights_bytes("qwen3-8b", "Q4_K_M")
+                                                      / decode_error.GIB, 8192, 1, threads=16, host={**host, 16: 60.0},
+                                                      cost=costs)
+    whole = 1 / predict_range_tok_s(model, facts, pool, "cpu", False, {"d": 8192})["d"][0]
+    reads_only = {16: {**costs[16], "block_us": 0.0}}
+    model, facts, pool = decode_error.server_and_pool("cpu", "cpu", None, False, decode_error.preset_facts("qwen3-8b"),
+                                                      "Q4_K_M", decode_error.expected_weights_bytes("qwen3-8b", "Q4_K_M")
+                                                      / decode_error.GIB, 8192, 1, threads=16, host={**host, 16: 60.0},
+                                                      cost=reads_only)
+    reading = 1 / predict_range_tok_s(model, facts, pool, "cpu", False, {"d": 0})["d"][0]  # empty: no attention
+    assert 1 / as_profiled == pytest.approx(whole, rel=1e-9) and 0 < reading < whole / 2
+    halved = planned(scripted, compute_gops_around=[180.0, 220.0])
+    assert 1 / halved == pytest.approx(reading + 2 * (whole - reading), rel=1e-6)
+    assert 1 / planned(scripted, compute_gops_around=[800.0, 800.0]) == pytest.approx(reading + (whole - reading) / 2,
+                                                                                       rel=1e-6)
+    # A profile that read no compute (every record before 2026-12-06), or a job with none read: as profiled.
+    assert planned(lease16 | {"host": "scripted host"}, compute_gops_around=[200.0, 200.0]) == pytest.approx(as_profiled)
+    assert planned({**scripted, "host_compute_gops": {"8": [400.0]}}, compute_gops_around=[200.0, 200.0]) == pytest.approx(
+        as_profiled)
+
+
+def test_host_bandwidth_reads_the_hosts_compute_beside_its_bandwidth(tmp_path):
+    """bench/host_bandwidth.c, built as make host-profile and the GPU machine build it, prints each thread count's
+    compute beside its read bandwidth, which measure_decode and make host-profile parse (compute_lines); the figure is
+    the chains' own work (not optimised away: below what 64 flops a cycle at 6 GHz would give each thread), and an
+    output without it (the tool before it read compute) parses to none."""
+    import shutil
+    import subprocess
+
+    from lab.bench import measure_decode
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    assert compiler, "a C compiler (make host-profile builds bench/host_bandwidth.c with cc)"
+    binary = tmp_path / "host_bandwidth"
+    subprocess.run([compiler, "-O2", "-march=native", "-fopenmp", str(ROOT / "bench" / "host_bandwidth.c"),
+                    "-o", str(binary)], check=True)
+    out = subprocess.run([str(binary), "0.25", "1", "2"], check=True, capture_output=True, text=True, timeout=120).stdout
+    compute, read = measure_decode.compute_lines(out), measure_decode.bandwidth_lines(out)
+    assert set(compute) == {1, 2} == set(read)
+    assert all(1.0 < gops < 64 * 6.0 * threads for threads, gops in compute.items()), out
+    assert measure_decode.compute_lines("threads 16 read_gbs 80.1 (checksum 0)\n") == {}
+    assert measure_decode.bandwidth_lines("threads 16 read_gbs 80.1 compute_gops 412.5 (checksum 0)\n") == {16: 80.1}

@@ -214,15 +214,7 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
     measured experts in RAM (--experts), what a block moved there adds (experts_in_ram_us_by_threads).
     Every run of the host is predicted from these, as a user's servers would be."""
     source = run.get("host_cost_from")
-
-    def stands(other: dict) -> bool:
-        """A run of this host with its read bandwidth, the source shape at the profiling depth, and no refusal."""
-        if other.get("host") != run.get("host") or not other.get("host_read_gbs"):
-            return False
-        mine = profile_rows(other, source)
-        return any(r["depth"] == source["depth"] for r in mine) and profile_refusal(mine, source["depth"]) is None
-
-    home = next((other for other in runs if stands(other)), None) if source else None
+    home = home_run(runs, run)
     if home is None:
         bandwidth = run.get("host_read_gbs")
         return ({int(k): v for k, v in bandwidth.items()} if bandwidth else None), None, set(), None, None
@@ -284,6 +276,38 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
     return host, costs or None, mine, quantized or None, experts_us
 
 
+def home_run(runs: list[dict], run: dict) -> Optional[dict]:
+    """The run of this run's host its figures come from (node_figures): the first with its read bandwidth, the shape
+    host_cost_from names at the profiling depth, and no refusal; None where the run names no source or none stands."""
+    source = run.get("host_cost_from")
+
+    def stands(other: dict) -> bool:
+        """A run of this host with its read bandwidth, the source shape at the profiling depth, and no refusal."""
+        if other.get("host") != run.get("host") or not other.get("host_read_gbs"):
+            return False
+        mine = profile_rows(other, source)
+        return any(r["depth"] == source["depth"] for r in mine) and profile_refusal(mine, source["depth"]) is None
+
+    return next((other for other in runs if stands(other)), None) if source else None
+
+
+def profile_compute(runs: list[dict], run: dict) -> Optional[dict[int, float]]:
+    """The compute (Gop/s, bench/host_bandwidth.c) the host read by threads while make host-profile measured its figures
+    (host_compute_gops: before and after its passes, their mean), from the run its figures come from (home_run); None
+    where that run read none (make host-profile before 2026-12-06)."""
+    home = home_run(runs, run)
+    readings = (home or {}).get("host_compute_gops")
+    return {int(t): sum(v) / len(v) for t, v in readings.items() if v} if readings else None
+
+
+def at_compute(cost: dict, pace: float) -> dict:
+    """A node's decode figures by threads (cpu_decode_by_threads) with the CPU's own work at this pace of its compute
+    against what it read at profiling: its time per block and its attention (compute-bound on a CPU: HostCost) take
+    1/pace the time; what it reads follows the read bandwidth instead (measured_row)."""
+    return {t: {**c, "block_us": c["block_us"] / pace, "kv_gbs_per_thread": c["kv_gbs_per_thread"] * pace}
+            for t, c in cost.items()}
+
+
 def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]:
     return fixed_rows() + [row for _, _, row in measured_rows(measured_files)]
 
@@ -308,15 +332,16 @@ def measured_rows(measured_files: dict[str, tuple[str, str, float, bool]]):
         runs = recorded_runs(path) if Path(path).exists() else []
         for run in runs:
             host, cost, cost_rows, quantized, experts_us = node_figures(runs, run)
+            compute = profile_compute(runs, run)
             for r in run["rows"]:
                 if r.get("n_prompt"):
                     continue  # prefill: lab/bench/prefill_error.py
                 yield r, host, measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows,
-                                            quantized, experts_us)
+                                            quantized, experts_us, compute)
 
 
 def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized=None,
-                 experts_us=None) -> tuple:
+                 experts_us=None, compute=None) -> tuple:
     weights = r.get("weights_bytes")
     if weights is None:
         weights = expected_weights_bytes(r["shape"], r["quant"])
@@ -330,6 +355,13 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
         if experts_us and on_card and profile in PROFILES:
             experts_us = experts_at(experts_us, host, threads, around, profile, bandwidth)
         host = {**host, threads: around}
+    if cost and compute and threads in compute and r.get("compute_gops_around"):
+        # The host's compute read around this row's job (measure_decode --host-bandwidth, since 2026-12-06) against what
+        # it read while its figures were measured: a shared host whose cores are taken slows the CPU's own work (its
+        # attention, its time per block) by what its compute shows, which its read bandwidth does not tell (lease 17's
+        # deep points, planned 16-34 % fast at the bandwidth read around them; lease 15's, as fast as planned at a low
+        # one). Frozen before a lease measured it (tests/test_speed_model.py).
+        cost = at_compute(cost, sum(r["compute_gops_around"]) / len(r["compute_gops_around"]) / compute[threads])
     low, high = prediction_range(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
                                  on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
                                  threads, host, cost, cache=cache, quantized=quantized, experts_us=experts_us) or (None, None)

@@ -4,7 +4,9 @@ llama.cpp's decode costs it beyond reading the weights, printed as the two stack
     python -m lab.bench.host_profile [--threads 4,16] [--depth 4096] [--passes 3] [--experts] [--llama-bench PATH]
         [--out record.json]
 
-1. bench/host_bandwidth.c reads 4 GiB with each thread count: memory_bandwidth_by_threads.
+1. bench/host_bandwidth.c reads 4 GiB with each thread count: memory_bandwidth_by_threads. It also reads the
+   node's compute with each count, before the passes and after them (host_compute_gops; not a stack-file figure:
+   make bench restates the CPU's own work of a job measured later at the compute read around it).
 2. llama-bench (-ngl 0: on a GPU build too, the CPU decodes) generates 16 tokens of a real-shape Qwen3-1.7B
    Q4_K_M (lab/contract/real_shape.py: the model's hyperparameters and tensor table, zero weights; no
    download) at an empty context, at --depth and at twice it, with each thread count.
@@ -66,7 +68,7 @@ from engines.llamacpp_speed import quantized_kv_ratio
 from lab.bench.decode_error import planned_deep_rate, solved_cost, stated_slowdown
 from lab.bench.profile_rules import (cache_type, experts_figure, median_rows, pass_figures, profile_refusal,
                                      quantized_refusal)
-from lab.bench.measure_decode import bandwidth_lines
+from lab.bench.measure_decode import bandwidth_lines, compute_lines
 from lab.contract.real_shape import PRESETS, write_real_shape
 
 SHAPE, QUANT = "qwen3-1.7b", "Q4_K_M"  # small: its blocks and KV cache weigh against its weights
@@ -78,13 +80,14 @@ def default_threads() -> list[int]:
     return sorted({*(c for c in (1, 2, 4, 8, 16, 32, 64, 128) if c < cores), cores})
 
 
-def read_bandwidth(threads: list[int], workdir: Path) -> dict[int, float]:
+def read_host(threads: list[int], workdir: Path) -> tuple[dict[int, float], dict[int, float]]:
+    """The node's read bandwidth (GB/s) and compute (Gop/s) by thread count, as bench/host_bandwidth.c reads them."""
     binary = workdir / "host_bandwidth"
     if not binary.exists():
         subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", str(ROOT / "bench" / "host_bandwidth.c"), "-o",
                         str(binary)], check=True)
     out = subprocess.run([str(binary), "4", *map(str, threads)], check=True, capture_output=True, text=True).stdout
-    return bandwidth_lines(out)
+    return bandwidth_lines(out), compute_lines(out)
 
 
 def decode_rates(binary: str, threads: list[int], depths: list[int], workdir: Path, kv_type: str = "f16") -> list[dict]:
@@ -175,7 +178,8 @@ def main(argv: list[str]) -> int:
               "with llama.cpp built for the node's card (LLAMA_CPP_BACKEND=cuda), or without --experts", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="host-profile-") as tmp:
-        bandwidth = read_bandwidth(threads, Path(tmp))
+        bandwidth, compute = read_host(threads, Path(tmp))
+        compute_around = {t: [gops] for t, gops in compute.items()}
         most = max(threads)  # the quantized caches' and the experts' runs take the largest thread count
         measured, moved, experts_failed, experts_read = [], [], None, {most: []}
         for n in range(args.passes):
@@ -186,19 +190,24 @@ def main(argv: list[str]) -> int:
             if args.experts and not experts_failed:
                 # The read bandwidth before and after the step: it runs minutes after the first reading, and the
                 # figure is restated at that reading's bandwidth, the one printed beside it (experts_figure).
-                before = read_bandwidth([most], Path(tmp))[most]
+                before = read_host([most], Path(tmp))[0][most]
                 try:
                     moved += [{**r, "pass": n} for r in experts_rates(binary, most, Path(tmp))]
                 except RuntimeError as failure:
                     # A card that cannot hold the 24 blocks' experts, say: the CPU's figures still stand.
                     experts_failed, moved = str(failure), []
-                experts_read[most] += [before, read_bandwidth([most], Path(tmp))[most]]
+                experts_read[most] += [before, read_host([most], Path(tmp))[0][most]]
+        # The compute read again after the passes: make bench restates the CPU's own work of a job measured later at
+        # the compute read around that job against these (lab/bench/decode_error.py, host_compute_gops).
+        for t, gops in read_host(threads, Path(tmp))[1].items():
+            compute_around.setdefault(t, []).append(gops)
     rows = median_rows(measured)
     refusal = profile_refusal(rows, args.depth)
     if refusal:
         # No figures: the record keeps the rates (and why), for the lab.
         if args.out:
-            Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "depth": args.depth, "shape": SHAPE,
+            Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "host_compute_gops": compute_around,
+                                                  "depth": args.depth, "shape": SHAPE,
                                                   "quant": QUANT, "rows": measured + moved, "refused": refusal,
                                                   **({"experts_read_gbs_around": experts_read} if args.experts else {})},
                                                  indent=1))
@@ -259,7 +268,8 @@ def main(argv: list[str]) -> int:
                   f"{bandwidth[t]:.1f} GB/s above (the median of the passes', each restated; as measured: "
                   + ", ".join(f"{v:.0f}" for v in pass_figures(moved)[t].values()) + " us)")
     if args.out:
-        Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "depth": args.depth, "shape": SHAPE, "quant": QUANT,
+        Path(args.out).write_text(json.dumps({"host_read_gbs": bandwidth, "host_compute_gops": compute_around,
+                                              "depth": args.depth, "shape": SHAPE, "quant": QUANT,
                                               "rows": measured + moved, "cpu_decode_by_threads": figures,
                                               "slowdown_at_twice_the_depth": slowdowns,
                                               "cpu_quantized_kv": ratios,

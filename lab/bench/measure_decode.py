@@ -61,28 +61,35 @@ def bandwidth_lines(text: str) -> dict[int, float]:
     return {int(t): float(g) for t, g in re.findall(r"threads (\d+) read_gbs ([\d.]+)", text)}
 
 
-def read_now(host_bandwidth: Optional[str], threads: list[int]) -> dict[int, float]:
-    """The host's read bandwidth now at these thread counts (bench/host_bandwidth.c over 4 GiB, as make host-profile
-    reads it; a few seconds): a shared host's drifts (58-78 GB/s with 16 threads within 25 minutes on one lease), so
-    a job beside layers or experts in RAM is planned with the bandwidth read around it, not only the one read at
-    profiling. None read (the tool failed or ran past a minute): {}, and the row keeps the profile's."""
+def compute_lines(text: str) -> dict[int, float]:
+    """Gop/s by thread count from the same output ("threads N read_gbs X compute_gops Y"; none where it has no
+    compute reading, as host_bandwidth.c printed before it had one)."""
+    return {int(t): float(g) for t, g in re.findall(r"threads (\d+) read_gbs [\d.]+ compute_gops ([\d.]+)", text)}
+
+
+def read_now(host_bandwidth: Optional[str], threads: list[int]) -> tuple[dict[int, float], dict[int, float]]:
+    """The host's read bandwidth and compute now at these thread counts (bench/host_bandwidth.c over 4 GiB, as make
+    host-profile reads them; a few seconds): a shared host's drifts (58-78 GB/s with 16 threads within 25 minutes on
+    one lease), so a job beside layers or experts in RAM is planned with the host as read around it, not only as read
+    at profiling. None read (the tool failed or ran past a minute): ({}, {}), and the row keeps the profile's."""
     if not host_bandwidth or not threads:
-        return {}
+        return {}, {}
     try:
         out = subprocess.run([host_bandwidth, "4", *map(str, threads)], capture_output=True, text=True, timeout=60)
     except (subprocess.TimeoutExpired, OSError) as e:
         print(f"host bandwidth not read: {e}", flush=True)
-        return {}
+        return {}, {}
     if out.returncode != 0:
         print(f"host bandwidth not read: {out.stderr.strip()[-200:]}", flush=True)
-        return {}
-    return bandwidth_lines(out.stdout)
+        return {}, {}
+    return bandwidth_lines(out.stdout), compute_lines(out.stdout)
 
 
 def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_path: Path,
              host_bandwidth: Optional[str] = None, passes: int = 1) -> list[dict]:
     """Each job's llama-bench grid, one row per test (written as it goes: a call cut short keeps rows); with
-    host_bandwidth, each row also carries the host's read bandwidth at its threads read before and after its job.
+    host_bandwidth, each row also carries the host's read bandwidth and compute at its threads, read before and after
+    its job (read_gbs_around, compute_gops_around).
     passes > 1 runs the whole list that many times, interleaved (every job once, then again), each row naming its
     pass: make bench takes each point's median over them (profile_rules.fold_passes), as make host-profile does, since
     a shared host moves by more than the plan's tolerance within minutes (lease 14: twelve jobs run twice, up to 28 % apart)."""
@@ -110,8 +117,10 @@ def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_pa
                 results, error = [], f"timed out: {(e.stdout or b'')[-400:]!r}"
             after = read_now(host_bandwidth, threads)
             for r in results:
-                read = [v for v in (before.get(r.get("n_threads")), after.get(r.get("n_threads"))) if v]
-                rows.append({**({"read_gbs_around": read} if read else {}), **tag,
+                read, compute = ([v for v in (first.get(r.get("n_threads")), then.get(r.get("n_threads"))) if v]
+                                 for first, then in zip(before, after))
+                rows.append({**({"read_gbs_around": read} if read else {}),
+                             **({"compute_gops_around": compute} if compute else {}), **tag,
                     "device": device, "shape": job["shape"], "quant": job["quant"], "routing": routing,
                     "weights_bytes": expected_weights_bytes(job["shape"], job["quant"]), "n_prompt": r.get("n_prompt"),
                     "n_gen": r.get("n_gen"), "depth": r.get("n_depth", 0), "tok_s": r.get("avg_ts"), "stddev": r.get("stddev_ts"),

@@ -171,7 +171,7 @@ def grid_point(r: dict) -> tuple:
 def median_rows(rows: list[dict], point=profile_point) -> list[dict]:
     """Passes of the same points folded into one row per point (make host-profile's, by default; a grid's with
     grid_point): the median rate over the passes (one pass the host moved in does not move it), the median of
-    llama-bench's spreads, every host bandwidth read around them, and how far the passes' rates lay apart
+    llama-bench's spreads, every host bandwidth and compute read around them, and how far the passes' rates lay apart
     (passes_apart: the fastest over the slowest, less 1); a record of one pass, or none named, is its own."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -179,7 +179,9 @@ def median_rows(rows: list[dict], point=profile_point) -> list[dict]:
     out = []
     for group in groups.values():
         read = [v for r in group for v in r.get("read_gbs_around") or ()]
+        compute = [v for r in group for v in r.get("compute_gops_around") or ()]
         out.append({**{k: v for k, v in group[0].items() if k != "pass"}, **({"read_gbs_around": read} if read else {}),
+                    **({"compute_gops_around": compute} if compute else {}),
                     "tok_s": statistics.median(r["tok_s"] for r in group),
                     "stddev": statistics.median(r.get("stddev") or 0.0 for r in group), "passes": len(group),
                     "passes_apart": max(r["tok_s"] for r in group) / min(r["tok_s"] for r in group) - 1})
