@@ -1374,6 +1374,17 @@ def test_a_row_is_planned_with_the_cpus_own_work_at_the_compute_read_around_its_
     assert planned(lease16 | {"host": "scripted host"}, compute_gops_around=[200.0, 200.0]) == pytest.approx(as_profiled)
     assert planned({**scripted, "host_compute_gops": {"8": [400.0]}}, compute_gops_around=[200.0, 200.0]) == pytest.approx(
         as_profiled)
+    # make bench's line by the compute around the job: at half the profile's, below 0.75 times; at its own, 0.75-1.25;
+    # a row without a compute reading in none. Measured at the plan's own rate, each is within.
+    grids = [{"host": "scripted host", "host_cost_from": lease16["host_cost_from"],
+              "rows": [{**row, **({"compute_gops_around": around} if around else {}), "tok_s": rate}]}
+             for around, rate in (([200.0, 200.0], halved), ([400.0, 400.0], as_profiled), (None, as_profiled))]
+    path = tmp_path / "paced.json"
+    path.write_text(json.dumps({"runs": [scripted, *grids]}))
+    walked = list(decode_error.measured_rows({str(path): ("nvidia-datacenter", "cuda", 3350, True)}))
+    assert [r.get("compute_pace") for r, _, _ in walked if r["shape"] == "qwen3-8b"] == [0.5, 1.0, None]
+    assert decode_error.drift_counts(walked, "compute") == [
+        ("below 0.75 times", 1, 1), ("0.75-1.25 times", 1, 1), ("above 1.25 times", 0, 0)]
 
 
 def test_host_bandwidth_reads_the_hosts_compute_beside_its_bandwidth(tmp_path):

@@ -300,6 +300,15 @@ def profile_compute(runs: list[dict], run: dict) -> Optional[dict[int, float]]:
     return {int(t): sum(v) / len(v) for t, v in readings.items() if v} if readings else None
 
 
+def compute_pace(r: dict, compute: Optional[dict[int, float]]) -> Optional[float]:
+    """The compute read around a row's job over what its host read at profiling, at the job's threads (profile_compute);
+    None where either is missing."""
+    threads = r.get("threads") or 8
+    if not (compute and threads in compute and r.get("compute_gops_around")):
+        return None
+    return sum(r["compute_gops_around"]) / len(r["compute_gops_around"]) / compute[threads]
+
+
 def at_compute(cost: dict, pace: float) -> dict:
     """A node's decode figures by threads (cpu_decode_by_threads) with the CPU's own work at this pace of its compute
     against what it read at profiling: its time per block and its attention (compute-bound on a CPU: HostCost) take
@@ -336,7 +345,8 @@ def measured_rows(measured_files: dict[str, tuple[str, str, float, bool]]):
             for r in run["rows"]:
                 if r.get("n_prompt"):
                     continue  # prefill: lab/bench/prefill_error.py
-                yield r, host, measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows,
+                pace = compute_pace(r, compute)
+                yield r | ({"compute_pace": pace} if pace else {}), host, measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows,
                                             quantized, experts_us, compute)
 
 
@@ -355,13 +365,14 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
         if experts_us and on_card and profile in PROFILES:
             experts_us = experts_at(experts_us, host, threads, around, profile, bandwidth)
         host = {**host, threads: around}
-    if cost and compute and threads in compute and r.get("compute_gops_around"):
+    pace = compute_pace(r, compute)
+    if cost and pace:
         # The host's compute read around this row's job (measure_decode --host-bandwidth, since 2026-12-06) against what
         # it read while its figures were measured: a shared host whose cores are taken slows the CPU's own work (its
         # attention, its time per block) by what its compute shows, which its read bandwidth does not tell (lease 17's
         # deep points, planned 16-34 % fast at the bandwidth read around them; lease 15's, as fast as planned at a low
         # one). Frozen before a lease measured it (tests/test_speed_model.py).
-        cost = at_compute(cost, sum(r["compute_gops_around"]) / len(r["compute_gops_around"]) / compute[threads])
+        cost = at_compute(cost, pace)
     low, high = prediction_range(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
                                  on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
                                  threads, host, cost, cache=cache, quantized=quantized, experts_us=experts_us) or (None, None)
@@ -495,6 +506,11 @@ def main(argv: list[str]) -> int:
     if drift:
         print("  by the host's read bandwidth around the job, against what its figures were measured at (points beside "
               "layers or experts in RAM or CPU only that carry a reading): " + "; ".join(drift))
+    paced = [f"{label}: {within} of {count} within +-{TOLERANCE:.0%}"
+             for label, within, count in drift_counts([w for w in walked if out_of_sample(w[2])], "compute") if count]
+    if paced:
+        print("  by the host's compute around the job, against what it read while its figures were measured (points "
+              "that carry both readings, since lease 18): " + "; ".join(paced))
     print("every recorded measurement (each lease against the model as it is now):")
     print_classes(table, "decode ")
     return 0
@@ -543,19 +559,21 @@ def out_of_sample(row) -> bool:
 DRIFT_BANDS = ((0.0, 0.75, "below 0.75 times"), (0.75, 1.25, "0.75-1.25 times"), (1.25, math.inf, "above 1.25 times"))
 
 
-def drift_counts(walked) -> list[tuple[str, int, int]]:
+def drift_counts(walked, reading: str = "read") -> list[tuple[str, int, int]]:
     """Of measured_rows' rows given, the points the class lines count (summary: not calibration, not held to a range)
     whose host's side the plan restates at the reading around their job (every placement but GPU only) and that carry
     one, by DRIFT_BANDS of that reading over what the host's figures give at the job's threads (read_gbs_at, the plan's
-    rule): (band, within TOLERANCE, how many)."""
+    rule), or with reading "compute", of the compute read around the job over the profile's (compute_pace, where
+    measured_rows found both): (band, within TOLERANCE, how many)."""
     counted = {(where, cache) for where, cache, _, _ in class_counts(
         [(row[7], row[9], row[3], row[4], row[5]) for _, _, row in walked], TOLERANCE)}
     counts = {label: [0, 0] for _, _, label in DRIFT_BANDS}
     for r, host, (_, _, _, measured, predicted, cal, _, where, _, cache, _) in walked:
-        if (cal or not predicted or (where, cache) not in counted or where == "GPU only"
-                or not (host and r.get("read_gbs_around"))):
+        carries = r.get("compute_pace") if reading == "compute" else host and r.get("read_gbs_around")
+        if cal or not predicted or (where, cache) not in counted or where == "GPU only" or not carries:
             continue
-        ratio = sum(r["read_gbs_around"]) / len(r["read_gbs_around"]) / read_gbs_at(host, r.get("threads") or 8)
+        ratio = r["compute_pace"] if reading == "compute" else (
+            sum(r["read_gbs_around"]) / len(r["read_gbs_around"]) / read_gbs_at(host, r.get("threads") or 8))
         label = next(label for low, high, label in DRIFT_BANDS if low <= ratio < high)
         counts[label][0] += abs(predicted - measured) / measured <= TOLERANCE
         counts[label][1] += 1
