@@ -1390,8 +1390,10 @@ def test_a_row_is_planned_with_the_cpus_own_work_at_the_compute_read_around_its_
 def test_host_bandwidth_reads_the_hosts_compute_beside_its_bandwidth(tmp_path):
     """bench/host_bandwidth.c, built as make host-profile and the GPU machine build it, prints each thread count's
     compute beside its read bandwidth, which measure_decode and make host-profile parse (compute_lines); the figure is
-    the chains' own work (not optimised away: below what 64 flops a cycle at 6 GHz would give each thread), and an
-    output without it (the tool before it read compute) parses to none."""
+    the chains' own work (not optimised away: below what 64 flops a cycle at 6 GHz would give each thread), held in
+    registers (every multiply-add of the build names registers only: chains kept in memory wait on their own stores
+    and leave the FMA units idle, which a neighbour on the core would not slow), and an output without it (the tool
+    before it read compute) parses to none."""
     import shutil
     import subprocess
 
@@ -1402,6 +1404,11 @@ def test_host_bandwidth_reads_the_hosts_compute_beside_its_bandwidth(tmp_path):
     binary = tmp_path / "host_bandwidth"
     subprocess.run([compiler, "-O2", "-march=native", "-fopenmp", str(ROOT / "bench" / "host_bandwidth.c"),
                     "-o", str(binary)], check=True)
+    assembly = tmp_path / "host_bandwidth.s"
+    subprocess.run([compiler, "-O2", "-march=native", "-fopenmp", "-S", str(ROOT / "bench" / "host_bandwidth.c"), "-o",
+                    str(assembly)], check=True)
+    fmas = [line.split(None, 1) for line in assembly.read_text().splitlines() if line.strip().startswith("vfmadd")]
+    assert len(fmas) >= 12 and all("(" not in operands for _, operands in fmas), fmas
     out = subprocess.run([str(binary), "0.25", "1", "2"], check=True, capture_output=True, text=True, timeout=120).stdout
     compute, read = measure_decode.compute_lines(out), measure_decode.bandwidth_lines(out)
     assert set(compute) == {1, 2} == set(read)

@@ -304,7 +304,7 @@ def compute_pace(r: dict, compute: Optional[dict[int, float]]) -> Optional[float
     """The compute read around a row's job over what its host read at profiling, at the job's threads (profile_compute);
     None where either is missing."""
     threads = r.get("threads") or 8
-    if not (compute and threads in compute and r.get("compute_gops_around")):
+    if not (compute and compute.get(threads) and r.get("compute_gops_around")):
         return None
     return sum(r["compute_gops_around"]) / len(r["compute_gops_around"]) / compute[threads]
 
@@ -312,7 +312,8 @@ def compute_pace(r: dict, compute: Optional[dict[int, float]]) -> Optional[float
 def at_compute(cost: dict, pace: float) -> dict:
     """A node's decode figures by threads (cpu_decode_by_threads) with the CPU's own work at this pace of its compute
     against what it read at profiling: its time per block and its attention (compute-bound on a CPU: HostCost) take
-    1/pace the time; what it reads follows the read bandwidth instead (measured_row)."""
+    1/pace the time; what it reads follows the read bandwidth instead (measured_row), as do the experts kept in RAM
+    beside a card (HOST.expert_block_us and the node's experts figure: experts_at), not paced."""
     return {t: {**c, "block_us": c["block_us"] / pace, "kv_gbs_per_thread": c["kv_gbs_per_thread"] * pace}
             for t, c in cost.items()}
 
