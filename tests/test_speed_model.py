@@ -1350,7 +1350,7 @@ def test_a_row_is_planned_with_the_cpus_own_work_at_the_compute_read_around_its_
         return predicted
 
     host, costs, _, _, _ = decode_error.node_figures(runs, lease16)
-    assert decode_error.profile_compute([scripted], scripted) == {16: 400.0}
+    assert decode_error.profile_compute(decode_error.home_run([scripted], scripted)) == {16: 400.0}
     as_profiled = planned(scripted)
     assert planned(scripted, compute_gops_around=[400.0, 400.0]) == pytest.approx(as_profiled, rel=1e-12)
     # The same row planned by hand at 60 GB/s: all of it, and its reads alone (no time per block, an empty context).

@@ -21,11 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 from common.constants import LLAMACPP_IMAGE_BUILD
 from config.types import ModelFacts, ModelServer, NodePool
 from engines.llamacpp_held import DECODE_GOAL, DECODE_TOLERANCE
-from engines.llamacpp_host import (EXPERTS_PROFILE_SHAPE, KV_DEEP_DEPTH, HostCost, expert_block_seconds, expert_share,
-                                   kv_deep_slowdown, read_gbs_at)
-from engines.llamacpp_speed import (PROFILES, card_read_gbs, is_range, predict_range_tok_s, quantized_kv_ratio,
-                                    solve_host_cost)
+from engines.llamacpp_host import EXPERTS_PROFILE_SHAPE, KV_DEEP_DEPTH, HostCost, kv_deep_slowdown, read_gbs_at
+from engines.llamacpp_speed import PROFILES, is_range, predict_range_tok_s, quantized_kv_ratio, solve_host_cost
 from config.catalog import lookup
+from lab.bench.host_readings import at_compute, compute_pace, experts_at, profile_compute
 from lab.bench.profile_rules import (cache_type, experts_figure, fold_passes, median_rows, profile_refusal,
                                      quantized_refusal)
 from lab.contract.real_shape import PRESETS, expected_weights_bytes, tensor_table
@@ -136,15 +135,6 @@ def planned_deep_rate(empty_tok_s: float, profile_tok_s: float, slowdown: float)
     """The f16 rate at twice the profiling depth as the plan gives it from the node's figures: the time per position
     at the profiling depth, times the node's slow-down (make host-profile's third depth; 1 where not stated)."""
     return 1 / (1 / empty_tok_s + 2 * slowdown * (1 / profile_tok_s - 1 / empty_tok_s))
-
-
-def experts_at(experts_us: dict, host: dict, threads: int, read_gbs: float, profile: str, bandwidth: float) -> dict:
-    """A node's experts figure restated at the read bandwidth measured around a row's job: the same share of the
-    bandwidth (what the figure means: node_expert_share, solved against the profile's own bandwidth), so the experts'
-    time follows the host's drift as its dense weights' does; the figure as given where no share comes of it."""
-    card_gbs = card_read_gbs(PROFILES[profile], "kquant", bandwidth)[0]
-    share = expert_share(experts_us, host, threads, card_gbs)
-    return {threads: expert_block_seconds(share, read_gbs, card_gbs) * 1e6} if share else experts_us
 
 
 def placement(discrete: bool, ngl, cpu_moe) -> str:
@@ -291,33 +281,6 @@ def home_run(runs: list[dict], run: dict) -> Optional[dict]:
     return next((other for other in runs if stands(other)), None) if source else None
 
 
-def profile_compute(runs: list[dict], run: dict) -> Optional[dict[int, float]]:
-    """The compute (Gop/s, bench/host_bandwidth.c) the host read by threads while make host-profile measured its figures
-    (host_compute_gops: before and after its passes, their mean), from the run its figures come from (home_run); None
-    where that run read none (make host-profile before 2026-12-06)."""
-    home = home_run(runs, run)
-    readings = (home or {}).get("host_compute_gops")
-    return {int(t): sum(v) / len(v) for t, v in readings.items() if v} if readings else None
-
-
-def compute_pace(r: dict, compute: Optional[dict[int, float]]) -> Optional[float]:
-    """The compute read around a row's job over what its host read at profiling, at the job's threads (profile_compute);
-    None where either is missing."""
-    threads = r.get("threads") or 8
-    if not (compute and compute.get(threads) and r.get("compute_gops_around")):
-        return None
-    return sum(r["compute_gops_around"]) / len(r["compute_gops_around"]) / compute[threads]
-
-
-def at_compute(cost: dict, pace: float) -> dict:
-    """A node's decode figures by threads (cpu_decode_by_threads) with the CPU's own work at this pace of its compute
-    against what it read at profiling: its time per block and its attention (compute-bound on a CPU: HostCost) take
-    1/pace the time; what it reads follows the read bandwidth instead (measured_row), as do the experts kept in RAM
-    beside a card (HOST.expert_block_us and the node's experts figure: experts_at), not paced."""
-    return {t: {**c, "block_us": c["block_us"] / pace, "kv_gbs_per_thread": c["kv_gbs_per_thread"] * pace}
-            for t, c in cost.items()}
-
-
 def rows(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[tuple]:
     return fixed_rows() + [row for _, _, row in measured_rows(measured_files)]
 
@@ -342,7 +305,7 @@ def measured_rows(measured_files: dict[str, tuple[str, str, float, bool]]):
         runs = recorded_runs(path) if Path(path).exists() else []
         for run in runs:
             host, cost, cost_rows, quantized, experts_us = node_figures(runs, run)
-            compute = profile_compute(runs, run)
+            compute = profile_compute(home_run(runs, run))
             for r in run["rows"]:
                 if r.get("n_prompt"):
                     continue  # prefill: lab/bench/prefill_error.py
