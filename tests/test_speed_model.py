@@ -1353,18 +1353,16 @@ def test_a_row_is_planned_with_the_cpus_own_work_at_the_compute_read_around_its_
     assert decode_error.profile_compute(decode_error.home_run([scripted], scripted)) == {16: 400.0}
     as_profiled = planned(scripted)
     assert planned(scripted, compute_gops_around=[400.0, 400.0]) == pytest.approx(as_profiled, rel=1e-12)
-    # The same row planned by hand at 60 GB/s: all of it, and its reads alone (no time per block, an empty context).
-    model, facts, pool = decode_error.server_and_pool("cpu", "cpu", None, False, decode_error.preset_facts("qwen3-8b"),
-                                                      "Q4_K_M", decode_error.expected_weights_bytes("qwen3-8b", "Q4_K_M")
-                                                      / decode_error.GIB, 8192, 1, threads=16, host={**host, 16: 60.0},
-                                                      cost=costs)
-    whole = 1 / predict_range_tok_s(model, facts, pool, "cpu", False, {"d": 8192})["d"][0]
-    reads_only = {16: {**costs[16], "block_us": 0.0}}
-    model, facts, pool = decode_error.server_and_pool("cpu", "cpu", None, False, decode_error.preset_facts("qwen3-8b"),
-                                                      "Q4_K_M", decode_error.expected_weights_bytes("qwen3-8b", "Q4_K_M")
-                                                      / decode_error.GIB, 8192, 1, threads=16, host={**host, 16: 60.0},
-                                                      cost=reads_only)
-    reading = 1 / predict_range_tok_s(model, facts, pool, "cpu", False, {"d": 0})["d"][0]  # empty: no attention
+    def by_hand(cost: dict, depth: int) -> float:
+        """Seconds a token of the same row as the plan gives it at 60 GB/s with these figures."""
+        model, facts, pool = decode_error.server_and_pool(
+            "cpu", "cpu", None, False, decode_error.preset_facts("qwen3-8b"), "Q4_K_M",
+            decode_error.expected_weights_bytes("qwen3-8b", "Q4_K_M") / decode_error.GIB, 8192, 1, threads=16,
+            host={**host, 16: 60.0}, cost=cost)
+        return 1 / predict_range_tok_s(model, facts, pool, "cpu", False, {"d": depth})["d"][0]
+
+    # All of it, and its reads alone (no time per block, an empty context: no attention).
+    whole, reading = by_hand(costs, 8192), by_hand({16: {**costs[16], "block_us": 0.0}}, 0)
     assert 1 / as_profiled == pytest.approx(whole, rel=1e-9) and 0 < reading < whole / 2
     halved = planned(scripted, compute_gops_around=[180.0, 220.0])
     assert 1 / halved == pytest.approx(reading + 2 * (whole - reading), rel=1e-6)
@@ -1383,7 +1381,7 @@ def test_a_row_is_planned_with_the_cpus_own_work_at_the_compute_read_around_its_
     path.write_text(json.dumps({"runs": [scripted, *grids]}))
     walked = list(decode_error.measured_rows({str(path): ("nvidia-datacenter", "cuda", 3350, True)}))
     assert [r.get("compute_pace") for r, _, _ in walked if r["shape"] == "qwen3-8b"] == [0.5, 1.0, None]
-    assert decode_error.drift_counts(walked, "compute") == [
+    assert decode_error.drift_counts(walked, decode_error.compute_drift) == [
         ("below 0.75 times", 1, 1), ("0.75-1.25 times", 1, 1), ("above 1.25 times", 0, 0)]
 
 
@@ -1401,12 +1399,10 @@ def test_host_bandwidth_reads_the_hosts_compute_beside_its_bandwidth(tmp_path):
 
     compiler = shutil.which("cc") or shutil.which("gcc")
     assert compiler, "a C compiler (make host-profile builds bench/host_bandwidth.c with cc)"
-    binary = tmp_path / "host_bandwidth"
-    subprocess.run([compiler, "-O2", "-march=native", "-fopenmp", str(ROOT / "bench" / "host_bandwidth.c"),
-                    "-o", str(binary)], check=True)
-    assembly = tmp_path / "host_bandwidth.s"
-    subprocess.run([compiler, "-O2", "-march=native", "-fopenmp", "-S", str(ROOT / "bench" / "host_bandwidth.c"), "-o",
-                    str(assembly)], check=True)
+    build = [compiler, "-O2", "-march=native", "-fopenmp", str(ROOT / "bench" / "host_bandwidth.c"), "-o"]
+    binary, assembly = tmp_path / "host_bandwidth", tmp_path / "host_bandwidth.s"
+    subprocess.run([*build, str(binary)], check=True)
+    subprocess.run([*build, str(assembly), "-S"], check=True)
     fmas = [line.split(None, 1) for line in assembly.read_text().splitlines() if line.strip().startswith("vfmadd")]
     assert len(fmas) >= 12 and all("(" not in operands for _, operands in fmas), fmas
     out = subprocess.run([str(binary), "0.25", "1", "2"], check=True, capture_output=True, text=True, timeout=120).stdout

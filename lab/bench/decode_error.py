@@ -309,13 +309,14 @@ def measured_rows(measured_files: dict[str, tuple[str, str, float, bool]]):
             for r in run["rows"]:
                 if r.get("n_prompt"):
                     continue  # prefill: lab/bench/prefill_error.py
-                pace = compute_pace(r, compute)
-                yield r | ({"compute_pace": pace} if pace else {}), host, measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows,
-                                            quantized, experts_us, compute)
+                pace = compute_pace(r, compute)  # the row marked with it: measured_row and drift_counts read it
+                r = r | ({"compute_pace": pace} if pace else {})
+                yield r, host, measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows,
+                                            quantized, experts_us)
 
 
 def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized=None,
-                 experts_us=None, compute=None) -> tuple:
+                 experts_us=None) -> tuple:
     weights = r.get("weights_bytes")
     if weights is None:
         weights = expected_weights_bytes(r["shape"], r["quant"])
@@ -329,7 +330,7 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
         if experts_us and on_card and profile in PROFILES:
             experts_us = experts_at(experts_us, host, threads, around, profile, bandwidth)
         host = {**host, threads: around}
-    pace = compute_pace(r, compute)
+    pace = r.get("compute_pace")  # measured_rows': the compute around the job over the profile's
     if cost and pace:
         # The host's compute read around this row's job (measure_decode --host-bandwidth, since 2026-12-06) against what
         # it read while its figures were measured: a shared host whose cores are taken slows the CPU's own work (its
@@ -471,7 +472,7 @@ def main(argv: list[str]) -> int:
         print("  by the host's read bandwidth around the job, against what its figures were measured at (points beside "
               "layers or experts in RAM or CPU only that carry a reading): " + "; ".join(drift))
     paced = [f"{label}: {within} of {count} within +-{TOLERANCE:.0%}"
-             for label, within, count in drift_counts([w for w in walked if out_of_sample(w[2])], "compute") if count]
+             for label, within, count in drift_counts([w for w in walked if out_of_sample(w[2])], compute_drift) if count]
     if paced:
         print("  by the host's compute around the job, against what it read while its figures were measured (points "
               "that carry both readings, since lease 18): " + "; ".join(paced))
@@ -523,21 +524,31 @@ def out_of_sample(row) -> bool:
 DRIFT_BANDS = ((0.0, 0.75, "below 0.75 times"), (0.75, 1.25, "0.75-1.25 times"), (1.25, math.inf, "above 1.25 times"))
 
 
-def drift_counts(walked, reading: str = "read") -> list[tuple[str, int, int]]:
+def read_drift(r: dict, host: Optional[dict]) -> Optional[float]:
+    """The read bandwidth around a row's job over what its host's figures give at the job's threads (read_gbs_at, the
+    plan's rule); None without a reading."""
+    if not (host and r.get("read_gbs_around")):
+        return None
+    return sum(r["read_gbs_around"]) / len(r["read_gbs_around"]) / read_gbs_at(host, r.get("threads") or 8)
+
+
+def compute_drift(r: dict, host: Optional[dict]) -> Optional[float]:
+    """The compute around a row's job over the profile's (compute_pace, marked by measured_rows); None without both."""
+    return r.get("compute_pace")
+
+
+def drift_counts(walked, drift=read_drift) -> list[tuple[str, int, int]]:
     """Of measured_rows' rows given, the points the class lines count (summary: not calibration, not held to a range)
-    whose host's side the plan restates at the reading around their job (every placement but GPU only) and that carry
-    one, by DRIFT_BANDS of that reading over what the host's figures give at the job's threads (read_gbs_at, the plan's
-    rule), or with reading "compute", of the compute read around the job over the profile's (compute_pace, where
-    measured_rows found both): (band, within TOLERANCE, how many)."""
+    whose host's side the plan restates at the readings around their job (every placement but GPU only) and that carry
+    one, by DRIFT_BANDS of the reading over the host's own (drift: read_drift, the bandwidth; compute_drift, the
+    compute): (band, within TOLERANCE, how many)."""
     counted = {(where, cache) for where, cache, _, _ in class_counts(
         [(row[7], row[9], row[3], row[4], row[5]) for _, _, row in walked], TOLERANCE)}
     counts = {label: [0, 0] for _, _, label in DRIFT_BANDS}
     for r, host, (_, _, _, measured, predicted, cal, _, where, _, cache, _) in walked:
-        carries = r.get("compute_pace") if reading == "compute" else host and r.get("read_gbs_around")
-        if cal or not predicted or (where, cache) not in counted or where == "GPU only" or not carries:
+        ratio = drift(r, host)
+        if cal or not predicted or (where, cache) not in counted or where == "GPU only" or ratio is None:
             continue
-        ratio = r["compute_pace"] if reading == "compute" else (
-            sum(r["read_gbs_around"]) / len(r["read_gbs_around"]) / read_gbs_at(host, r.get("threads") or 8))
         label = next(label for low, high, label in DRIFT_BANDS if low <= ratio < high)
         counts[label][0] += abs(predicted - measured) / measured <= TOLERANCE
         counts[label][1] += 1
