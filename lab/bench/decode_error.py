@@ -24,7 +24,7 @@ from engines.llamacpp_held import DECODE_GOAL, DECODE_TOLERANCE
 from engines.llamacpp_host import EXPERTS_PROFILE_SHAPE, KV_DEEP_DEPTH, HostCost, kv_deep_slowdown, read_gbs_at
 from engines.llamacpp_speed import PROFILES, is_range, predict_range_tok_s, quantized_kv_ratio, solve_host_cost
 from config.catalog import lookup
-from lab.bench.host_readings import at_compute, compute_pace, experts_at, profile_compute
+from lab.bench.host_readings import compute_pace, experts_at, profile_compute
 from lab.bench.profile_rules import (cache_type, experts_figure, fold_passes, median_rows, profile_refusal,
                                      quantized_refusal)
 from lab.contract.real_shape import PRESETS, expected_weights_bytes, tensor_table
@@ -330,14 +330,9 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
         if experts_us and on_card and profile in PROFILES:
             experts_us = experts_at(experts_us, host, threads, around, profile, bandwidth)
         host = {**host, threads: around}
-    pace = r.get("compute_pace")  # measured_rows': the compute around the job over the profile's
-    if cost and pace:
-        # The host's compute read around this row's job (measure_decode --host-bandwidth, since 2026-12-06) against what
-        # it read while its figures were measured: a shared host whose cores are taken slows the CPU's own work (its
-        # attention, its time per block) by what its compute shows, which its read bandwidth does not tell (lease 17's
-        # deep points, planned 16-34 % fast at the bandwidth read around them; lease 15's, as fast as planned at a low
-        # one). Frozen before a lease measured it (tests/test_speed_model.py).
-        cost = at_compute(cost, pace)
+    # The compute read around the job (compute_pace) is not planned with: restating the CPU's own work at it (5df4fcd)
+    # planned seven of lease 18's eight deep points 16-73 % fast, the probe reading 1.0-2.7 times the profile's where the
+    # attention did not follow. It stays on the row for make bench's line by compute (compute_drift).
     low, high = prediction_range(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
                                  on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
                                  threads, host, cost, cache=cache, quantized=quantized, experts_us=experts_us) or (None, None)

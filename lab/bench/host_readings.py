@@ -1,7 +1,8 @@
 """A host's side of a measured job restated at what the host read around it (make bench, lab/bench/decode_error.py):
-a shared host drifts within minutes, so each job is planned with the read bandwidth (measure_decode's
-read_gbs_around) and the compute (compute_gops_around) read before and after it, against what make host-profile read
-while it measured the node's figures. A user's plan is unchanged: a node is planned as profiled."""
+a shared host drifts within minutes, so each job is planned with the read bandwidth read before and after it
+(measure_decode's read_gbs_around) against what make host-profile read while it measured the node's figures; the
+compute read beside it (compute_gops_around) is only banded by (compute_pace: planning the CPU's own work at it failed
+on lease 18). A user's plan is unchanged: a node is planned as profiled."""
 
 from __future__ import annotations
 
@@ -35,12 +36,3 @@ def compute_pace(r: dict, compute: Optional[dict[int, float]]) -> Optional[float
     if not (compute and compute.get(threads) and r.get("compute_gops_around")):
         return None
     return sum(r["compute_gops_around"]) / len(r["compute_gops_around"]) / compute[threads]
-
-
-def at_compute(cost: dict, pace: float) -> dict:
-    """A node's decode figures by threads (cpu_decode_by_threads) with the CPU's own work at this pace of its compute
-    against what it read at profiling: its time per block and its attention (compute-bound on a CPU: HostCost) take
-    1/pace the time; what it reads follows the read bandwidth instead (measured_row), as do the experts kept in RAM
-    beside a card (HOST.expert_block_us and the node's experts figure: experts_at), not paced."""
-    return {t: {**c, "block_us": c["block_us"] / pace, "kv_gbs_per_thread": c["kv_gbs_per_thread"] * pace}
-            for t, c in cost.items()}
