@@ -1190,6 +1190,33 @@ def test_an_experts_figure_the_plan_cannot_use_stops_the_render_on_one_line(tmp_
     assert (tmp_path / "out").is_dir()
 
 
+def test_an_experts_figure_refused_for_two_servers_on_its_pool_is_said_once(tmp_path):
+    """rtx3060's pool (decode_profile nvidia, its card shared by two pods) with a hand-typed experts figure and two
+    servers on its card, one on CUDA's image and one on Vulkan's: both are planned on the pool's profile, so the share
+    and the refusal are the same, and the render stops with it said once (common/errors.Problems drops a repeat),
+    beside nothing else. Where the pool names no profile, Vulkan gets none on a discrete card (DEFAULT_PROFILE) and
+    only the CUDA server's plan reads the figure: no pool holds two refusals of one figure."""
+    import yaml
+    from conftest import stack_file_config
+    from render.output import RenderError, render_stack
+
+    mapping = stack_file_config("rtx3060")
+    pool = mapping["inference-plane:node_pools"]["rtx3060"]
+    pool.update(experts_in_ram_us_by_threads={8: 100}, memory_bandwidth_by_threads={8: 40}, gpu_shares=2,
+                decode_profile="nvidia")
+    embed = mapping["inference-plane:models"]["embed"]
+    assert embed["node_pool"] == "rtx3060" and embed["backend"] == "cpu"
+    embed.update(backend="vulkan", image=embed["image"].replace(":server-b", ":server-vulkan-b"), gpu_layers=99)
+    (tmp_path / "Pulumi.t.yaml").write_text(yaml.safe_dump({"config": mapping}))
+    with pytest.raises(RenderError) as caught:
+        render_stack("t", tmp_path / "out", project_dir=tmp_path)
+    message = str(caught.value)
+    assert message.count("node_pools.rtx3060.experts_in_ram_us_by_threads.8:") == 1 and "share of 7.42" in message
+    assert message.startswith("Pulumi.t.yaml: invalid stack config: node_pools.rtx3060.") and message.count("models.") == 0
+    assert message.count("node_pools.") == 1 and message.endswith("make host-profile EXPERTS=1")
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_experts_figure_on_a_pool_without_a_discrete_card_is_refused_at_the_boundary():
     """homelab's Iris Xe pool (unified memory: vram unset) given an experts figure: the figure measures experts moved
     from a card to system RAM, which such a node has no use for, so the config is refused with the path and fix."""
