@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
+from config.gpus import BACKEND_VENDORS
+
 from .llamacpp_host import (EXPERT_SHARE_BOUNDS, HOST, HOST_KV_GROUP, KV_PROFILE_DEPTH, HostCost, figure_shares,
                             host_cost, host_read_gbs, node_expert_share)
 from .llamacpp_memory import KV_TYPE_BYTES, layout, quant_of
@@ -331,8 +333,9 @@ def experts_figure_problems(pool: "NodePool", backend: Optional[str], path: str)
     """A pool's experts_in_ram_us_by_threads the plan cannot use (it would plan HOST.expert_share unsaid): no read
     bandwidth by threads to solve the share against, or a share outside EXPERT_SHARE_BOUNDS on this pool's card."""
     figure, where = pool.experts_in_ram_us_by_threads, f"{path}.experts_in_ram_us_by_threads"
-    if not figure:
-        return []
+    vendors = BACKEND_VENDORS.get(backend or "")
+    if not figure or (vendors and pool.gpu_resource and not pool.gpu_resource.startswith(vendors)):
+        return []  # none, or a build that does not drive this card (config/checks.py refuses it): no share to solve
     if not pool.memory_bandwidth_by_threads:
         return [(where, "the plan solves this figure against the node's read bandwidth by threads, which the pool "
                  "does not state: set memory_bandwidth_by_threads from the same make host-profile EXPERTS=1 run")]

@@ -1190,12 +1190,18 @@ def test_an_experts_figure_the_plan_cannot_use_stops_the_render_on_one_line(tmp_
     assert (tmp_path / "out").is_dir()
 
 
-def test_an_experts_figure_refused_for_two_servers_on_its_pool_is_said_once(tmp_path):
-    """rtx3060's pool (decode_profile nvidia, its card shared by two pods) with a hand-typed experts figure and two
-    servers on its card, one on CUDA's image and one on Vulkan's: both are planned on the pool's profile, so the share
-    and the refusal are the same, and the render stops with it said once (common/errors.Problems drops a repeat),
-    beside nothing else. Where the pool names no profile, Vulkan gets none on a discrete card (DEFAULT_PROFILE) and
-    only the CUDA server's plan reads the figure: no pool holds two refusals of one figure."""
+@pytest.mark.parametrize("backend, profile, said", [
+    ("vulkan", "nvidia", ""),
+    ("rocm", None, "models.embed.backend: a rocm build drives amd.com GPUs, but node pool rtx3060 offers "
+                   "nvidia.com/gpu"),
+])
+def test_an_experts_figure_refused_for_two_servers_on_its_pool_is_said_once(tmp_path, backend, profile, said):
+    """rtx3060's pool (its card shared by two pods) with a hand-typed experts figure and two servers on its card, the
+    chat on CUDA's image and the other on another's. On Vulkan's, with the pool's decode_profile nvidia, both are
+    planned on that profile: the same share, the same refusal, said once (common/errors.Problems drops a repeat; without
+    that the line comes twice). On ROCm's, a build that does not drive an NVIDIA card: refused for that, and the figure
+    refused once, at the CUDA server's share (7.42), not again at a share solved on an AMD card's profile (4.99). Either
+    way the render stops with one line and writes nothing."""
     import yaml
     from conftest import stack_file_config
     from render.output import RenderError, render_stack
@@ -1203,17 +1209,17 @@ def test_an_experts_figure_refused_for_two_servers_on_its_pool_is_said_once(tmp_
     mapping = stack_file_config("rtx3060")
     pool = mapping["inference-plane:node_pools"]["rtx3060"]
     pool.update(experts_in_ram_us_by_threads={8: 100}, memory_bandwidth_by_threads={8: 40}, gpu_shares=2,
-                decode_profile="nvidia")
+                **({"decode_profile": profile} if profile else {}))
     embed = mapping["inference-plane:models"]["embed"]
     assert embed["node_pool"] == "rtx3060" and embed["backend"] == "cpu"
-    embed.update(backend="vulkan", image=embed["image"].replace(":server-b", ":server-vulkan-b"), gpu_layers=99)
+    embed.update(backend=backend, image=embed["image"].replace(":server-b", f":server-{backend}-b"), gpu_layers=99)
     (tmp_path / "Pulumi.t.yaml").write_text(yaml.safe_dump({"config": mapping}))
     with pytest.raises(RenderError) as caught:
         render_stack("t", tmp_path / "out", project_dir=tmp_path)
     message = str(caught.value)
+    assert message.startswith(f"Pulumi.t.yaml: invalid stack config: {said or 'node_pools.rtx3060.'}")
     assert message.count("node_pools.rtx3060.experts_in_ram_us_by_threads.8:") == 1 and "share of 7.42" in message
-    assert message.startswith("Pulumi.t.yaml: invalid stack config: node_pools.rtx3060.") and message.count("models.") == 0
-    assert message.count("node_pools.") == 1 and message.endswith("make host-profile EXPERTS=1")
+    assert message.count("share of") == 1 and message.endswith("make host-profile EXPERTS=1") and "\n" not in message
     assert not (tmp_path / "out").exists()
 
 
