@@ -13,7 +13,7 @@ from common.quantity import parse_quantity
 
 from .defaults import PRIVATE_SOURCE_RANGES
 
-from .gpus import BACKEND_VENDORS, BACKENDS, image_choices
+from .gpus import BACKEND_VENDORS, BACKENDS, drives_elsewhere, image_choices
 from .images import backend_of_image, build_of_image, cpu_image
 from .ingress import SOURCE_RANGE_ANNOTATIONS, TRAEFIK_MIDDLEWARES, annotation_refusal, program_annotations
 from .credentials import one_role_each
@@ -190,11 +190,11 @@ def _backend_problems(model: ModelServer, path: str, pool: NodePool) -> list[Pro
             f"(or set backend: {named})",
         ))
     effective = model.backend_on(pool)
-    vendors = BACKEND_VENDORS.get(effective or "")
-    if vendors and pool.gpu_resource and model.gpu_layers > 0 and not pool.gpu_resource.startswith(vendors):
-        problems.append((where if backend is not None else f"{path}.image", f"a {effective} build drives "
-                         f"{vendors[0].rstrip('/')} GPUs, but node pool {model.node_pool} offers {pool.gpu_resource}; "
-                         "use the image built for that card (or vulkan, which runs on any vendor's)"))
+    if model.gpu_layers > 0 and drives_elsewhere(effective, pool.gpu_resource):
+        vendor = BACKEND_VENDORS[effective or ""][0].rstrip("/")
+        problems.append((where if backend is not None else f"{path}.image", f"a {effective} build drives {vendor} "
+                         f"GPUs, but node pool {model.node_pool} offers {pool.gpu_resource}; use the image built for "
+                         "that card (or vulkan, which runs on any vendor's)"))
     build = build_of_image(model.image)
     if build is not None and build < LLAMACPP_TESTED_BUILD:
         problems.append((f"{path}.image", f"llama.cpp b{build} is older than b{LLAMACPP_TESTED_BUILD}, the oldest build "

@@ -18,6 +18,13 @@ IMAGE_VARIANTS = {None: "cpu", "cuda": "cuda", "cuda12": "cuda", "cuda13": "cuda
 # Which device plugin's GPUs each backend can drive (Vulkan runs on any vendor's card).
 BACKEND_VENDORS = {"cuda": ("nvidia.com/",), "rocm": ("amd.com/",), "sycl": ("gpu.intel.com/",), "musa": ("mthreads.com/",)}
 
+
+def drives_elsewhere(backend: str | None, gpu_resource: str | None) -> bool:
+    """Whether a backend's build drives another vendor's cards than this device plugin's (a CUDA build on amd.com/gpu);
+    False where either is unknown or the build runs on any vendor's (Vulkan)."""
+    vendors = BACKEND_VENDORS.get(backend or "")
+    return bool(vendors and gpu_resource and not gpu_resource.startswith(vendors))
+
 # What each known device plugin can do with one GPU. ROCm's k8s-device-plugin advertises each GPU
 # exactly once (sharing is an open request upstream); Intel's plugin shares by -shared-dev-num;
 # NVIDIA's by time-slicing replicas in its config.

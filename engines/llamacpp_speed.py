@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from config.gpus import BACKEND_VENDORS
+from config.gpus import drives_elsewhere
 
 from .llamacpp_host import (EXPERT_SHARE_BOUNDS, HOST, HOST_KV_GROUP, KV_PROFILE_DEPTH, HostCost, figure_shares,
                             host_cost, host_read_gbs, node_expert_share)
@@ -333,8 +333,7 @@ def experts_figure_problems(pool: "NodePool", backend: Optional[str], path: str)
     """A pool's experts_in_ram_us_by_threads the plan cannot use (it would plan HOST.expert_share unsaid): no read
     bandwidth by threads to solve the share against, or a share outside EXPERT_SHARE_BOUNDS on this pool's card."""
     figure, where = pool.experts_in_ram_us_by_threads, f"{path}.experts_in_ram_us_by_threads"
-    vendors = BACKEND_VENDORS.get(backend or "")
-    if not figure or (vendors and pool.gpu_resource and not pool.gpu_resource.startswith(vendors)):
+    if not figure or drives_elsewhere(backend, pool.gpu_resource):
         return []  # none, or a build that does not drive this card (config/checks.py refuses it): no share to solve
     if not pool.memory_bandwidth_by_threads:
         return [(where, "the plan solves this figure against the node's read bandwidth by threads, which the pool "

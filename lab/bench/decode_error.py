@@ -309,7 +309,7 @@ def measured_rows(measured_files: dict[str, tuple[str, str, float, bool]]):
             for r in run["rows"]:
                 if r.get("n_prompt"):
                     continue  # prefill: lab/bench/prefill_error.py
-                pace = compute_pace(r, compute)  # the row marked with it: measured_row and drift_counts read it
+                pace = compute_pace(r, compute)  # the row marked with it for make bench's line by compute
                 r = r | ({"compute_pace": pace} if pace else {})
                 yield r, host, measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows,
                                             quantized, experts_us)
