@@ -494,7 +494,7 @@ RANGE = "the plan's range"
 # experts_in_ram_us_by_threads, added before lease 15 measured the first; moving code between modules; the unmeasured
 # range's slow end following the most measured, KV_DEEP_SLOWDOWN_MOST with lease 16, which moved only earlier leases'
 # ranges).
-FROZEN = ("29c4b85", ())
+FROZEN = ("29c4b85", ("H100 machine, lease 19",))
 # The freezes before, newest first: each one's commit, the hosts measured after it, the placements of those hosts' rows
 # a change since moved (29c4b85 took the compute pace out: it moved lease 18's rows beside layers in RAM and on the
 # CPU alone, not its experts rows; 5df4fcd's compute pace moved none of lease 17's rows, which carry no compute
