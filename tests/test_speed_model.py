@@ -1261,7 +1261,7 @@ def test_make_bench_sorts_the_out_of_sample_points_by_how_far_the_host_moved(tmp
     job's threads (the plan's rule: interpolated between the counts measured, proportional below the first), and is
     counted within or not as the class lines count it; a row without a reading, held to a range, or on the card alone
     (the reading plays no part in its plan) is in none."""
-    from lab.bench import decode_error
+    from lab.bench import decode_error, decode_sorting
 
     runs = decode_error.recorded_runs(str(decode_error.ROOT / "bench" / "results-speed-h100.json"))
     lease16 = next(run for run in runs if run.get("host") == "H100 machine, lease 16" and run.get("host_profile"))
@@ -1293,20 +1293,62 @@ def test_make_bench_sorts_the_out_of_sample_points_by_how_far_the_host_moved(tmp
         grid["rows"][0]["tok_s"] = planned[4] * factor
     path.write_text(json.dumps({"runs": [scripted, *grids]}))
     walked = list(decode_error.measured_rows(files))
-    assert decode_error.drift_counts(walked) == [
+    assert decode_sorting.drift_counts(walked) == [
         ("below 0.75 times", 1, 1), ("0.75-1.25 times", 3, 4), ("above 1.25 times", 0, 1)]
-    assert decode_error.drift_counts([]) == [
+    assert decode_sorting.drift_counts([]) == [
         ("below 0.75 times", 0, 0), ("0.75-1.25 times", 0, 0), ("above 1.25 times", 0, 0)]
+
+
+def test_make_bench_sorts_the_quantized_points_at_depth_by_query_heads_over_threads(tmp_path):
+    """head_counts (make bench's line under the out-of-sample classes): each point beside layers in RAM or on the CPU
+    alone with a quantized cache at a depth falls under its model's query heads and its job's threads, counted within
+    or not as the class lines count it, with the median of its signed errors; an f16 cache, an empty context, a range
+    and the card alone are in none."""
+    from lab.bench import decode_error, decode_sorting
+
+    runs = decode_error.recorded_runs(str(decode_error.ROOT / "bench" / "results-speed-h100.json"))
+    lease16 = next(run for run in runs if run.get("host") == "H100 machine, lease 16" and run.get("host_profile"))
+    scripted = {**lease16, "host": "scripted host"}  # its q8_0 ratio stood, its q4_0 ratio was refused
+    row = {"device": "NVIDIA H100 80GB HBM3", "shape": "llama-3.1-8b", "quant": "Q4_K_M", "routing": "zero",
+           "n_prompt": 0, "n_gen": 32, "depth": 8192, "tok_s": 10.0, "threads": 16, "ngl": 24, "type_k": "q8_0",
+           "type_v": "q8_0"}
+    jobs = [  # (the row's changes, planned over measured)
+        ({}, 1.0),  # Llama-3.1-8B, 32 heads, 24 layers on the card: within
+        ({"ngl": 0}, 0.8),  # on the CPU alone, planned 20 % slow: not within
+        ({"threads": 8}, 1.1),  # 32 heads on 8 threads: a group of its own
+        ({"shape": "qwen3-14b"}, 1.05),  # 40 heads
+        ({"shape": "llama-3.2-3b", "ngl": 16}, 0.95),  # 24 heads
+        ({"type_k": "f16", "type_v": "f16"}, 0.5),  # f16: in none
+        ({"depth": 0}, 0.5),  # an empty context: in none
+        ({"type_k": "q4_0", "type_v": "q4_0"}, 0.5),  # the q4_0 ratio refused: a range, in none
+        ({"ngl": 99}, 0.5),  # every layer on the card: in none
+    ]
+    grids = [{"host": "scripted host", "host_cost_from": lease16["host_cost_from"], "rows": [{**row, **changes}]}
+             for changes, _ in jobs]
+    path = tmp_path / "heads.json"
+    path.write_text(json.dumps({"runs": [scripted, *grids]}))
+    files = {str(path): ("nvidia-datacenter", "cuda", 3350, True)}
+    table = [row for _, _, row in decode_error.measured_rows(files)][-len(jobs):]
+    assert [row[5] or None for row in table] == [None] * 7 + [decode_error.RANGE, None] and all(row[4] for row in table)
+    for grid, planned, (_, factor) in zip(grids, table, jobs):
+        grid["rows"][0]["tok_s"] = planned[4] / factor
+    path.write_text(json.dumps({"runs": [scripted, *grids]}))
+    counts = decode_sorting.head_counts(list(decode_error.measured_rows(files)))
+    assert [(h, t, within, count) for h, t, within, count, _ in counts] == [
+        (24, 16, 1, 1), (32, 8, 1, 1), (32, 16, 1, 2), (40, 16, 1, 1)]
+    medians = [median for *_, median in counts]
+    assert medians == pytest.approx([-0.05, 0.1, (0.0 - 0.2) / 2, 0.05], abs=1e-9)
+    assert decode_sorting.head_counts([]) == []
 
 
 def test_the_held_table_is_make_benchs_out_of_sample_count():
     """engines/llamacpp_held.DECODE_HELD is make bench's out-of-sample lines (decode_error.out_of_sample: FROZEN's hosts
     and CARRIED's unmoved rows), class by class: every class make bench counts there, and no other."""
     from engines.llamacpp_held import DECODE_GOAL, DECODE_HELD, DECODE_TOLERANCE
-    from lab.bench import decode_error
+    from lab.bench import decode_error, decode_sorting
 
     table = [row for row in decode_error.rows(decode_error.MEASURED) if decode_error.out_of_sample(row)]
-    counted = {(where, cache): (within, count) for where, cache, within, count in decode_error.class_counts(
+    counted = {(where, cache): (within, count) for where, cache, within, count in decode_sorting.class_counts(
         [(row[7], row[9], row[3], row[4], row[5]) for row in table], decode_error.TOLERANCE)}
     assert DECODE_HELD == counted and DECODE_TOLERANCE == decode_error.TOLERANCE and DECODE_GOAL == 0.9
     # The summary names a server's class as make bench names its rows': the plan's layout of each out-of-sample row
@@ -1373,7 +1415,7 @@ def test_a_row_is_planned_at_the_bandwidth_around_its_job_whatever_the_compute_a
     bench plans a row with the node's figures and the bandwidth read around the job (by hand here, through the plan's
     own function), at half, the same or twice the profile's compute alike; the rows still carry their pace
     (measured_rows), and make bench's line by compute bands them."""
-    from lab.bench import decode_error
+    from lab.bench import decode_error, decode_sorting
 
     runs = decode_error.recorded_runs(str(decode_error.ROOT / "bench" / "results-speed-h100.json"))
     lease16 = next(run for run in runs if run.get("host") == "H100 machine, lease 16" and run.get("host_profile"))
@@ -1411,7 +1453,7 @@ def test_a_row_is_planned_at_the_bandwidth_around_its_job_whatever_the_compute_a
     path.write_text(json.dumps({"runs": [scripted, *grids]}))
     walked = list(decode_error.measured_rows({str(path): ("nvidia-datacenter", "cuda", 3350, True)}))
     assert [r.get("compute_pace") for r, _, _ in walked if r["shape"] == "qwen3-8b"] == [0.5, 1.0, None]
-    assert decode_error.drift_counts(walked, decode_error.compute_drift) == [
+    assert decode_sorting.drift_counts(walked, decode_sorting.compute_drift) == [
         ("below 0.75 times", 1, 1), ("0.75-1.25 times", 1, 1), ("above 1.25 times", 0, 0)]
 
 

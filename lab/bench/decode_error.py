@@ -20,10 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from common.constants import LLAMACPP_IMAGE_BUILD
 from config.types import ModelFacts, ModelServer, NodePool
-from engines.llamacpp_held import DECODE_GOAL, DECODE_TOLERANCE
-from engines.llamacpp_host import EXPERTS_PROFILE_SHAPE, KV_DEEP_DEPTH, HostCost, kv_deep_slowdown, read_gbs_at
+from engines.llamacpp_held import DECODE_GOAL
+from engines.llamacpp_host import EXPERTS_PROFILE_SHAPE, KV_DEEP_DEPTH, HostCost, kv_deep_slowdown
 from engines.llamacpp_speed import PROFILES, is_range, predict_range_tok_s, quantized_kv_ratio, solve_host_cost
 from config.catalog import lookup
+from lab.bench.decode_sorting import TOLERANCE, class_counts, compute_drift, drift_counts, head_counts
 from lab.bench.host_readings import compute_pace, experts_at, profile_compute
 from lab.bench.profile_rules import (cache_type, experts_figure, fold_passes, median_rows, profile_refusal,
                                      quantized_refusal)
@@ -472,6 +473,11 @@ def main(argv: list[str]) -> int:
     if paced:
         print("  by the host's compute around the job, against what it read while its figures were measured (points "
               "that carry both readings, since lease 18): " + "; ".join(paced))
+    heads = [f"{h} heads on {t} threads: {within} of {count} within +-{TOLERANCE:.0%}, median {median:+.0%}"
+             for h, t, within, count, median in head_counts([w for w in walked if out_of_sample(w[2])])]
+    if heads:
+        print("  by query heads over threads, a quantized cache at depth beside layers in RAM or on the CPU alone (the "
+              "kernel's one head to a thread; median of predicted over measured, less 1): " + "; ".join(heads))
     print("every recorded measurement (each lease against the model as it is now):")
     print_classes(table, "decode ")
     return 0
@@ -484,7 +490,6 @@ def print_classes(table, lead: str) -> None:
               f"goal {DECODE_GOAL:.0%})")
 
 
-TOLERANCE = DECODE_TOLERANCE  # the goal's, one figure with the summary's (engines/llamacpp_held.py)
 RANGE = "the plan's range"
 # The commit the decode model (engines/llamacpp_speed.py, llamacpp_host.py; make host-profile's rules: profile_rules.py)
 # was last frozen at, and the hosts measured after it: their rows are the out-of-sample figure. A change to the model
@@ -518,56 +523,6 @@ def out_of_sample(row) -> bool:
     return device.endswith(FROZEN[1]) or any(
         device.endswith(carried) and not any(device.endswith(host) and where == place for host, place in moved)
         for _, carried, moved, _ in CARRIED)
-
-
-# How far the read bandwidth around a job (measure_decode --host-bandwidth) lay from the one the host's figures were
-# measured at: a shared host that moved that far is not the node its figures describe (lease 16 read 31-48 GB/s
-# around most of its grid against its profile's 88), which make bench shows beside the out-of-sample lines, counting
-# none apart.
-DRIFT_BANDS = ((0.0, 0.75, "below 0.75 times"), (0.75, 1.25, "0.75-1.25 times"), (1.25, math.inf, "above 1.25 times"))
-
-
-def read_drift(r: dict, host: Optional[dict]) -> Optional[float]:
-    """The read bandwidth around a row's job over what its host's figures give at the job's threads (read_gbs_at, the
-    plan's rule); None without a reading."""
-    if not (host and r.get("read_gbs_around")):
-        return None
-    return sum(r["read_gbs_around"]) / len(r["read_gbs_around"]) / read_gbs_at(host, r.get("threads") or 8)
-
-
-def compute_drift(r: dict, host: Optional[dict]) -> Optional[float]:
-    """The compute around a row's job over the profile's (compute_pace, marked by measured_rows); None without both."""
-    return r.get("compute_pace")
-
-
-def drift_counts(walked, drift=read_drift) -> list[tuple[str, int, int]]:
-    """Of measured_rows' rows given, the points the class lines count (summary: not calibration, not held to a range)
-    whose host's side the plan restates at the readings around their job (every placement but GPU only) and that carry
-    one, by DRIFT_BANDS of the reading over the host's own (drift: read_drift, the bandwidth; compute_drift, the
-    compute): (band, within TOLERANCE, how many)."""
-    counted = {(where, cache) for where, cache, _, _ in class_counts(
-        [(row[7], row[9], row[3], row[4], row[5]) for _, _, row in walked], TOLERANCE)}
-    counts = {label: [0, 0] for _, _, label in DRIFT_BANDS}
-    for r, host, (_, _, _, measured, predicted, cal, _, where, _, cache, _) in walked:
-        ratio = drift(r, host)
-        if cal or not predicted or (where, cache) not in counted or where == "GPU only" or ratio is None:
-            continue
-        label = next(label for low, high, label in DRIFT_BANDS if low <= ratio < high)
-        counts[label][0] += abs(predicted - measured) / measured <= TOLERANCE
-        counts[label][1] += 1
-    return [(label, *counts[label]) for _, _, label in DRIFT_BANDS]
-
-
-def class_counts(points, tolerance: float) -> list[tuple[str, str, int, int]]:
-    """(placement, KV cache, within tolerance, how many) for each class that has counted points, the quantized caches
-    first; points: (placement, cache, measured, predicted, calibration mark), a marked point left out."""
-    out = []
-    for cache in ("q4_0", "q8_0", "f16"):
-        for where in ("GPU only", "experts in RAM", "partial offload", "CPU only"):
-            errors = [abs(p - m) / m for w, c, m, p, cal in points if (w, c) == (where, cache) and p and not cal]
-            if errors:
-                out.append((where, cache, sum(e <= tolerance for e in errors), len(errors)))
-    return out
 
 
 def summary(table) -> list[tuple[str, int, int]]:

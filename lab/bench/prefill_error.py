@@ -13,7 +13,8 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from lab.bench.decode_error import GIB, class_counts, preset_facts, recorded_runs, server_and_pool
+from lab.bench.decode_error import GIB, preset_facts, recorded_runs, server_and_pool
+from lab.bench.decode_sorting import class_counts
 from engines.llamacpp_prefill import prompt_seconds
 
 TOLERANCE = 0.25
