@@ -463,18 +463,19 @@ def main(argv: list[str]) -> int:
     print(f"decode measured after the model was last frozen (commit {commit}; {', '.join(hosts) or 'no host since'}), "
           f"and after it was frozen before where no change since moved the prediction ({before}), out of sample:")
     print_classes([row for row in table if out_of_sample(row)], "  ")
+    walked_out = [w for w in walked if out_of_sample(w[2])]  # the out-of-sample points, for the lines below
     drift = [f"{label}: {within} of {count} within +-{TOLERANCE:.0%}"
-             for label, within, count in drift_counts([w for w in walked if out_of_sample(w[2])]) if count]
+             for label, within, count in drift_counts(walked_out) if count]
     if drift:
         print("  by the host's read bandwidth around the job, against what its figures were measured at (points beside "
               "layers or experts in RAM or CPU only that carry a reading): " + "; ".join(drift))
     paced = [f"{label}: {within} of {count} within +-{TOLERANCE:.0%}"
-             for label, within, count in drift_counts([w for w in walked if out_of_sample(w[2])], compute_drift) if count]
+             for label, within, count in drift_counts(walked_out, compute_drift) if count]
     if paced:
         print("  by the host's compute around the job, against what it read while its figures were measured (points "
               "that carry both readings, since lease 18): " + "; ".join(paced))
     heads = [f"{h} heads on {t} threads: {within} of {count} within +-{TOLERANCE:.0%}, median {median:+.0%}"
-             for h, t, within, count, median in head_counts([w for w in walked if out_of_sample(w[2])])]
+             for h, t, within, count, median in head_counts(walked_out)]
     if heads:
         print("  by query heads over threads, a quantized cache at depth beside layers in RAM or on the CPU alone (the "
               "kernel's one head to a thread; median of predicted over measured, less 1): " + "; ".join(heads))
