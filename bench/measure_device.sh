@@ -20,7 +20,7 @@ T0=$(date +%s)
 MODE=${1:-vram}
 cd "$(dirname "$0")/.."
 echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
-nproc; free -g | head -2; python3 --version; uname -r; hostname; lscpu | grep -E "Model name|^CPU\(s\)|NUMA node\(s\)|Stepping|L3 cache"
+nproc; free -g | head -2; python3 --version; uname -r; hostname; lscpu | grep -E "Model name|^CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)|Stepping|L3 cache"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .soak/gguf-*.whl \
   $(ls .soak/py312/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1

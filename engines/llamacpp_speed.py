@@ -18,7 +18,6 @@ recomputed by `make bench` (lab/bench/decode_error.py).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
@@ -71,6 +70,15 @@ H200_QUANTIZED_KV = {"q8_0": (12.0, 0.75), "q4_0": (12.5, 0.92)}
 # this ratio at the slow end, f16's time at the fast end (QUANTIZED_KV_CPU says so in the plan). Stated at 4096; make
 # host-profile's form at 8192 gave 1.82 and 2.3 on the same machine (2026-12-06): the slow end stays the larger.
 CPU_QUANTIZED_KV = {"q8_0": 2.37, "q4_0": 2.60}
+# A served model of more query heads than make host-profile's probe (Qwen3-1.7B, PROBE_QUERY_HEADS) pays 1.2 times
+# the probe's quantized-cache ratio on a CPU, whatever its heads over the threads: fitted to leases 13-19's 150
+# quantized points at depth beside layers in RAM and on the CPU alone (24, 32 and 40 heads on 16 threads; median error
+# near 0 for each head count). Charging the kernel's last partly idle round of heads instead (40 on 16 as 3 heads'
+# time, 24 as 2; frozen in 3c91f6f) left 32-head models 12 % fast at the median and 24- and 40-head ones near 0: the
+# kernel hands heads out one at a time to whichever thread is free (ggml_threadpool_chunk_add), and rounds did not
+# show. An empirical factor, not a mechanism; frozen before lease 20, which measures it out of sample.
+CPU_QUANTIZED_KV_SHAPES = 1.2
+PROBE_QUERY_HEADS = 16  # lab/bench/host_profile.py's SHAPE (tests/test_speed_model.py holds the two together)
 
 PROFILES: dict[str, DecodeProfile] = {
     # Published llama-bench runs (tg512, CUDA, build 2824, XiongjieDai/GPU-Benchmarks-on-LLM-Inference
@@ -363,32 +371,26 @@ def query_heads(facts: "ModelFacts") -> int:
     return facts.attention_heads or facts.kv_heads * HOST_KV_GROUP
 
 
-def head_rounds(heads: int, threads: int) -> float:
-    """How much longer a quantized cache's attention takes on a CPU than the same work spread evenly over the
-    threads. One generated token's flash attention on a CPU (ggml-cpu ops.cpp, ggml_compute_forward_flash_attn_ext_f16)
-    splits an f16 or f32 cache's positions over every thread (the split-KV path, 512 positions or more); a
-    quantized cache takes the other path, one query head to a thread at a time: 40 heads on 16 threads take three
-    heads' time, not 2.5; 16 heads on 32 threads leave 16 threads idle."""
-    threads = max(1, threads)
-    return math.ceil(heads / threads) * threads / heads
+def shapes_factor(facts: "ModelFacts") -> float:
+    """CPU_QUANTIZED_KV_SHAPES for a model of more query heads than make host-profile's probe; 1 for one of as few."""
+    return CPU_QUANTIZED_KV_SHAPES if query_heads(facts) > PROBE_QUERY_HEADS else 1.0
 
 
 def cpu_kv_scale(model: "ModelServer", facts: "ModelFacts", pool: "NodePool") -> tuple[float, float]:
     """What a CPU's part of the cache costs per byte against f16's, (slow end, fast end): a quantized cache's time
-    is the node's measured multiple of an f16 cache's of the same shape at both ends (cpu_quantized_kv, `make
-    host-profile`); not measured, CPU_QUANTIZED_KV's at the slow end (a type not measured: the slowest measured)
-    and f16's time at the fast end; all over its own bytes, and times the server's head_rounds (the kernel's split
-    of a quantized cache's heads over the threads, at both ends)."""
+    is the node's measured multiple of an f16 cache's on make host-profile's probe (cpu_quantized_kv) times the
+    model's shapes_factor at both ends; not measured, CPU_QUANTIZED_KV's (a type not measured: the slowest measured)
+    times shapes_factor at the slow end and f16's time at the fast end; all over its own bytes."""
     kind = quantized_kv_type(model)
     if kind is None:
         return 1.0, 1.0
+    factor = shapes_factor(facts)
     per_byte = 2 * KV_TYPE_BYTES["f16"] / (KV_TYPE_BYTES[model.cache_type_k or "f16"] + KV_TYPE_BYTES[model.cache_type_v or "f16"])
-    rounds = head_rounds(query_heads(facts), model.threads)
     # host-profile measures K and V of one type: a mixed pair keeps the range.
     measured = (pool.cpu_quantized_kv or {}).get(kind) if model.cache_type_k == model.cache_type_v else None
     if measured is not None:
-        return measured * per_byte * rounds, measured * per_byte * rounds
-    return cpu_quantized_ratio(kind) * per_byte * rounds, per_byte * rounds
+        return (measured * factor * per_byte,) * 2
+    return cpu_quantized_ratio(kind) * factor * per_byte, per_byte
 
 
 def quantized_kv_type(model: "ModelServer") -> Optional[str]:
@@ -501,8 +503,7 @@ def solve_host_cost(model: "ModelServer", facts: "ModelFacts", pool: "NodePool",
     return HostCost(block_us=block_us, kv_gbs=terms.cpu_kv_work(depth) / ((deep_s - empty_s) * terms.threads) / 1e9)
 
 
-def quantized_kv_ratio(f16: tuple[float, float], quantized: tuple[float, float], heads: int, threads: int) -> float:
+def quantized_kv_ratio(f16: tuple[float, float], quantized: tuple[float, float]) -> float:
     """A node's cpu_quantized_kv for one cache type: its slow-down from an empty context to a depth against the
-    f16 cache's, from (empty, deep) tokens/s of each (make host-profile's runs of a shape with this many query
-    heads at this many threads), without that run's head_rounds (cpu_kv_scale applies the server's own)."""
-    return (1 / quantized[1] - 1 / quantized[0]) / (1 / f16[1] - 1 / f16[0]) / head_rounds(heads, threads)
+    f16 cache's, from (empty, deep) tokens/s of each (make host-profile's runs of one shape at one thread count)."""
+    return (1 / quantized[1] - 1 / quantized[0]) / (1 / f16[1] - 1 / f16[0])

@@ -246,7 +246,7 @@ def node_figures(runs: list[dict], run: dict) -> tuple[Optional[dict], Optional[
             continue
         f16 = rates[(most, source["depth"])] if at == source["depth"] else planned_deep_rate(
             rates[(most, 0)], rates[(most, source["depth"])], slowdown)
-        ratio = quantized_kv_ratio((rates[(most, 0)], f16), (deep[0], deep[at]), PRESETS[source["shape"]].n_head, most)
+        ratio = quantized_kv_ratio((rates[(most, 0)], f16), (deep[0], deep[at]))
         if quantized_refusal(kind, rates[(most, 0)], mine[0], mine[at], ratio) is not None:
             continue  # the tool states no ratio for this cache (the host moved between or during the runs)
         quantized[kind] = round(ratio, 2)
@@ -458,8 +458,9 @@ def main(argv: list[str]) -> int:
         print("decode where the plan prints a range (a host's figures, or a card's K-quant read at its bandwidth, not "
               f"measured): {within} of {count} measurements within it ({within / count:.0%}; goal {DECODE_GOAL:.0%})")
     commit, hosts = FROZEN
-    before = "; ".join(f"commit {c}: {', '.join(h)}" + (f", all but {', '.join(f'{w} of {o}' for o, w in m)}" if m else "")
-                       for c, h, m, _ in CARRIED)
+    def but(moved):
+        return ", all but " + ", ".join(f"{w} of {o}" + (f" ({rest[0]})" if rest else "") for o, w, *rest in moved)
+    before = "; ".join(f"commit {c}: {', '.join(h)}" + (but(m) if m else "") for c, h, m, _ in CARRIED)
     print(f"decode measured after the model was last frozen (commit {commit}; {', '.join(hosts) or 'no host since'}), "
           f"and after it was frozen before where no change since moved the prediction ({before}), out of sample:")
     print_classes([row for row in table if out_of_sample(row)], "  ")
@@ -500,30 +501,47 @@ RANGE = "the plan's range"
 # experts_in_ram_us_by_threads, added before lease 15 measured the first; moving code between modules; the unmeasured
 # range's slow end following the most measured, KV_DEEP_SLOWDOWN_MOST with lease 16, which moved only earlier leases'
 # ranges).
-FROZEN = ("29c4b85", ("H100 machine, lease 19",))
-# The freezes before, newest first: each one's commit, the hosts measured after it, the placements of those hosts' rows
-# a change since moved (29c4b85 took the compute pace out: it moved lease 18's rows beside layers in RAM and on the
-# CPU alone, not its experts rows; 5df4fcd's compute pace moved none of lease 17's rows, which carry no compute
-# reading; a3c9d1b paired the experts step's passes: it moved only the experts rows of hosts with an experts figure,
-# leases 15 and 16), and the commit whose docs table printed their predictions before that change
-# (tests/test_speed_model.py holds every unmoved row to it). Their other rows were predicted before they were seen, by
-# the model as it still is for them: out of sample still.
+FROZEN = ("NEWFREEZE", ())
+# The freezes before, newest first: each one's commit, the hosts measured after it, the rows of those hosts a change
+# since moved ((host, placement): all of that placement's; (host, placement, AT_DEPTH): its quantized caches at a
+# depth only), and the commit whose docs table printed their predictions before that change (tests/test_speed_model.py
+# holds every unmoved row to it). Their other rows were predicted before they were seen, by the model as it still is
+# for them: out of sample still. The changes: CPU_QUANTIZED_KV_SHAPES, with head_rounds out (NEWFREEZE), moved the
+# quantized caches at depth beside layers in RAM and on the CPU alone of leases 14-17 and 19; 29c4b85 took the
+# compute pace out: it moved lease 18's rows beside layers in RAM and on the CPU alone, not its experts rows; 5df4fcd's
+# compute pace moved none of lease 17's rows, which carry no compute reading; a3c9d1b paired the experts step's
+# passes: it moved only the experts rows of hosts with an experts figure, leases 15 and 16.
+AT_DEPTH = "quantized cache at depth, but of 40 query heads"
+# 40 query heads on 16 threads: head_rounds charged them 1.2, as CPU_QUANTIZED_KV_SHAPES does; their rows did not move.
+UNMOVED_HEADS = 40
 CARRIED = (
+    ("29c4b85", ("H100 machine, lease 19",),
+     (("H100 machine, lease 19", "partial offload", AT_DEPTH), ("H100 machine, lease 19", "CPU only", AT_DEPTH)),
+     "8770137"),
     ("5df4fcd", ("H200 machine, lease 18",),
      (("H200 machine, lease 18", "partial offload"), ("H200 machine, lease 18", "CPU only")), "5793314"),
-    ("a3c9d1b", ("H100 machine, lease 17",), (), "88e4cbd"),
+    ("a3c9d1b", ("H100 machine, lease 17",),
+     (("H100 machine, lease 17", "partial offload", AT_DEPTH), ("H100 machine, lease 17", "CPU only", AT_DEPTH)),
+     "88e4cbd"),
     ("a0782b9", ("H100 machine, lease 14", "H100 machine, lease 15", "H100 machine, lease 16"),
-     (("H100 machine, lease 15", "experts in RAM"), ("H100 machine, lease 16", "experts in RAM")), "203242d"),
+     (("H100 machine, lease 15", "experts in RAM"), ("H100 machine, lease 16", "experts in RAM"),
+      *((f"H100 machine, lease {n}", place, AT_DEPTH) for n in (14, 15, 16) for place in ("partial offload", "CPU only"))),
+     "203242d"),
 )
+
+
+def moved_by(row, moved) -> bool:
+    """Whether a change since its host's freeze moved this row of the table (rows): one of CARRIED's moved entries."""
+    device, depth, where, cache = row[0], row[2], row[7], row[9]
+    at_depth = cache != "f16" and depth > 0 and PRESETS[row[1].split()[0]].n_head != UNMOVED_HEADS
+    return any(device.endswith(host) and where == place and (not rest or at_depth) for host, place, *rest in moved)
 
 
 def out_of_sample(row) -> bool:
     """Whether a row of the table (rows) is counted out of sample: a host measured after the last freeze (FROZEN), or
     one measured after a freeze before whose prediction no change since moved (CARRIED)."""
-    device, where = row[0], row[7]
-    return device.endswith(FROZEN[1]) or any(
-        device.endswith(carried) and not any(device.endswith(host) and where == place for host, place in moved)
-        for _, carried, moved, _ in CARRIED)
+    return row[0].endswith(FROZEN[1]) or any(row[0].endswith(carried) and not moved_by(row, moved)
+                                             for _, carried, moved, _ in CARRIED)
 
 
 def summary(table) -> list[tuple[str, int, int]]:

@@ -244,7 +244,7 @@ def main(argv: list[str]) -> int:
     for kind in kv_types:
         mine = {r["depth"]: r for r in rows if cache_type(r) == kind}
         deep = {d: r["tok_s"] for d, r in mine.items()}
-        ratio = quantized_kv_ratio((rates[(most, 0)], f16_deep), (deep[0], deep[2 * args.depth]), PRESETS[SHAPE].n_head, most)
+        ratio = quantized_kv_ratio((rates[(most, 0)], f16_deep), (deep[0], deep[2 * args.depth]))
         why = quantized_refusal(kind, rates[(most, 0)], mine[0], mine[2 * args.depth], ratio)
         if why:
             # The f16 figures above stand; only this cache's line is left out.
