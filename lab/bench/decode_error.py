@@ -501,12 +501,12 @@ RANGE = "the plan's range"
 # experts_in_ram_us_by_threads, added before lease 15 measured the first; moving code between modules; the unmeasured
 # range's slow end following the most measured, KV_DEEP_SLOWDOWN_MOST with lease 16, which moved only earlier leases'
 # ranges).
-FROZEN = ("NEWFREEZE", ())
+FROZEN = ("3762243", ())
 # The freezes before, newest first: each one's commit, the hosts measured after it, the rows of those hosts a change
 # since moved ((host, placement): all of that placement's; (host, placement, AT_DEPTH): its quantized caches at a
 # depth only), and the commit whose docs table printed their predictions before that change (tests/test_speed_model.py
 # holds every unmoved row to it). Their other rows were predicted before they were seen, by the model as it still is
-# for them: out of sample still. The changes: CPU_QUANTIZED_KV_SHAPES, with head_rounds out (NEWFREEZE), moved the
+# for them: out of sample still. The changes: CPU_QUANTIZED_KV_SHAPES, with head_rounds out (3762243), moved the
 # quantized caches at depth beside layers in RAM and on the CPU alone of leases 14-17 and 19; 29c4b85 took the
 # compute pace out: it moved lease 18's rows beside layers in RAM and on the CPU alone, not its experts rows; 5df4fcd's
 # compute pace moved none of lease 17's rows, which carry no compute reading; a3c9d1b paired the experts step's
