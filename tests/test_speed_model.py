@@ -833,6 +833,45 @@ def test_the_carried_hosts_rows_are_predicted_as_before_the_last_freeze():
     assert everywhere > 100
 
 
+def test_every_jobs_file_a_lease_runs_passes_measure_decodes_check_and_a_bad_one_spends_no_device_time(
+        tmp_path, capsys, monkeypatch):
+    """bench/measure_device.sh checks its jobs file (measure_decode --check) before llama.cpp's build: each grid in
+    bench/ passes; one naming a shape real_shape.py does not write, a cache type llama-bench has not, or a depth that
+    is not a number is refused with a line per problem naming the file and the job, exit 2, and llama-bench is never
+    started nor the results file written (a stand-in that would leave a mark)."""
+    from lab.bench import measure_decode
+
+    grids = [path for path in sorted((ROOT / "bench").glob("jobs-*.json")) if "rpc" not in path.name]
+    assert len(grids) > 40
+    for path in grids:
+        assert measure_decode.job_problems(json.loads(path.read_text())) == [], path.name
+        assert measure_decode.main(["--check", "--jobs", str(path), "--out", str(tmp_path / "unused")]) == 0
+    mark, stand_in = tmp_path / "started", tmp_path / "llama-bench"
+    stand_in.write_text(f"#!/bin/sh\ntouch {mark}\necho '[]'\n")
+    stand_in.chmod(0o755)
+    bad = tmp_path / "jobs-bad.json"
+    bad.write_text(json.dumps([
+        {"shape": "qwen3-8b", "quant": "Q4_K_M", "args": ["-ngl", "99", "-ctk", "q8_0", "-d", "0,8192"]},
+        {"shape": "qwen3-9b", "quant": "Q4_K_M", "args": ["-ctk", "q9_0", "-d", "0,8k"]},
+        {"shape": "qwen3-8b", "quant": "Q4_K_M", "args": ["-ngl"]}]))
+    out = tmp_path / "speed.json"
+    for check in ([], ["--check"]):
+        assert measure_decode.main([*check, "--jobs", str(bad), "--out", str(out), "--llama-bench", str(stand_in)]) == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 4 and all(line.startswith(f"measure_decode: {bad}: job ") for line in lines)
+        assert "job 1: shape 'qwen3-9b'" in lines[0] and "job 1: -ctk q9_0" in lines[1] and "job 1: -d 0,8k" in lines[2]
+        assert "job 2: args" in lines[3]
+        assert not mark.exists() and not out.exists()
+    # The good job alone runs: the stand-in is started (no model file written: the stand-in reads none).
+    def no_model(shape, path, quant, **kw):
+        path.write_bytes(b"")
+        return path
+    monkeypatch.setattr(measure_decode, "write_real_shape", no_model)
+    bad.write_text(json.dumps([json.loads(bad.read_text())[0]]))
+    assert measure_decode.main(["--jobs", str(bad), "--out", str(out), "--llama-bench", str(stand_in)]) == 0
+    assert mark.exists() and json.loads(out.read_text()) == []
+
+
 def test_measure_decode_reads_the_host_bandwidth_around_each_job(tmp_path, monkeypatch):
     """measure_decode --host-bandwidth (scripted here: llama-bench and bench/host_bandwidth.c stand-ins) reads the
     bandwidth and the compute at the job's threads before and after it and writes both on each of its rows; a reading that fails

@@ -85,6 +85,49 @@ def read_now(host_bandwidth: Optional[str], threads: list[int]) -> tuple[dict[in
     return bandwidth_lines(out.stdout), compute_lines(out.stdout)
 
 
+# What a job may hold, and the llama-bench arguments the grids use (each takes one value, a comma list allowed).
+JOB_KEYS = {"shape", "quant", "routing", "repetitions", "args"}
+JOB_FLAGS = {"-ngl", "-ncmoe", "-t", "-fa", "-ctk", "-ctv", "-p", "-n", "-d", "-ub", "-b"}
+CACHE_TYPES = {"f16", "bf16", "f32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
+
+
+def job_problems(jobs) -> list[str]:
+    """Why a jobs file would fail on the device machine, one line each, before any of its device time is spent: not a
+    list of jobs, a key or llama-bench argument the grids do not use, a shape real_shape.py does not write, a flag
+    without its value, a value that is not a comma list of integers (or of cache types for -ctk/-ctv)."""
+    if not isinstance(jobs, list) or not jobs:
+        return ["a non-empty JSON list of jobs"]
+    problems = []
+    for number, job in enumerate(jobs):
+        where = f"job {number}"
+        if not isinstance(job, dict):
+            problems.append(f"{where}: an object with shape, quant and args")
+            continue
+        if set(job) - JOB_KEYS or not {"shape", "quant", "args"} <= set(job):
+            problems.append(f"{where}: keys {sorted(job)}; shape, quant and args, with routing and repetitions optional")
+            continue
+        if job["shape"] not in PRESETS:
+            problems.append(f"{where}: shape {job['shape']!r} is not one real_shape.py writes ({', '.join(PRESETS)})")
+        if job.get("routing", "zero") not in ("zero", "token"):
+            problems.append(f"{where}: routing {job['routing']!r}; zero or token")
+        if not isinstance(job.get("repetitions", 2), int) or job.get("repetitions", 2) < 1:
+            problems.append(f"{where}: repetitions {job['repetitions']!r}; a whole number of 1 or more")
+        args = job["args"]
+        if not isinstance(args, list) or len(args) % 2 or not all(isinstance(a, str) for a in args):
+            problems.append(f"{where}: args {args!r}; flag and value pairs, as strings")
+            continue
+        for flag, value in zip(args[::2], args[1::2]):
+            items = value.split(",")
+            if flag not in JOB_FLAGS:
+                problems.append(f"{where}: {flag} is not an argument the grids use ({', '.join(sorted(JOB_FLAGS))})")
+            elif flag in ("-ctk", "-ctv"):
+                if not set(items) <= CACHE_TYPES:
+                    problems.append(f"{where}: {flag} {value}; one of {', '.join(sorted(CACHE_TYPES))}")
+            elif not all(re.fullmatch(r"\d+", item) for item in items):
+                problems.append(f"{where}: {flag} {value}; whole numbers, comma-separated")
+    return problems
+
+
 def run_jobs(binary: str, jobs: list[dict], device: str, deadline: float, out_path: Path,
              host_bandwidth: Optional[str] = None, passes: int = 1) -> list[dict]:
     """Each job's llama-bench grid, one row per test (written as it goes: a call cut short keeps rows); with
@@ -158,7 +201,23 @@ def main(argv: list[str]) -> int:
                         "around each job (--jobs)")
     parser.add_argument("--passes", type=int, default=1, help="run the jobs this many times, interleaved (--jobs); make "
                         "bench takes each point's median")
+    parser.add_argument("--check", action="store_true", help="only check the --jobs file (bench/measure_device.sh, before "
+                        "its build): one line per problem, exit 2")
     args = parser.parse_args(argv)
+    jobs = None
+    if args.jobs:
+        try:
+            jobs = json.loads(Path(args.jobs).read_text())
+        except (OSError, ValueError) as e:
+            print(f"measure_decode: {args.jobs}: {e}", file=sys.stderr)
+            return 2
+        problems = job_problems(jobs)
+        for problem in problems:
+            print(f"measure_decode: {args.jobs}: {problem}", file=sys.stderr)
+        if problems:
+            return 2
+    if args.check:
+        return 0 if jobs is not None else 2
     binary = args.llama_bench
     if binary is None:
         from lab.llama_build import build
@@ -169,8 +228,7 @@ def main(argv: list[str]) -> int:
         if args.passes < 1:
             print(f"measure_decode: --passes {args.passes}: at least 1", file=sys.stderr)
             return 2
-        run_jobs(binary, json.loads(Path(args.jobs).read_text()), args.device, deadline, Path(args.out), args.host_bandwidth,
-                 args.passes)
+        run_jobs(binary, jobs, args.device, deadline, Path(args.out), args.host_bandwidth, args.passes)
         return 0
     depths = [0, args.ctx // 2, args.ctx] if args.ctx else [0]
     rows = []
