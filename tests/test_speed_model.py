@@ -862,6 +862,13 @@ def test_every_jobs_file_a_lease_runs_passes_measure_decodes_check_and_a_bad_one
         assert "job 1: shape 'qwen3-9b'" in lines[0] and "job 1: -ctk q9_0" in lines[1] and "job 1: -d 0,8k" in lines[2]
         assert "job 2: args" in lines[3]
         assert not mark.exists() and not out.exists()
+    # --passes below 1 and --check without a file are refused before llama-bench too.
+    assert measure_decode.main(["--jobs", str(grids[0]), "--passes", "0", "--out", str(out),
+                                "--llama-bench", str(stand_in)]) == 2
+    assert measure_decode.main(["--check", "--out", str(out)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["measure_decode: --passes 0: at least 1", "measure_decode: --check checks a --jobs file: name one"]
+    assert not mark.exists() and not out.exists()
     # The good job alone runs: the stand-in is started (no model file written: the stand-in reads none).
     def no_model(shape, path, quant, **kw):
         path.write_bytes(b"")

@@ -55,7 +55,7 @@ def drift_counts(walked, drift=read_drift) -> list[tuple[str, int, int]]:
 
 def head_counts(walked) -> list[tuple[int, int, int, int, float]]:
     """Of measured_rows' rows given, the points the class lines count with a quantized cache at a depth, beside layers
-    in RAM or on the CPU alone (the CPU's attention: one query head to a thread, head_rounds), by the model's query
+    in RAM or on the CPU alone (the CPU's attention: one query head to a thread at a time), by the model's query
     heads and the job's threads: (heads, threads, within TOLERANCE, how many, median signed error), fewest heads first."""
     groups: dict[tuple[int, int], list[float]] = {}
     for r, _, (_, _, depth, measured, predicted, cal, _, where, _, cache, _) in walked:

@@ -204,6 +204,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--check", action="store_true", help="only check the --jobs file (bench/measure_device.sh, before "
                         "its build): one line per problem, exit 2")
     args = parser.parse_args(argv)
+    if args.jobs and args.passes < 1:
+        print(f"measure_decode: --passes {args.passes}: at least 1", file=sys.stderr)
+        return 2
+    if args.check and not args.jobs:
+        print("measure_decode: --check checks a --jobs file: name one", file=sys.stderr)
+        return 2
     jobs = None
     if args.jobs:
         try:
@@ -217,7 +223,7 @@ def main(argv: list[str]) -> int:
         if problems:
             return 2
     if args.check:
-        return 0 if jobs is not None else 2
+        return 0
     binary = args.llama_bench
     if binary is None:
         from lab.llama_build import build
@@ -225,9 +231,6 @@ def main(argv: list[str]) -> int:
         binary = str(build(program="llama-bench"))
     if args.jobs:
         deadline = time.monotonic() + args.max_seconds
-        if args.passes < 1:
-            print(f"measure_decode: --passes {args.passes}: at least 1", file=sys.stderr)
-            return 2
         run_jobs(binary, jobs, args.device, deadline, Path(args.out), args.host_bandwidth, args.passes)
         return 0
     depths = [0, args.ctx // 2, args.ctx] if args.ctx else [0]
