@@ -501,7 +501,7 @@ RANGE = "the plan's range"
 # experts_in_ram_us_by_threads, added before lease 15 measured the first; moving code between modules; the unmeasured
 # range's slow end following the most measured, KV_DEEP_SLOWDOWN_MOST with lease 16, which moved only earlier leases'
 # ranges).
-FROZEN = ("3762243", ("H100 machine, lease 20",))
+FROZEN = ("3762243", ("H100 machine, lease 20", "H100 machine, lease 21"))
 # The freezes before, newest first: each one's commit, the hosts measured after it, the rows of those hosts a change
 # since moved ((host, placement): all of that placement's; (host, placement, AT_DEPTH): its quantized caches at a
 # depth only), and the commit whose docs table printed their predictions before that change (tests/test_speed_model.py
