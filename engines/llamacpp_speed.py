@@ -71,13 +71,15 @@ H200_QUANTIZED_KV = {"q8_0": (12.0, 0.75), "q4_0": (12.5, 0.92)}
 # host-profile's form at 8192 gave 1.82 and 2.3 on the same machine (2026-12-06): the slow end stays the larger.
 CPU_QUANTIZED_KV = {"q8_0": 2.37, "q4_0": 2.60}
 # A served model of more query heads than make host-profile's probe (Qwen3-1.7B, PROBE_QUERY_HEADS) pays 1.2 times
-# the probe's quantized-cache ratio on a CPU, whatever its heads over the threads: fitted to leases 13-19's 150
-# quantized points at depth beside layers in RAM and on the CPU alone (24, 32 and 40 heads on 16 threads; median error
-# near 0 for each head count). Charging the kernel's last partly idle round of heads instead (40 on 16 as 3 heads'
-# time, 24 as 2; frozen in 3c91f6f) left 32-head models 12 % fast at the median and 24- and 40-head ones near 0: the
-# kernel hands heads out one at a time to whichever thread is free (ggml_threadpool_chunk_add), and rounds did not
-# show. An empirical factor, not a mechanism; frozen before lease 20, which measures it out of sample.
-CPU_QUANTIZED_KV_SHAPES = 1.2
+# the probe's time per KV byte for the CPU's part of its cache, f16 or quantized, whatever its heads over the threads
+# (cpu_kv_work's group term draws too little of it): fitted to leases 13-19's 150 quantized points at depth beside
+# layers in RAM and on the CPU alone (24, 32 and 40 heads on 16 threads; median error near 0 for each head count) and
+# frozen for quantized caches in 3762243; leases 20 and 21 measured each such point beside an f16 twin, out of sample:
+# the served models' quantized depth cost over the twin's was the probe's ratio (1.08-1.30), not 1.2 times it, and the
+# 32-head twins were planned 10-24 % fast at 16384, so the factor is the attention's, every cache type's. Charging the
+# kernel's last partly idle round of heads instead (3c91f6f) did not show: it hands heads out one at a time to
+# whichever thread is free (ggml_threadpool_chunk_add). An empirical factor, not a mechanism.
+CPU_KV_SHAPES = 1.2
 PROBE_QUERY_HEADS = 16  # lab/bench/host_profile.py's SHAPE (tests/test_speed_model.py holds the two together)
 
 PROFILES: dict[str, DecodeProfile] = {
@@ -262,8 +264,8 @@ class DecodeTerms:
     # A quantized cache on the card's side: (seconds per token, seconds per position already in the context),
     # at the slow end and at the fast end (equal where the backend's cost is measured: DecodeProfile.quantized_kv).
     kv_quantized: tuple[tuple[float, float], tuple[float, float]] = ((0.0, 0.0), (0.0, 0.0))
-    # The CPU's time for its part of the cache against its bytes, (slow end, fast end): 1 for f16; for a quantized
-    # cache CPU_QUANTIZED_KV's ratio and f16's time (cpu_kv_scale).
+    # The CPU's time for its part of the cache against its bytes, (slow end, fast end): the model's shapes_factor for
+    # f16; for a quantized cache times CPU_QUANTIZED_KV's ratio and f16's time (cpu_kv_scale).
     cpu_kv_scale: tuple[float, float] = (1.0, 1.0)
     # Of the node's read bandwidth, what its CPU reads routed experts at: the node's own (node_expert_share, from
     # make host-profile --experts) where measured, else HOST.expert_share.
@@ -372,19 +374,20 @@ def query_heads(facts: "ModelFacts") -> int:
 
 
 def shapes_factor(facts: "ModelFacts") -> float:
-    """CPU_QUANTIZED_KV_SHAPES for a model of more query heads than make host-profile's probe; 1 for one of as few."""
-    return CPU_QUANTIZED_KV_SHAPES if query_heads(facts) > PROBE_QUERY_HEADS else 1.0
+    """CPU_KV_SHAPES for a model of more query heads than make host-profile's probe; 1 for one of as few."""
+    return CPU_KV_SHAPES if query_heads(facts) > PROBE_QUERY_HEADS else 1.0
 
 
 def cpu_kv_scale(model: "ModelServer", facts: "ModelFacts", pool: "NodePool") -> tuple[float, float]:
-    """What a CPU's part of the cache costs per byte against f16's, (slow end, fast end): a quantized cache's time
-    is the node's measured multiple of an f16 cache's on make host-profile's probe (cpu_quantized_kv) times the
-    model's shapes_factor at both ends; not measured, CPU_QUANTIZED_KV's (a type not measured: the slowest measured)
-    times shapes_factor at the slow end and f16's time at the fast end; all over its own bytes."""
+    """What a CPU's part of the cache costs per byte against the probe's f16 cache, (slow end, fast end): the model's
+    shapes_factor for f16; a quantized cache's time is the node's measured multiple of an f16 cache's on make
+    host-profile's probe (cpu_quantized_kv) times that at both ends; not measured, CPU_QUANTIZED_KV's (a type not
+    measured: the slowest measured) times it at the slow end, and at the fast end the probe's f16 time, unshaped (lease
+    15's quantized points at depth reached it: the range held them); all over its own bytes."""
+    factor = shapes_factor(facts)
     kind = quantized_kv_type(model)
     if kind is None:
-        return 1.0, 1.0
-    factor = shapes_factor(facts)
+        return factor, factor
     per_byte = 2 * KV_TYPE_BYTES["f16"] / (KV_TYPE_BYTES[model.cache_type_k or "f16"] + KV_TYPE_BYTES[model.cache_type_v or "f16"])
     # host-profile measures K and V of one type: a mixed pair keeps the range.
     measured = (pool.cpu_quantized_kv or {}).get(kind) if model.cache_type_k == model.cache_type_v else None

@@ -22,7 +22,8 @@ from common.constants import LLAMACPP_IMAGE_BUILD
 from config.types import ModelFacts, ModelServer, NodePool
 from engines.llamacpp_held import DECODE_GOAL
 from engines.llamacpp_host import EXPERTS_PROFILE_SHAPE, KV_DEEP_DEPTH, HostCost, kv_deep_slowdown
-from engines.llamacpp_speed import PROFILES, is_range, predict_range_tok_s, quantized_kv_ratio, solve_host_cost
+from engines.llamacpp_speed import (PROBE_QUERY_HEADS, PROFILES, is_range, predict_range_tok_s, quantized_kv_ratio,
+                                    solve_host_cost)
 from config.catalog import lookup
 from lab.bench.decode_sorting import TOLERANCE, class_counts, compute_drift, drift_counts, head_counts
 from lab.bench.host_readings import compute_pace, experts_at, profile_compute
@@ -501,20 +502,28 @@ RANGE = "the plan's range"
 # experts_in_ram_us_by_threads, added before lease 15 measured the first; moving code between modules; the unmeasured
 # range's slow end following the most measured, KV_DEEP_SLOWDOWN_MOST with lease 16, which moved only earlier leases'
 # ranges).
-FROZEN = ("3762243", ("H100 machine, lease 20", "H100 machine, lease 21"))
+FROZEN = ("NEWFREEZE", ())
 # The freezes before, newest first: each one's commit, the hosts measured after it, the rows of those hosts a change
 # since moved ((host, placement): all of that placement's; (host, placement, AT_DEPTH): its quantized caches at a
-# depth only), and the commit whose docs table printed their predictions before that change (tests/test_speed_model.py
-# holds every unmoved row to it). Their other rows were predicted before they were seen, by the model as it still is
-# for them: out of sample still. The changes: CPU_QUANTIZED_KV_SHAPES, with head_rounds out (3762243), moved the
-# quantized caches at depth beside layers in RAM and on the CPU alone of leases 14-17 and 19; 29c4b85 took the
-# compute pace out: it moved lease 18's rows beside layers in RAM and on the CPU alone, not its experts rows; 5df4fcd's
-# compute pace moved none of lease 17's rows, which carry no compute reading; a3c9d1b paired the experts step's
-# passes: it moved only the experts rows of hosts with an experts figure, leases 15 and 16.
+# depth only; (host, placement, F16_AT_DEPTH): its f16 caches at a depth, of more query heads than the probe's), and
+# the commit whose docs table printed their predictions before that change (tests/test_speed_model.py holds every
+# unmoved row to it). Their other rows were predicted before they were seen, by the model as it still is for them: out
+# of sample still. The changes: CPU_KV_SHAPES on f16 caches too (NEWFREEZE) moved the f16 caches at depth beside layers
+# in RAM and on the CPU alone of models of more than 16 query heads, of leases 20 and 21 (no carried host before them
+# has one); CPU_KV_SHAPES on quantized caches only, with head_rounds out (3762243), moved the quantized caches at
+# depth beside layers in RAM and on the CPU alone of leases 14-17 and 19; 29c4b85 took the compute pace out: it moved
+# lease 18's rows beside layers in RAM and on the CPU alone, not its experts rows; 5df4fcd's compute pace moved none of
+# lease 17's rows, which carry no compute reading; a3c9d1b paired the experts step's passes: it moved only the experts
+# rows of hosts with an experts figure, leases 15 and 16.
 AT_DEPTH = "quantized cache at depth, but of 40 query heads"
-# 40 query heads on 16 threads: head_rounds charged them 1.2, as CPU_QUANTIZED_KV_SHAPES does; their rows did not move.
+# 40 query heads on 16 threads: head_rounds charged them 1.2, as CPU_KV_SHAPES does; their rows did not move.
 UNMOVED_HEADS = 40
+F16_AT_DEPTH = "f16 cache at depth, of more query heads than the probe's"
 CARRIED = (
+    ("3762243", ("H100 machine, lease 20", "H100 machine, lease 21"),
+     tuple((f"H100 machine, lease {n}", place, F16_AT_DEPTH) for n in (20, 21)
+           for place in ("partial offload", "CPU only")),
+     "b4f301c"),
     ("29c4b85", ("H100 machine, lease 19",),
      (("H100 machine, lease 19", "partial offload", AT_DEPTH), ("H100 machine, lease 19", "CPU only", AT_DEPTH)),
      "8770137"),
@@ -533,8 +542,10 @@ CARRIED = (
 def moved_by(row, moved) -> bool:
     """Whether a change since its host's freeze moved this row of the table (rows): one of CARRIED's moved entries."""
     device, depth, where, cache = row[0], row[2], row[7], row[9]
-    at_depth = cache != "f16" and depth > 0 and PRESETS[row[1].split()[0]].n_head != UNMOVED_HEADS
-    return any(device.endswith(host) and where == place and (not rest or at_depth) for host, place, *rest in moved)
+    heads = PRESETS[row[1].split()[0]].n_head
+    part = {AT_DEPTH: cache != "f16" and depth > 0 and heads != UNMOVED_HEADS,
+            F16_AT_DEPTH: cache == "f16" and depth > 0 and heads > PROBE_QUERY_HEADS}
+    return any(device.endswith(host) and where == place and (not rest or part[rest[0]]) for host, place, *rest in moved)
 
 
 def out_of_sample(row) -> bool:
