@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 # (placement, KV cache type) -> (points within DECODE_TOLERANCE of llama-bench, points measured): make bench's lines
-# "decode measured after the model was last frozen" (commit NEWFREEZE, CPU_KV_SHAPES on f16 too: no host yet), and
+# "decode measured after the model was last frozen" (commit 07fbb1b, CPU_KV_SHAPES on f16 too: no host yet), and
 # after the freezes before where no change since moved the prediction: leases 20's and 21's rows but their f16 caches
 # at depth of models of more query heads than the probe's beside layers in RAM and on the CPU alone (3762243), lease
 # 19's (29c4b85), lease 18's experts rows (5df4fcd), lease 17's (a3c9d1b), leases 14-16's but leases 15's and 16's

@@ -791,12 +791,14 @@ def test_the_out_of_sample_line_counts_only_hosts_measured_after_the_freeze():
     kept = [row for row in mine if decode_error.out_of_sample(row)]
     moved = [row for row in mine if not decode_error.out_of_sample(row)]
     # The moved rows are exactly those CARRIED names: leases 15's and 16's experts rows, lease 18's beside layers in
-    # RAM and on the CPU alone; the quantized caches at depth there of leases 14-17 and 19 (but 40-head models').
+    # RAM and on the CPU alone; the quantized caches at depth there of leases 14-17 and 19 (but 40-head models'); the
+    # f16 caches at depth there of leases 20 and 21 (models of more query heads than the probe's).
     named = {place for _, _, places, _ in decode_error.CARRIED for place in places}
     def entry(row):
         device, depth, where, cache = row[0], row[2], row[7], row[9]
-        at_depth = where != "experts in RAM" and not device.endswith("lease 18") and cache != "f16" and depth
-        return (device.split(", ", 1)[1], where, *((decode_error.AT_DEPTH,) if at_depth else ()))
+        part = where != "experts in RAM" and not device.endswith("lease 18") and depth
+        kind = (decode_error.F16_AT_DEPTH if cache == "f16" else decode_error.AT_DEPTH) if part else None
+        return (device.split(", ", 1)[1], where, *((kind,) if kind else ()))
     assert moved and {entry(row) for row in moved} == named
     counted = sum(count for _, _, count in decode_error.summary(kept))
     # Every decode row of those hosts' grids (passes folded) is held to the plan: a point counted, or a range where the

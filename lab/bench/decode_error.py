@@ -502,13 +502,13 @@ RANGE = "the plan's range"
 # experts_in_ram_us_by_threads, added before lease 15 measured the first; moving code between modules; the unmeasured
 # range's slow end following the most measured, KV_DEEP_SLOWDOWN_MOST with lease 16, which moved only earlier leases'
 # ranges).
-FROZEN = ("NEWFREEZE", ())
+FROZEN = ("07fbb1b", ())
 # The freezes before, newest first: each one's commit, the hosts measured after it, the rows of those hosts a change
 # since moved ((host, placement): all of that placement's; (host, placement, AT_DEPTH): its quantized caches at a
 # depth only; (host, placement, F16_AT_DEPTH): its f16 caches at a depth, of more query heads than the probe's), and
 # the commit whose docs table printed their predictions before that change (tests/test_speed_model.py holds every
 # unmoved row to it). Their other rows were predicted before they were seen, by the model as it still is for them: out
-# of sample still. The changes: CPU_KV_SHAPES on f16 caches too (NEWFREEZE) moved the f16 caches at depth beside layers
+# of sample still. The changes: CPU_KV_SHAPES on f16 caches too (07fbb1b) moved the f16 caches at depth beside layers
 # in RAM and on the CPU alone of models of more than 16 query heads, of leases 20 and 21 (no carried host before them
 # has one); CPU_KV_SHAPES on quantized caches only, with head_rounds out (3762243), moved the quantized caches at
 # depth beside layers in RAM and on the CPU alone of leases 14-17 and 19; 29c4b85 took the compute pace out: it moved
