@@ -30,6 +30,7 @@ case "$MODE" in
   speed) JOBS=${2:-bench/jobs-h200.json} ;;
   profile) JOBS=${2:-bench/jobs-h200-4.json} ;;
   kvcache) JOBS=${2:-bench/jobs-h200-kvcache.json} ;;
+  rpc) JOBS=${2:-} ;;  # its optional grid before the split model
   *) JOBS= ;;
 esac
 if [ -n "$JOBS" ]; then python3 -m lab.bench.measure_decode --check --jobs "$JOBS" --out /dev/null || exit 2; fi
@@ -66,8 +67,8 @@ case "$MODE" in
     python3 -m lab.bench.measure_decode --jobs "$JOBS" --llama-bench "$BIN/llama-bench" \
       --device "$GPU" --out "$OUT/kvcache.json" --max-seconds "$LEFT" ;;
   rpc)
-    if [ -n "${2:-}" ]; then
-      python3 -m lab.bench.measure_decode --jobs "$2" --llama-bench "$BIN/llama-bench" --device "$GPU" \
+    if [ -n "$JOBS" ]; then
+      python3 -m lab.bench.measure_decode --jobs "$JOBS" --llama-bench "$BIN/llama-bench" --device "$GPU" \
         --out "$OUT/kvcache-2.json" --max-seconds "${3:-150}"
     fi
     LEFT=$(( ${BUDGET_S:-575} - ($(date +%s) - T0) ))
