@@ -265,7 +265,8 @@ class DecodeTerms:
     # at the slow end and at the fast end (equal where the backend's cost is measured: DecodeProfile.quantized_kv).
     kv_quantized: tuple[tuple[float, float], tuple[float, float]] = ((0.0, 0.0), (0.0, 0.0))
     # The CPU's time for its part of the cache against its bytes, (slow end, fast end): the model's shapes_factor for
-    # f16; for a quantized cache times CPU_QUANTIZED_KV's ratio and f16's time (cpu_kv_scale).
+    # f16; a quantized cache the node's ratio times that, or not measured CPU_QUANTIZED_KV's times it at the slow end
+    # and the probe's f16 time at the fast end (cpu_kv_scale).
     cpu_kv_scale: tuple[float, float] = (1.0, 1.0)
     # Of the node's read bandwidth, what its CPU reads routed experts at: the node's own (node_expert_share, from
     # make host-profile --experts) where measured, else HOST.expert_share.
