@@ -123,7 +123,8 @@ class NodePool(Strict):
         "time ({q8_0: 1.82, q4_0: 2.3} on a 2-core EPYC), measured by `make host-profile` (llama-bench at 8192 "
         "positions with each cache type, at the node's largest thread count, against the f16 time there that "
         "cpu_decode_by_threads gives). null: the plan shows the range from the slowest host measured "
-        "(engines/llamacpp_speed.py, CPU_QUANTIZED_KV) to f16's time.", default=None
+        "(engines/llamacpp_speed.py, CPU_QUANTIZED_KV) to an f16 cache's time for 16 query heads (CPU_KV_SHAPES).",
+        default=None
     )
     experts_in_ram_us_by_threads: Optional[dict[ThreadCount, Annotated[Number, Field(gt=0, le=100000)]]] = doc(
         "What each block of a mixture-of-experts model whose experts move from the card to system RAM adds to a "

@@ -67,7 +67,8 @@ H200_QUANTIZED_KV = {"q8_0": (12.0, 0.75), "q4_0": (12.5, 0.92)}
 # b10729, Qwen3-1.7B Q4_K_M at depths 0 and 4096: bench/results-decode-cpu.json, the KV cache run; Llama-3.2-3B of
 # that run, not used, lies within 7 %). On the GPU lease's 16-thread host the partial-offload rows with a quantized
 # cache (bench/results-kvcache-h200-2.json) paid about f16's time. So a CPU's part of a quantized cache is a range:
-# this ratio at the slow end, f16's time at the fast end (QUANTIZED_KV_CPU says so in the plan). Stated at 4096; make
+# this ratio at the slow end, the probe's f16 time (16 query heads) at the fast end (QUANTIZED_KV_CPU says so in the
+# plan). Stated at 4096; make
 # host-profile's form at 8192 gave 1.82 and 2.3 on the same machine (2026-12-06): the slow end stays the larger.
 CPU_QUANTIZED_KV = {"q8_0": 2.37, "q4_0": 2.60}
 # A served model of more query heads than make host-profile's probe (Qwen3-1.7B, PROBE_QUERY_HEADS) pays 1.2 times
@@ -75,8 +76,9 @@ CPU_QUANTIZED_KV = {"q8_0": 2.37, "q4_0": 2.60}
 # (cpu_kv_work's group term draws too little of it): fitted to leases 13-19's 150 quantized points at depth beside
 # layers in RAM and on the CPU alone (24, 32 and 40 heads on 16 threads; median error near 0 for each head count) and
 # frozen for quantized caches in 3762243; leases 20 and 21 measured each such point beside an f16 twin, out of sample:
-# the served models' quantized depth cost over the twin's was the probe's ratio (1.08-1.30), not 1.2 times it, and the
-# 32-head twins were planned 10-24 % fast at 16384, so the factor is the attention's, every cache type's. Charging the
+# the served models' q8_0 depth cost over the twin's was about the probe's ratio (1.08-1.30 against 1.23-1.26), not
+# 1.2 times it, and the 32-head twins beside layers in RAM were planned 10-24 % fast at 16384, so the factor is the
+# attention's, every cache type's (lease 21's q4_0 twins, 1.13 and 1.21 against a probe's 0.95, do not tell). Charging the
 # kernel's last partly idle round of heads instead (3c91f6f) did not show: it hands heads out one at a time to
 # whichever thread is free (ggml_threadpool_chunk_add). An empirical factor, not a mechanism.
 CPU_KV_SHAPES = 1.2
@@ -421,7 +423,8 @@ def quantized_kv_terms(model: "ModelServer", facts: "ModelFacts", main: Optional
 
 
 QUANTIZED_KV_CPU = ("its {kind} KV cache on the CPU: from {ratio:g} times an f16 cache's time (a 2-core EPYC) to "
-                    "f16's time (a 16-thread host), not measured on this node (make host-profile)")
+                    "an f16 cache's time for 16 query heads (a 16-thread host), not measured on this node (make "
+                    "host-profile)")
 KV_DEEP_UNMEASURED = (f"this node's attention past {KV_PROFILE_DEPTH} positions not measured (kv_deep_slowdown, make "
                      "host-profile): from no slow-down to the most measured")
 CARD_READ_UNMEASURED = ("its {quant} weights' read measured on two cards of this profile ({low:g} and {high:g} GB/s), "

@@ -206,7 +206,7 @@ def test_the_thread_tables_survive_pulumis_json_config():
 
 
 @pytest.mark.parametrize("cache, ratio", [("q8_0", 2.37), ("q4_0", 2.60)])
-def test_a_quantized_cache_on_a_cpu_is_a_range_from_its_measured_ratio_to_f16s_time(cache, ratio):
+def test_a_quantized_cache_on_a_cpu_is_a_range_from_its_measured_ratio_to_the_probes_f16_time(cache, ratio):
     """On a CPU the quantized cache's attention is not cheaper for its fewer bytes (issue #44; make bench: the CI
     machine's Llama-3.2-3B rows, not used to set CPU_QUANTIZED_KV, within 7 %). The range: its slow end pays
     CPU_QUANTIZED_KV's ratio times the f16 server's time per position (which carries CPU_KV_SHAPES, the served shape
