@@ -862,8 +862,11 @@ def test_every_jobs_file_a_lease_runs_passes_measure_decodes_check_and_a_bad_one
     bench/ passes; one naming a shape real_shape.py does not write, a cache type llama-bench has not, or a depth that
     is not a number is refused with a line per problem naming the file and the job, exit 2, and llama-bench is never
     started nor the results file written (a stand-in that would leave a mark)."""
+    from typing import get_args
+    from config.facts import KvCacheType
     from lab.bench import measure_decode
 
+    assert measure_decode.CACHE_TYPES == set(get_args(KvCacheType))
     grids = [path for path in sorted((ROOT / "bench").glob("jobs-*.json")) if "rpc" not in path.name]
     assert len(grids) > 40
     for path in grids:

@@ -88,6 +88,8 @@ def read_now(host_bandwidth: Optional[str], threads: list[int]) -> tuple[dict[in
 # What a job may hold, and the llama-bench arguments the grids use (each takes one value, a comma list allowed).
 JOB_KEYS = {"shape", "quant", "routing", "repetitions", "args"}
 JOB_FLAGS = {"-ngl", "-ncmoe", "-t", "-fa", "-ctk", "-ctv", "-p", "-n", "-d", "-ub", "-b"}
+# config.facts.KvCacheType's, written out: this module runs on the device machine before the planner's pydantic is
+# needed there (tests/test_speed_model.py holds the two equal).
 CACHE_TYPES = {"f16", "bf16", "f32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
 
 
