@@ -1,7 +1,7 @@
 """A CUDA llama-bench built on a lent GPU machine, packed to travel to a later one (bench/measure_device.sh).
 
-A fresh machine spends 220-293 s of a 585 s call building llama.cpp's CUDA programs (leases 21 and 22), each session
-on each machine. `PACK_BENCH=1` packs the llama-bench just built, with the vocab-only GGUFs the real-shape files take
+A fresh machine spends 3.5-5 minutes of a 585 s call building llama.cpp's CUDA programs (293 s on lease 22), each
+session on each machine. `PACK_BENCH=1` packs the llama-bench just built, with the vocab-only GGUFs the real-shape files take
 their tokenizers from, into the call's $OUT in parts (what comes back from a call: files of at most 16 MiB), and a
 manifest of their hashes; copied into an ignored folder of the checkout and carried, `CUDA_BENCH=<folder>` unpacks
 and checks them instead of building. Nothing is packed where it would not travel back (MAX_PACK_BYTES): the call
