@@ -10,7 +10,8 @@ prints the size and goes on.
     python3 -m lab.bench.pack_bench pack --bench BIN/llama-bench --out DIR
     python3 -m lab.bench.pack_bench unpack --from DIR --to DIR
 
-Standard library only: it runs on the GPU machine before anything is installed there.
+Its own code is the standard library's: it runs on the GPU machine, where only .soak's wheels are installed (the
+shapes' vocab names, for pack, come from lab/contract/real_shape.py, which needs gguf).
 """
 
 from __future__ import annotations
@@ -137,10 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--from", dest="src", type=Path, required=True)
     u.add_argument("--to", type=Path, required=True)
     args = parser.parse_args(argv)
-    from lab.contract.gguf_layout import vocab_dir
-    from lab.contract.real_shape import PRESETS
     try:
         if args.verb == "pack":
+            from lab.contract.gguf_layout import vocab_dir
+            from lab.contract.real_shape import PRESETS
             vocab = [vocab_dir() / f"ggml-vocab-{v}.gguf" for v in sorted({p.vocab for p in PRESETS.values()})]
             manifest = pack(args.bench, vocab, args.out)
             print(f"{NAME}: {manifest['bytes'] / 2**20:.1f} MiB packed in {len(manifest['parts'])} part(s) "
