@@ -40,10 +40,18 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 # Built on every fresh machine: the three static CUDA binaries come to 135 MB packed (xz), over what a call
 # brings back (64 MiB) or carries. llama-bench alone may travel (lab/bench/pack_bench.py): PACK_BENCH=1 packs it after
 # the build into $OUT in parts, with the vocab GGUFs, if it fits what a call carries (else says its size and goes on);
-# those files, copied into .cuda-bench/ (ignored) and carried in place of .soak-src, skip the build with CUDA_BENCH=<folder> (profile, speed and
-# kvcache: the modes that run llama-bench alone). CPU_BENCH=path/to/llama-bench (a CPU
-# build carried, GGML_NATIVE off as lab/llama_build.py builds it) skips the build: for profile and speed grids
+# those files, copied into .cuda-bench/ (ignored) and carried in place of .soak-src, skip the build with
+# CUDA_BENCH=<folder> (profile, speed and kvcache: the modes that run llama-bench alone). CPU_BENCH=path/to/llama-bench
+# (a CPU build carried, GGML_NATIVE off as lab/llama_build.py builds it) skips the build: for profile and speed grids
 # that run on the host's CPU alone (-ngl 0).
+# A carried build: the real-shape files take their tokenizer from the source's vocab GGUFs
+# (lab/contract/gguf_layout.py), carried beside the binary in models/ (those of the shapes run), where the unpacked
+# source would be.
+place_vocab() {
+  local vocab
+  vocab=$(python3 -c "from lab.contract.gguf_layout import vocab_dir; print(vocab_dir())")
+  mkdir -p "$vocab" && cp "$BIN"/models/*.gguf "$vocab"/
+}
 if [ -n "${CPU_BENCH:-}" ]; then
   # The default grids put layers on the card: a CPU build needs a grid of -ngl 0 jobs, named.
   [ -n "${2:-}" ] || { echo "CPU_BENCH runs a jobs file of -ngl 0 jobs, given as the second argument"; exit 2; }
@@ -51,16 +59,12 @@ if [ -n "${CPU_BENCH:-}" ]; then
 sys.exit(0 if all(j['args'][j['args'].index('-ngl') + 1] == '0' for j in jobs) else 1)" "$2" \
     || { echo "CPU_BENCH: $2 has jobs with layers on the card (-ngl other than 0)"; exit 2; }
   BIN=$(cd "$(dirname "$CPU_BENCH")" && pwd)
-  # The real-shape files take their tokenizer from the source's vocab GGUFs (lab/contract/gguf_layout.py), carried
-  # beside the binary in models/ (those of the shapes run), where the unpacked source would be.
-  VOCAB=$(python3 -c "from lab.contract.gguf_layout import vocab_dir; print(vocab_dir())")
-  mkdir -p "$VOCAB" && cp "$BIN"/models/*.gguf "$VOCAB"/ || exit 1
+  place_vocab || exit 1
 elif [ -n "${CUDA_BENCH:-}" ]; then
   case "$MODE" in profile|speed|kvcache) ;; *) echo "CUDA_BENCH carries llama-bench alone: $MODE runs other programs"; exit 2 ;; esac
   BIN=/tmp/cuda-bench
   python3 -m lab.bench.pack_bench unpack --from "$CUDA_BENCH" --to "$BIN" || exit 1
-  VOCAB=$(python3 -c "from lab.contract.gguf_layout import vocab_dir; print(vocab_dir())")
-  mkdir -p "$VOCAB" && cp "$BIN"/models/*.gguf "$VOCAB"/ || exit 1
+  place_vocab || exit 1
 else
   python3 -m lab.llama_build || { tail -40 /tmp/soak-cache/*.build.log; exit 1; }
   BIN=$(dirname "$(ls /tmp/soak-cache/llama-b10729-*-cuda/bin/llama-bench)")

@@ -1,9 +1,9 @@
 """A CUDA llama-bench built on a lent GPU machine, packed to travel to a later one (bench/measure_device.sh).
 
 A fresh machine spends 3.5-5 minutes of a 585 s call building llama.cpp's CUDA programs (293 s on lease 22), each
-session on each machine. `PACK_BENCH=1` packs the llama-bench just built, with the vocab-only GGUFs the real-shape files take
-their tokenizers from, into the call's $OUT in parts (what comes back from a call: files of at most 16 MiB), and a
-manifest of their hashes; copied into an ignored folder of the checkout and carried, `CUDA_BENCH=<folder>` unpacks
+session on each machine. `PACK_BENCH=1` packs the llama-bench just built, with the vocab-only GGUFs the real-shape
+files take their tokenizers from, into the call's $OUT in parts (what comes back from a call: files of at most 16 MiB),
+and a manifest of their hashes; copied into an ignored folder of the checkout and carried, `CUDA_BENCH=<folder>` unpacks
 and checks them instead of building. Nothing is packed where it would not travel back (MAX_PACK_BYTES): the call
 prints the size and goes on.
 
@@ -21,7 +21,6 @@ import hashlib
 import io
 import json
 import lzma
-import os
 import shutil
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from lab.llama_build import BuildError, unpack_archive
+from lab.llama_build import DEFAULT_BUILD, BuildError, _key, unpack_archive
 
 NAME = "llama-bench-cuda"
 MANIFEST = f"{NAME}.json"
@@ -78,16 +77,14 @@ def pack(bench: Path, vocab: list[Path], out: Path, *, max_bytes: int = MAX_PACK
     if len(packed) > max_bytes:
         raise PackError(f"{NAME}: {len(packed) / 2**20:.1f} MiB packed, over the {max_bytes / 2**20:.0f} MiB a call "
                         f"can carry beside the checkout: not packed, build on each machine")
-    parts = []
-    for index, start in enumerate(range(0, len(packed), part_bytes)):
-        chunk = packed[start:start + part_bytes]
-        name = f"{NAME}.tar.xz.{index:02d}"
-        parts.append({"name": name, "sha256": hashlib.sha256(chunk).hexdigest(), "bytes": len(chunk)})
+    chunks = [packed[start:start + part_bytes] for start in range(0, len(packed), part_bytes)]
+    parts = [{"name": f"{NAME}.tar.xz.{index:02d}", "sha256": hashlib.sha256(chunk).hexdigest(), "bytes": len(chunk)}
+             for index, chunk in enumerate(chunks)]
     manifest = {"build": build, "sha256": hashlib.sha256(packed).hexdigest(), "bytes": len(packed), "parts": parts,
                 "members": ["llama-bench"] + [f"models/{p.name}" for p in vocab]}
     out.mkdir(parents=True, exist_ok=True)
-    for part, start in zip(parts, range(0, len(packed), part_bytes)):
-        (out / part["name"]).write_bytes(packed[start:start + part_bytes])
+    for part, chunk in zip(parts, chunks):
+        (out / part["name"]).write_bytes(chunk)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -131,7 +128,6 @@ def unpack(src: Path, dest: Path, build: str) -> Path:
 
 def _pinned_build() -> str:
     """llama-b<build>-<sha12>-cuda, the cache folder lab/llama_build names for the pinned sdist."""
-    from lab.llama_build import DEFAULT_BUILD, _key
     return f"{_key(DEFAULT_BUILD)}-cuda"
 
 
