@@ -16,7 +16,7 @@ from planning.memory import Estimate, weights_quantity
 from .base import Credentials, Engine, Problem
 from .llamacpp_flags import extra_args_problems
 from .llamacpp_ceiling import faster_than_on_card
-from .llamacpp_held import decode_held_warning
+from .llamacpp_held import decode_held_warning, unfigured_experts_warning
 from .llamacpp_prefill import prefill
 from .llamacpp_speed import experts_figure_problems, is_range, predict_range_tok_s, range_reasons
 from .llamacpp_split import RPC_RANGE_WHY, one_node_instead, split_estimate
@@ -225,6 +225,7 @@ class LlamaCpp(Engine):
         ranged = bool(span) and any(is_range(low, high) for low, high in span.values())
         # One figure printed: how far its class has held out of sample, where short of the goal (a range says why).
         held = decode_held_warning(model, facts, backend, discrete, path) if decode and not ranged else None
+        unfigured = unfigured_experts_warning(model, facts, pool, discrete, path) if decode and not ranged else None
         prompt = prefill(model, facts, pool, backend, discrete)
         download = weights_bytes(model, facts)
         if facts.mmproj is not None:
@@ -248,7 +249,8 @@ class LlamaCpp(Engine):
             prefill_tok_s=round(prompt[0], 1) if prompt else None,
             first_token_full_s=round(prompt[1], 2) if prompt else None,
             multimodal=facts.mmproj is not None,
-            warnings=tuple(w for w in [faster_than_on_card(model, facts, pool, backend, path, span), held] if w),
+            warnings=tuple(w for w in [faster_than_on_card(model, facts, pool, backend, path, span), held, unfigured]
+                           if w),
         ), problems
 
     @staticmethod

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
+from .llamacpp_host import HOST
 from .llamacpp_memory import layout
 
 if TYPE_CHECKING:
-    from config.types import ModelFacts, ModelServer
+    from config.types import ModelFacts, ModelServer, NodePool
 
 
 # (placement, KV cache type) -> (points within DECODE_TOLERANCE of llama-bench, points measured): make bench's lines
@@ -58,3 +59,22 @@ def decode_held_warning(model: "ModelServer", facts: "ModelFacts", backend: Opti
     return (f"{path}: decode ({where}, {cache} KV cache) is a class whose figure lay within "
             f"+-{DECODE_TOLERANCE:.0%} of llama-bench on {within} of {count} points measured after the model was "
             "frozen (make bench, docs/capacity-planning.md): this one may be further off")
+
+
+# Experts in RAM planned at HOST.expert_share, a node's own figure (experts_in_ram_us_by_threads) not stated: the least
+# and most of make bench's errors (plan less llama-bench, over llama-bench) on every such point of every lease, 64 points
+# of H200 and H100 hosts, 46 within +-15 % (decode_error.unfigured_experts_errors; tests/test_speed_model.py holds it).
+UNFIGURED_EXPERTS_ERROR = (-0.24, 0.21)
+
+
+def unfigured_experts_warning(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", discrete: bool,
+                              path: str) -> Optional[str]:
+    """The summary's line for a server printed as one figure with experts in RAM beside a card whose pool states no
+    experts figure: the plan reads them at a share measured on other hosts, which hosts since ran either side of."""
+    if not discrete or pool.experts_in_ram_us_by_threads or not layout(model, facts).experts_in_ram:
+        return None
+    low, high = UNFIGURED_EXPERTS_ERROR
+    return (f"{path}: decode with experts in RAM is planned at a share of the node's read bandwidth measured on other "
+            f"hosts ({HOST.expert_share:g}), not this node's: on hosts planned so it lay {-low:.0%} below to {high:.0%} "
+            f"above llama-bench (make bench); make host-profile EXPERTS=1 on this node states its own "
+            f"(node_pools.{model.node_pool}.experts_in_ram_us_by_threads)")

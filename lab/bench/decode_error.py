@@ -377,6 +377,21 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
             f"lab/bench/measure_decode.py, b10729 ({Path(path).name})", where, detail, cache, span)
 
 
+def unfigured_experts_errors(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[float]:
+    """The error of every counted experts-in-RAM row (token-routed) of a host planned without the node's experts figure
+    (none measured, or refused: HOST.expert_share), every lease: engines/llamacpp_held.UNFIGURED_EXPERTS_ERROR's span."""
+    out = []
+    for path, (profile, backend, bandwidth, discrete) in measured_files.items():
+        runs = recorded_runs(path) if Path(path).exists() else []
+        for run in runs:
+            host, cost, cost_rows, quantized, experts_us = node_figures(runs, run)
+            for r in (r for r in run["rows"] if r.get("n_cpu_moe") and not r.get("n_prompt") and not experts_us):
+                row = measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized)
+                if row[7] == "experts in RAM" and row[4] and not row[5]:
+                    out.append((row[4] - row[3]) / row[3])
+    return out
+
+
 MEASURED = {
     str(ROOT / "bench" / "results-decode-h200.json"): ("nvidia-datacenter", "cuda", 4800, True),
     str(ROOT / "bench" / "results-speed-h200.json"): ("nvidia-datacenter", "cuda", 4800, True),
@@ -481,6 +496,11 @@ def main(argv: list[str]) -> int:
     if heads:
         print("  by query heads over threads, a quantized cache at depth beside layers in RAM or on the CPU alone (the "
               "kernel's one head to a thread; median of predicted over measured, less 1): " + "; ".join(heads))
+    errors = unfigured_experts_errors(MEASURED)
+    if errors:
+        print(f"experts in RAM on a host without its experts figure (HOST's share; every lease): {len(errors)} points, "
+              f"{min(errors):+.0%} to {max(errors):+.0%}, {sum(abs(e) <= TOLERANCE for e in errors)} within "
+              f"+-{TOLERANCE:.0%}")
     print("every recorded measurement (each lease against the model as it is now):")
     print_classes(table, "decode ")
     return 0
