@@ -225,7 +225,8 @@ class LlamaCpp(Engine):
         ranged = bool(span) and any(is_range(low, high) for low, high in span.values())
         # One figure printed: how far its class has held out of sample, where short of the goal (a range says why).
         held = decode_held_warning(model, facts, backend, discrete, path) if decode and not ranged else None
-        unfigured = unfigured_experts_warning(model, facts, pool, discrete, path) if decode and not ranged else None
+        unfigured = (unfigured_experts_warning(model, facts, pool, backend, discrete, path) if decode and not ranged
+                     else None)
         prompt = prefill(model, facts, pool, backend, discrete)
         download = weights_bytes(model, facts)
         if facts.mmproj is not None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Optional
 
 from .llamacpp_host import HOST
 from .llamacpp_memory import layout
+from .llamacpp_speed import experts_at_host_share
 
 if TYPE_CHECKING:
     from config.types import ModelFacts, ModelServer, NodePool
@@ -61,20 +62,21 @@ def decode_held_warning(model: "ModelServer", facts: "ModelFacts", backend: Opti
             "frozen (make bench, docs/capacity-planning.md): this one may be further off")
 
 
-# Experts in RAM planned at HOST.expert_share, a node's own figure (experts_in_ram_us_by_threads) not stated: the least
-# and most of make bench's errors (plan less llama-bench, over llama-bench) on every such point of every lease, 64 points
-# of H200 and H100 hosts, 46 within +-15 % (decode_error.unfigured_experts_errors; tests/test_speed_model.py holds it).
+# Routed experts read from RAM beside a card at HOST.expert_share, the pool stating no share of its own
+# (experts_in_ram_us_by_threads): the least and most of make bench's errors (plan less llama-bench, over llama-bench) on
+# every such point of every lease, 64 points of H200 and H100 hosts, 46 within +-15 % (decode_error.unfigured_experts_errors;
+# tests/test_speed_model.py holds it).
 UNFIGURED_EXPERTS_ERROR = (-0.24, 0.21)
 
 
-def unfigured_experts_warning(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", discrete: bool,
-                              path: str) -> Optional[str]:
-    """The summary's line for a server printed as one figure with experts in RAM beside a card whose pool states no
-    experts figure: the plan reads them at a share measured on other hosts, which hosts since ran either side of."""
-    if not discrete or pool.experts_in_ram_us_by_threads or not layout(model, facts).experts_in_ram:
+def unfigured_experts_warning(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
+                              discrete: bool, path: str) -> Optional[str]:
+    """The summary's line for a server printed as one figure whose routed experts the CPU reads beside a card
+    (experts_at_host_share): at a share measured on other hosts, which hosts since ran either side of."""
+    if not experts_at_host_share(model, facts, pool, backend, discrete):
         return None
     low, high = UNFIGURED_EXPERTS_ERROR
-    return (f"{path}: decode with experts in RAM is planned at a share of the node's read bandwidth measured on other "
-            f"hosts ({HOST.expert_share:g}), not this node's: on hosts planned so it lay {-low:.0%} below to {high:.0%} "
-            f"above llama-bench (make bench); make host-profile EXPERTS=1 on this node states its own "
+    return (f"{path}: decode with experts read from RAM is planned at a share of the node's read bandwidth measured on "
+            f"other hosts ({HOST.expert_share:g}), not this node's: on hosts planned so it lay {-low:.0%} below to "
+            f"{high:.0%} above llama-bench (make bench); make host-profile EXPERTS=1 on this node states its own "
             f"(node_pools.{model.node_pool}.experts_in_ram_us_by_threads)")

@@ -273,6 +273,7 @@ class DecodeTerms:
     # Of the node's read bandwidth, what its CPU reads routed experts at: the node's own (node_expert_share, from
     # make host-profile --experts) where measured, else HOST.expert_share.
     expert_share: float = HOST.expert_share
+    own_expert_share: bool = False  # expert_share is the node's own (experts_at_host_share)
 
     def cpu_kv_work(self, depth: int, end: int = 0) -> float:
         """The CPU's KV cache at this depth in bytes as HostCost.kv_gbs is stated (4 query heads per KV head, f16)."""
@@ -319,6 +320,8 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
     ram_blocks = place.layers - place.gpu_blocks
     experts_on_cpu = (ram_blocks + place.experts_in_ram) if (discrete and place.experts_per_block) else 0
     expert_read = experts_on_cpu * place.experts_per_block * place.active_expert_share * place.read_share
+    own_share = (node_expert_share(pool, model.threads, card_read_gbs(main, "kquant", gpu_bandwidth)[0])
+                 if discrete and expert_read > 0 and main and gpu_bandwidth else None)
     fixed = 0.0
     if not cpu_only:
         fixed = place.gpu_blocks if discrete else facts.layers
@@ -338,8 +341,16 @@ def decode_terms(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", ba
         kv_layers_share=kv_layers_share,
         group=query_heads(facts) / facts.kv_heads,
         threads=model.threads, cpu_kv_scale=cpu_kv_scale(model, facts, pool),
-        expert_share=(node_expert_share(pool, model.threads, card_read_gbs(main, "kquant", gpu_bandwidth)[0])
-                      if discrete and expert_read > 0 and main and gpu_bandwidth else None) or HOST.expert_share)
+        expert_share=own_share or HOST.expert_share, own_expert_share=own_share is not None)
+
+
+def experts_at_host_share(model: "ModelServer", facts: "ModelFacts", pool: "NodePool", backend: Optional[str],
+                          discrete: bool) -> bool:
+    """Whether the plan reads routed experts on the CPU beside a card (of blocks whose experts stay in RAM, or of whole
+    blocks left there) at HOST.expert_share, measured on other hosts: the pool states no share of its own
+    (experts_in_ram_us_by_threads). The summary's line (llamacpp_held) and make bench's span of such rows use it."""
+    terms = decode_terms(model, facts, pool, backend, discrete)
+    return terms is not None and terms.experts > 0 and not terms.own_expert_share
 
 
 def experts_figure_problems(pool: "NodePool", backend: Optional[str], path: str) -> list[tuple[str, str]]:

@@ -1557,10 +1557,11 @@ def test_host_bandwidth_reads_the_hosts_compute_beside_its_bandwidth(tmp_path):
 
 
 def test_experts_in_ram_without_the_nodes_figure_say_how_far_such_hosts_ran(tmp_path):
-    """A server printed as one figure with experts in RAM beside a card whose pool states no experts figure (the plan
-    reads them at HOST.expert_share, measured on other hosts) gets a summary line with the span make bench measured on
-    every such point of every lease (decode_error.unfigured_experts_errors: lease 23's refused figure -24 % to +1 %,
-    leases 7, 9 and 11 up to +21 %), and how to measure the node's own; a pool that states one, or a range, gets none."""
+    """A server printed as one figure whose routed experts the plan reads from RAM beside a card (experts of blocks kept
+    there, or whole blocks left there) at HOST.expert_share, its pool stating no experts figure, gets a summary line
+    with the span make bench measured on every such point of every lease (decode_error.unfigured_experts_errors: lease
+    23's refused figure -24 % to +1 %, leases 7, 9 and 11 up to +21 %), and how to measure the node's own; a pool that
+    states one, or a range, gets none."""
     import yaml
     from conftest import stack_file_config
     from engines.llamacpp_held import UNFIGURED_EXPERTS_ERROR
@@ -1571,8 +1572,10 @@ def test_experts_in_ram_without_the_nodes_figure_say_how_far_such_hosts_ran(tmp_
     assert (round(min(errors), 2), round(max(errors), 2)) == UNFIGURED_EXPERTS_ERROR == (-0.24, 0.21)
     assert len(errors) == 64 and sum(abs(e) <= decode_error.TOLERANCE for e in errors) == 46  # the comment's counts
 
-    def warnings(profiled, experts=None):
+    def warnings(profiled, experts=None, blocks_in_ram=False):
         mapping = stack_file_config("rtx3060")  # its chat: Qwen3-30B-A3B, 28 blocks' experts in RAM
+        if blocks_in_ram:  # 20 of its 48 blocks on the card, the other 28 whole in RAM (their experts with them)
+            mapping["inference-plane:models"]["chat"].update(gpu_layers=20, cpu_moe_layers=None)
         pool = mapping["inference-plane:node_pools"]["rtx3060"]
         pool.update(decode_profile="nvidia-datacenter", vram_bandwidth_gbs=3350)
         if profiled:
@@ -1581,14 +1584,15 @@ def test_experts_in_ram_without_the_nodes_figure_say_how_far_such_hosts_ran(tmp_
             pool["cpu_quantized_kv"] = {"q8_0": 1.2}
         if experts:
             pool["experts_in_ram_us_by_threads"] = experts
-        name = f"t{int(profiled)}{int(bool(experts))}"
+        name = f"t{int(profiled)}{int(bool(experts))}{int(blocks_in_ram)}"
         (tmp_path / f"Pulumi.{name}.yaml").write_text(yaml.safe_dump({"config": mapping}))
         summary = render_stack(name, tmp_path / f"out-{name}", project_dir=tmp_path).summary()
         return [line for line in summary.splitlines() if "measured on other hosts" in line]
 
     said = warnings(True)
-    assert len(said) == 1 and "models.chat: decode with experts in RAM" in said[0]
+    assert len(said) == 1 and "models.chat: decode with experts read from RAM" in said[0]
     assert "24% below to 21% above llama-bench" in said[0] and "(0.78)" in said[0]
     assert "make host-profile EXPERTS=1" in said[0] and "node_pools.rtx3060.experts_in_ram_us_by_threads" in said[0]
-    assert warnings(True, {8: 400}) == []  # the node's own figure: planned from it
+    assert warnings(True, blocks_in_ram=True) == said  # whole blocks in RAM: their experts read at the same share
+    assert warnings(True, {8: 400}) == [] == warnings(True, {8: 400}, blocks_in_ram=True)  # the node's own figure
     assert warnings(False) == []  # no figures at all: a range, whose reasons say why

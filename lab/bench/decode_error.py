@@ -22,8 +22,8 @@ from common.constants import LLAMACPP_IMAGE_BUILD
 from config.types import ModelFacts, ModelServer, NodePool
 from engines.llamacpp_held import DECODE_GOAL
 from engines.llamacpp_host import EXPERTS_PROFILE_SHAPE, KV_DEEP_DEPTH, HostCost, kv_deep_slowdown
-from engines.llamacpp_speed import (PROBE_QUERY_HEADS, PROFILES, is_range, predict_range_tok_s, quantized_kv_ratio,
-                                    solve_host_cost)
+from engines.llamacpp_speed import (PROBE_QUERY_HEADS, PROFILES, experts_at_host_share, is_range, predict_range_tok_s,
+                                    quantized_kv_ratio, solve_host_cost)
 from config.catalog import lookup
 from lab.bench.decode_sorting import TOLERANCE, class_counts, compute_drift, drift_counts, head_counts
 from lab.bench.host_readings import compute_pace, experts_at, profile_compute
@@ -317,13 +317,12 @@ def measured_rows(measured_files: dict[str, tuple[str, str, float, bool]]):
                                             quantized, experts_us)
 
 
-def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized=None,
-                 experts_us=None) -> tuple:
+def planned_inputs(r, profile, backend, bandwidth, discrete, host, cost, quantized=None, experts_us=None) -> tuple:
+    """A recorded row's server and pool as make bench plans it (server_and_pool's and prediction_range's arguments)."""
     weights = r.get("weights_bytes")
     if weights is None:
         weights = expected_weights_bytes(r["shape"], r["quant"])
     ngl = r.get("ngl") if r.get("ngl") is not None and r.get("ngl") < 99 else None
-    cache = cache_type(r)
     cpu_moe, threads = r.get("n_cpu_moe") or None, r.get("threads") or 8
     on_card = discrete and ngl != 0
     if host and r.get("read_gbs_around"):
@@ -335,9 +334,16 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
     # The compute read around the job (compute_pace) is not planned with: restating the CPU's own work at it (5df4fcd)
     # planned seven of lease 18's eight deep points 16-73 % fast, the probe reading 1.0-2.7 times the profile's where the
     # attention did not follow. It stays on the row for make bench's line by compute (compute_drift).
-    low, high = prediction_range(profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None,
-                                 on_card, preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe,
-                                 threads, host, cost, cache=cache, quantized=quantized, experts_us=experts_us) or (None, None)
+    return ((profile if on_card else "cpu", backend if on_card else "cpu", bandwidth if on_card else None, on_card,
+             preset_facts(r["shape"]), r["quant"], weights / GIB, r["depth"], 1, ngl, cpu_moe, threads, host, cost),
+            dict(cache=cache_type(r), quantized=quantized, experts_us=experts_us))
+
+
+def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized=None,
+                 experts_us=None) -> tuple:
+    args, kwargs = planned_inputs(r, profile, backend, bandwidth, discrete, host, cost, quantized, experts_us)
+    on_card, ngl, cpu_moe, threads, host, cache = args[3], args[9], args[10], args[11], args[12], kwargs["cache"]
+    low, high = prediction_range(*args, **kwargs) or (None, None)
     predicted = low
     # Where the host's figures were not measured (none, or not its attention past KV_PROFILE_DEPTH) the plan prints a
     # range (its summary says why; the plan's own test for one, engines/llamacpp.py), so the row is held to that
@@ -378,16 +384,18 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
 
 
 def unfigured_experts_errors(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[float]:
-    """The error of every counted experts-in-RAM row (token-routed) of a host planned without the node's experts figure
-    (none measured, or refused: HOST.expert_share), every lease: engines/llamacpp_held.UNFIGURED_EXPERTS_ERROR's span."""
+    """The error of every counted row whose routed experts the plan reads from RAM beside the card at HOST.expert_share
+    (experts_at_host_share: the host's experts figure not measured, refused or not usable), every lease."""
     out = []
     for path, (profile, backend, bandwidth, discrete) in measured_files.items():
         runs = recorded_runs(path) if Path(path).exists() else []
         for run in runs:
             host, cost, cost_rows, quantized, experts_us = node_figures(runs, run)
-            for r in (r for r in run["rows"] if r.get("n_cpu_moe") and not r.get("n_prompt") and not experts_us):
-                row = measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized)
-                if row[7] == "experts in RAM" and row[4] and not row[5]:
+            for r in (r for r in run["rows"] if not r.get("n_prompt") and PRESETS[r["shape"]].n_expert):
+                row = measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized,
+                                   experts_us)
+                args, kwargs = planned_inputs(r, profile, backend, bandwidth, discrete, host, cost, quantized, experts_us)
+                if row[4] and not row[5] and experts_at_host_share(*server_and_pool(*args, **kwargs), args[1], args[3]):
                     out.append((row[4] - row[3]) / row[3])
     return out
 
@@ -496,11 +504,9 @@ def main(argv: list[str]) -> int:
     if heads:
         print("  by query heads over threads, a quantized cache at depth beside layers in RAM or on the CPU alone (the "
               "kernel's one head to a thread; median of predicted over measured, less 1): " + "; ".join(heads))
-    errors = unfigured_experts_errors(MEASURED)
-    if errors:
-        print(f"experts in RAM on a host without its experts figure (HOST's share; every lease): {len(errors)} points, "
-              f"{min(errors):+.0%} to {max(errors):+.0%}, {sum(abs(e) <= TOLERANCE for e in errors)} within "
-              f"+-{TOLERANCE:.0%}")
+    errors = unfigured_experts_errors(MEASURED)  # the summary's span (engines/llamacpp_held.UNFIGURED_EXPERTS_ERROR)
+    print(f"experts read from RAM at HOST's share (no experts figure of the host's; every lease): {len(errors)} points, "
+          f"{min(errors):+.0%} to {max(errors):+.0%}, {sum(abs(e) <= TOLERANCE for e in errors)} within +-{TOLERANCE:.0%}")
     print("every recorded measurement (each lease against the model as it is now):")
     print_classes(table, "decode ")
     return 0
