@@ -1434,28 +1434,38 @@ def test_the_held_table_is_make_benchs_out_of_sample_count():
         assert decode_class(model, facts, "cuda" if on_card else "cpu", on_card) == (row[7], row[9]), (r, row[7])
 
 
+def profiled_rtx3060_summary(tmp_path, profiled: bool, experts=None, chat=None) -> str:
+    """rtx3060's summary (its chat: Qwen3-30B-A3B, 28 blocks' experts in RAM, changed by chat) with an H100's decode
+    profile and bandwidth (the card make bench measured out of sample: a GeForce card's quantized cache is a range, its
+    cost not measured there), its pool profiled by make host-profile where profiled, with experts as its experts figure."""
+    import yaml
+    from conftest import stack_file_config
+    from render.output import render_stack
+
+    mapping = stack_file_config("rtx3060")
+    mapping["inference-plane:models"]["chat"].update(chat or {})
+    pool = mapping["inference-plane:node_pools"]["rtx3060"]
+    pool.update(decode_profile="nvidia-datacenter", vram_bandwidth_gbs=3350)
+    if profiled:
+        pool["memory_bandwidth_by_threads"] = {8: 40}
+        pool["cpu_decode_by_threads"] = {8: {"block_us": 150, "kv_gbs_per_thread": 1.3, "kv_deep_slowdown": 1.4}}
+        pool["cpu_quantized_kv"] = {"q8_0": 1.2}
+    if experts:
+        pool["experts_in_ram_us_by_threads"] = experts
+    name = f"t{int(profiled)}{len(experts or {})}{len(chat or {})}"
+    (tmp_path / f"Pulumi.{name}.yaml").write_text(yaml.safe_dump({"config": mapping}))
+    return render_stack(name, tmp_path / f"out-{name}", project_dir=tmp_path).summary()
+
+
 def test_a_decode_figure_of_a_class_short_of_the_goal_says_how_far_its_class_held(tmp_path):
     """A server whose decode the plan prints as one figure (its node measured by make host-profile) in a placement and
     cache make bench has held within +-15 % on fewer than 90 % of points out of sample gets a summary line saying so,
     with the count; a class at the goal, or a figure printed as a range (it says its own why), gets none."""
-    import yaml
-    from conftest import stack_file_config
     from engines.llamacpp_held import decode_class, decode_held_warning
     from lab.bench.decode_error import preset_facts, server_and_pool
-    from render.output import render_stack
 
     def summary(profiled):
-        # rtx3060's pool with an H100's decode profile and bandwidth (the card make bench measured out of sample: a
-        # GeForce card's quantized cache is a range, its cost not measured there).
-        mapping = stack_file_config("rtx3060")
-        pool = mapping["inference-plane:node_pools"]["rtx3060"]
-        pool.update(decode_profile="nvidia-datacenter", vram_bandwidth_gbs=3350)
-        if profiled:
-            pool["memory_bandwidth_by_threads"] = {8: 40}
-            pool["cpu_decode_by_threads"] = {8: {"block_us": 150, "kv_gbs_per_thread": 1.3, "kv_deep_slowdown": 1.4}}
-            pool["cpu_quantized_kv"] = {"q8_0": 1.2}
-        (tmp_path / "Pulumi.t.yaml").write_text(yaml.safe_dump({"config": mapping}))
-        return render_stack("t", tmp_path / f"out-{profiled}", project_dir=tmp_path).summary()
+        return profiled_rtx3060_summary(tmp_path, profiled)
 
     # rtx3060's chat: Qwen3-30B-A3B with 28 blocks' experts in RAM beside a q8_0 cache, 19 of 30 out of sample.
     said = [line for line in summary(True).splitlines() if "points measured after the model was frozen" in line]
@@ -1562,31 +1572,17 @@ def test_experts_in_ram_without_the_nodes_figure_say_how_far_such_hosts_ran(tmp_
     with the span make bench measured on every such point of every lease (decode_error.unfigured_experts_errors: lease
     23's refused figure -24 % to +1 %, leases 7, 9 and 11 up to +21 %), and how to measure the node's own; a pool that
     states one, or a range, gets none."""
-    import yaml
-    from conftest import stack_file_config
     from engines.llamacpp_held import UNFIGURED_EXPERTS_ERROR
     from lab.bench import decode_error
-    from render.output import render_stack
 
     errors = decode_error.unfigured_experts_errors(decode_error.MEASURED)
     assert (round(min(errors), 2), round(max(errors), 2)) == UNFIGURED_EXPERTS_ERROR == (-0.24, 0.21)
     assert len(errors) == 64 and sum(abs(e) <= decode_error.TOLERANCE for e in errors) == 46  # the comment's counts
 
     def warnings(profiled, experts=None, blocks_in_ram=False):
-        mapping = stack_file_config("rtx3060")  # its chat: Qwen3-30B-A3B, 28 blocks' experts in RAM
-        if blocks_in_ram:  # 20 of its 48 blocks on the card, the other 28 whole in RAM (their experts with them)
-            mapping["inference-plane:models"]["chat"].update(gpu_layers=20, cpu_moe_layers=None)
-        pool = mapping["inference-plane:node_pools"]["rtx3060"]
-        pool.update(decode_profile="nvidia-datacenter", vram_bandwidth_gbs=3350)
-        if profiled:
-            pool["memory_bandwidth_by_threads"] = {8: 40}
-            pool["cpu_decode_by_threads"] = {8: {"block_us": 150, "kv_gbs_per_thread": 1.3, "kv_deep_slowdown": 1.4}}
-            pool["cpu_quantized_kv"] = {"q8_0": 1.2}
-        if experts:
-            pool["experts_in_ram_us_by_threads"] = experts
-        name = f"t{int(profiled)}{int(bool(experts))}{int(blocks_in_ram)}"
-        (tmp_path / f"Pulumi.{name}.yaml").write_text(yaml.safe_dump({"config": mapping}))
-        summary = render_stack(name, tmp_path / f"out-{name}", project_dir=tmp_path).summary()
+        # 20 of its 48 blocks on the card, the other 28 whole in RAM (their experts with them), where blocks_in_ram.
+        summary = profiled_rtx3060_summary(tmp_path, profiled, experts,
+                                           dict(gpu_layers=20, cpu_moe_layers=None) if blocks_in_ram else None)
         return [line for line in summary.splitlines() if "measured on other hosts" in line]
 
     said = warnings(True)
