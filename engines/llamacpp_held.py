@@ -64,8 +64,8 @@ def decode_held_warning(model: "ModelServer", facts: "ModelFacts", backend: Opti
 
 # Routed experts read from RAM beside a card at HOST.expert_share, the pool stating no share of its own
 # (experts_in_ram_us_by_threads): the least and most of make bench's errors (plan less llama-bench, over llama-bench) on
-# every such point of every lease, 64 points of H200 and H100 hosts, 46 within +-15 % (decode_error.unfigured_experts_errors;
-# tests/test_speed_model.py holds it).
+# every such point of every lease, 64 points of H200 and H100 hosts, 46 within +-15 %
+# (decode_error.unfigured_experts_errors; tests/test_speed_model.py holds it).
 UNFIGURED_EXPERTS_ERROR = (-0.24, 0.21)
 
 

@@ -1437,7 +1437,7 @@ def test_the_held_table_is_make_benchs_out_of_sample_count():
 def profiled_rtx3060_summary(tmp_path, profiled: bool, experts=None, chat=None) -> str:
     """rtx3060's summary (its chat: Qwen3-30B-A3B, 28 blocks' experts in RAM, changed by chat) with an H100's decode
     profile and bandwidth (the card make bench measured out of sample: a GeForce card's quantized cache is a range, its
-    cost not measured there), its pool profiled by make host-profile where profiled, with experts as its experts figure."""
+    cost not measured there), its pool profiled by make host-profile where profiled, experts its experts figure."""
     import yaml
     from conftest import stack_file_config
     from render.output import render_stack
