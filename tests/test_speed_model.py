@@ -1464,14 +1464,12 @@ def test_a_decode_figure_of_a_class_short_of_the_goal_says_how_far_its_class_hel
     from engines.llamacpp_held import decode_class, decode_held_warning
     from lab.bench.decode_error import preset_facts, server_and_pool
 
-    def summary(profiled):
-        return profiled_rtx3060_summary(tmp_path, profiled)
-
     # rtx3060's chat: Qwen3-30B-A3B with 28 blocks' experts in RAM beside a q8_0 cache, 19 of 30 out of sample.
-    said = [line for line in summary(True).splitlines() if "points measured after the model was frozen" in line]
+    said = [line for line in profiled_rtx3060_summary(tmp_path, True).splitlines()
+            if "points measured after the model was frozen" in line]
     assert len(said) == 1 and "models.chat: decode (experts in RAM, q8_0 KV cache)" in said[0]
     assert "on 19 of 30 points" in said[0] and "+-15%" in said[0]
-    assert "points measured after the model was frozen" not in summary(False)  # a range: its reasons say why
+    assert "points measured after the model was frozen" not in profiled_rtx3060_summary(tmp_path, False)  # a range
     # Every block on the card with a q8_0 cache (4 of 4): none; 12 of 32 blocks in RAM with q8_0 (43 of 49): one.
     for ngl, cache, expected in ((None, "q8_0", ("GPU only", "q8_0")), (20, "q8_0", ("partial offload", "q8_0"))):
         model, facts, _ = server_and_pool("nvidia", "cuda", 360, True, preset_facts("llama-3.1-8b"), "Q4_K_M", 4.6,
@@ -1483,8 +1481,8 @@ def test_a_decode_figure_of_a_class_short_of_the_goal_says_how_far_its_class_hel
     model, facts, _ = server_and_pool("cpu", "cpu", None, False, preset_facts("llama-3.1-8b"), "Q4_K_M", 4.6, 0, 1)
     assert decode_class(model, facts, "cpu", False) == ("CPU only", "f16")
     # An f16 cache on the CPU alone: 5 of 6 since lease 23 (Llama-3.2-3B at 4096, -23 %): one.
-    assert "(CPU only, f16 KV cache)" in decode_held_warning(model, facts, "cpu", False, "models.chat")
-    assert "on 5 of 6 points" in decode_held_warning(model, facts, "cpu", False, "models.chat")
+    line = decode_held_warning(model, facts, "cpu", False, "models.chat")
+    assert "(CPU only, f16 KV cache)" in line and "on 5 of 6 points" in line
     assert decode_class(model, facts, "vulkan", False)[0] == "GPU, unified memory"
     assert decode_held_warning(model, facts, "vulkan", False, "models.chat") is None
 
@@ -1575,7 +1573,7 @@ def test_experts_in_ram_without_the_nodes_figure_say_how_far_such_hosts_ran(tmp_
     from engines.llamacpp_held import UNFIGURED_EXPERTS_ERROR
     from lab.bench import decode_error
 
-    errors = decode_error.unfigured_experts_errors(decode_error.MEASURED)
+    errors = decode_error.unfigured_experts_errors(list(decode_error.measured_rows(decode_error.MEASURED)))
     assert (round(min(errors), 2), round(max(errors), 2)) == UNFIGURED_EXPERTS_ERROR == (-0.24, 0.21)
     assert len(errors) == 64 and sum(abs(e) <= decode_error.TOLERANCE for e in errors) == 46  # the comment's counts
 

@@ -302,7 +302,8 @@ def fixed_rows() -> list[tuple]:
 
 def measured_rows(measured_files: dict[str, tuple[str, str, float, bool]]):
     """Each recorded decode row with the read bandwidth by threads its host's figures give (node_figures) and its row of
-    the table (measured_row)."""
+    the table (measured_row); a counted MoE point whose routed experts the plan reads at HOST.expert_share marked so
+    (experts_at_host_share: unfigured_experts_errors)."""
     for path, (profile, backend, bandwidth, discrete) in measured_files.items():
         runs = recorded_runs(path) if Path(path).exists() else []
         for run in runs:
@@ -313,8 +314,14 @@ def measured_rows(measured_files: dict[str, tuple[str, str, float, bool]]):
                     continue  # prefill: lab/bench/prefill_error.py
                 pace = compute_pace(r, compute)  # the row marked with it for make bench's line by compute
                 r = r | ({"compute_pace": pace} if pace else {})
-                yield r, host, measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows,
-                                            quantized, experts_us)
+                row = measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized,
+                                   experts_us)
+                if row[4] and not row[5] and PRESETS[r["shape"]].n_expert:  # a counted MoE point
+                    args, kwargs = planned_inputs(r, profile, backend, bandwidth, discrete, host, cost, quantized,
+                                                  experts_us)
+                    if experts_at_host_share(*server_and_pool(*args, **kwargs), args[1], args[3]):
+                        r = r | {"experts_at_host_share": True}
+                yield r, host, row
 
 
 def planned_inputs(r, profile, backend, bandwidth, discrete, host, cost, quantized=None, experts_us=None) -> tuple:
@@ -383,21 +390,10 @@ def measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost
             f"lab/bench/measure_decode.py, b10729 ({Path(path).name})", where, detail, cache, span)
 
 
-def unfigured_experts_errors(measured_files: dict[str, tuple[str, str, float, bool]]) -> list[float]:
-    """The error of every counted row whose routed experts the plan reads from RAM beside the card at HOST.expert_share
-    (experts_at_host_share: the host's experts figure not measured, refused or not usable), every lease."""
-    out = []
-    for path, (profile, backend, bandwidth, discrete) in measured_files.items():
-        runs = recorded_runs(path) if Path(path).exists() else []
-        for run in runs:
-            host, cost, cost_rows, quantized, experts_us = node_figures(runs, run)
-            for r in (r for r in run["rows"] if not r.get("n_prompt") and PRESETS[r["shape"]].n_expert):
-                row = measured_row(r, run, path, profile, backend, bandwidth, discrete, host, cost, cost_rows, quantized,
-                                   experts_us)
-                args, kwargs = planned_inputs(r, profile, backend, bandwidth, discrete, host, cost, quantized, experts_us)
-                if row[4] and not row[5] and experts_at_host_share(*server_and_pool(*args, **kwargs), args[1], args[3]):
-                    out.append((row[4] - row[3]) / row[3])
-    return out
+def unfigured_experts_errors(walked: list[tuple]) -> list[float]:
+    """The error of every counted point (measured_rows, walked) whose routed experts the plan reads from RAM beside the
+    card at HOST.expert_share (the host's experts figure not measured, refused or not usable), every lease."""
+    return [(row[4] - row[3]) / row[3] for r, _, row in walked if r.get("experts_at_host_share")]
 
 
 MEASURED = {
@@ -504,7 +500,7 @@ def main(argv: list[str]) -> int:
     if heads:
         print("  by query heads over threads, a quantized cache at depth beside layers in RAM or on the CPU alone (the "
               "kernel's one head to a thread; median of predicted over measured, less 1): " + "; ".join(heads))
-    errors = unfigured_experts_errors(MEASURED)  # the summary's span (engines/llamacpp_held.UNFIGURED_EXPERTS_ERROR)
+    errors = unfigured_experts_errors(walked)  # the summary's span (engines/llamacpp_held.UNFIGURED_EXPERTS_ERROR)
     print(f"experts read from RAM at HOST's share (no experts figure of the host's; every lease): {len(errors)} points, "
           f"{min(errors):+.0%} to {max(errors):+.0%}, {sum(abs(e) <= TOLERANCE for e in errors)} within +-{TOLERANCE:.0%}")
     print("every recorded measurement (each lease against the model as it is now):")
