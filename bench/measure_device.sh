@@ -42,9 +42,9 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 # with its vocab GGUFs; built in 193 s there): PACK_BENCH=1 packs it after
 # the build into $OUT in parts, with the vocab GGUFs, if it fits what a call carries (else says its size and goes on);
 # those files, copied into .cuda-bench/ (ignored) and carried in place of .soak-src, skip the build with
-# CUDA_BENCH=<folder> (profile, speed and kvcache: the modes that run llama-bench alone). CPU_BENCH=path/to/llama-bench
-# (a CPU build carried, GGML_NATIVE off as lab/llama_build.py builds it) skips the build: for profile and speed grids
-# that run on the host's CPU alone (-ngl 0).
+# CUDA_BENCH=<folder> (profile, speed and kvcache: the modes that run llama-bench alone; on lease 24, lease 23's pack
+# was ready 7 s into the call). CPU_BENCH=path/to/llama-bench (a CPU build carried, GGML_NATIVE off as
+# lab/llama_build.py builds it) skips the build: for profile and speed grids that run on the host's CPU alone (-ngl 0).
 # A carried build: the real-shape files take their tokenizer from the source's vocab GGUFs
 # (lab/contract/gguf_layout.py), carried beside the binary in models/ (those of the shapes run), where the unpacked
 # source would be.
