@@ -7,6 +7,7 @@ they are not measured; prefill and the first token of a full-context prompt are 
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 
@@ -1192,6 +1193,15 @@ def test_a_grids_failed_jobs_and_other_settings_are_not_folded_into_its_points()
         (0, 512, 7.0, 1), (1, 256, 9.0, 1), (1, 512, 12.0, 3)]
 
 
+# make host-profile's figures for rtx3060's node in the tests that profile it (8 threads, as its servers run): its read
+# bandwidth, its CPU's decode figures and a q8_0 cache's ratio, no experts figure.
+RTX3060_HOST_FIGURES = {
+    "memory_bandwidth_by_threads": {8: 40},
+    "cpu_decode_by_threads": {8: {"block_us": 150, "kv_gbs_per_thread": 1.3, "kv_deep_slowdown": 1.4}},
+    "cpu_quantized_kv": {"q8_0": 1.2},
+}
+
+
 def test_a_stack_files_experts_figure_reaches_the_plan_through_pulumis_json_config():
     """rtx3060's chat (28 blocks of Qwen3-30B-A3B's experts in RAM beside a 360 GB/s card), its host profiled: the
     program run on the stack file (Pulumi stores the thread-keyed table as JSON) plans one decode figure; given the
@@ -1204,9 +1214,7 @@ def test_a_stack_files_experts_figure_reaches_the_plan_through_pulumis_json_conf
     def decode(experts):
         mapping = stack_file_config("rtx3060")
         pool = mapping["inference-plane:node_pools"]["rtx3060"]
-        pool["memory_bandwidth_by_threads"] = {8: 40}
-        pool["cpu_decode_by_threads"] = {8: {"block_us": 150, "kv_gbs_per_thread": 1.3, "kv_deep_slowdown": 1.4}}
-        pool["cpu_quantized_kv"] = {"q8_0": 1.2}
+        pool.update(copy.deepcopy(RTX3060_HOST_FIGURES))
         if experts:
             pool["experts_in_ram_us_by_threads"] = experts
         chat = run_stack_file("rtx3060", mapping).outputs["capacity_plan"]["servers"]["chat"]
@@ -1448,9 +1456,7 @@ def profiled_rtx3060_summary(tmp_path, profiled: bool, experts=None, chat=None) 
     pool = mapping["inference-plane:node_pools"]["rtx3060"]
     pool.update(decode_profile="nvidia-datacenter", vram_bandwidth_gbs=3350)
     if profiled:
-        pool["memory_bandwidth_by_threads"] = {8: 40}
-        pool["cpu_decode_by_threads"] = {8: {"block_us": 150, "kv_gbs_per_thread": 1.3, "kv_deep_slowdown": 1.4}}
-        pool["cpu_quantized_kv"] = {"q8_0": 1.2}
+        pool.update(copy.deepcopy(RTX3060_HOST_FIGURES))
     if experts:
         pool["experts_in_ram_us_by_threads"] = experts
     name = f"t{int(profiled)}{len(experts or {})}{len(chat or {})}"
