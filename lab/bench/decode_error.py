@@ -524,7 +524,7 @@ RANGE = "the plan's range"
 # experts_in_ram_us_by_threads, added before lease 15 measured the first; moving code between modules; the unmeasured
 # range's slow end following the most measured, KV_DEEP_SLOWDOWN_MOST with lease 16, which moved only earlier leases'
 # ranges).
-FROZEN = ("07fbb1b", ("H100 machine, lease 22", "H100 machine, lease 23", "H100 machine, lease 24"))
+FROZEN = ("07fbb1b", ("H100 machine, lease 22", "H100 machine, lease 23", "H100 machine, lease 24", "H100 machine, lease 25"))
 # The freezes before, newest first: each one's commit, the hosts measured after it, the rows of those hosts a change
 # since moved ((host, placement): all of that placement's; (host, placement, AT_DEPTH): its quantized caches at a
 # depth only; (host, placement, F16_AT_DEPTH): its f16 caches at a depth, of more query heads than the probe's), and
