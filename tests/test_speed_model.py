@@ -732,7 +732,7 @@ def test_make_bench_reads_each_recorded_profile_as_the_tool_printed_it():
             assert why == run.get("refused_printed", why), run["host"]
             if why:
                 refused.append((run["host"], [r for r in runs if r.get("host_profile")].index(run)))
-                continue  # refused since (lease 13's first, second and fourth: the test above)
+                continue  # refused: exactly those named below (lease 13's three since: the test above)
             _, costs, _, quantized, experts_us = decode_error.node_figures(runs, run)
             printed = run["cpu_decode_by_threads_printed"]
             for threads, figures in printed.items():
